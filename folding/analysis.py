@@ -1,0 +1,285 @@
+"""Which values of a program are constant, and why the others are not.
+
+A pure function of the graph, the graph signature and the policy (JAX ``partial_eval``'s
+known/unknown split): it returns data and changes nothing. The rewrite lives in `lift`.
+
+Constant sources: parameters, buffers the program does not mutate, lifted tensor
+constants, and ops with no tensor inputs (``full``, ``arange`` …). Every non-tensor argument
+(int, float, bool, str, None, dtype, device, layout, memory_format and lists of them) is a
+constant, unlike executorch's ``constant_prop_pass`` which rejects ``memory_format=``.
+
+In-place ops (torch 2.14's training IR keeps ``fill_``, ``relu_``, ``copy_``): a value and its
+views form an alias class rooted at the op that allocated it. A class is folded only when every
+op that updates it is constant and no runtime op reads it before its last update; a class
+rooted at a parameter or buffer makes that placeholder a mutated buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.fx
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+from .ops import OpKind, aliased_arg_position, classify, mutated_arg_positions, op_name, packet_name
+from .policy import FoldPolicy
+from .report import Reason
+from .sizes import STORED_KINDS
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+@dataclass
+class Analysis:
+    """Result of `analyze`.
+
+    Attributes:
+        order: position of every node in graph order.
+        reason: for every placeholder and call_function node: None when the value is constant,
+            else why not (placeholders: RUNTIME_INPUT or READS_MUTATED_BUFFER).
+        detail: free text per kept node (the kept input it depends on).
+        kind: `OpKind` per call_function node.
+        specs: InputSpec per placeholder name.
+        alias_root: root node of every aliasing op's value (views, in-place ops).
+        mutators: per alias root, the in-place ops that update it, in graph order.
+        graph_visits: number of node visits made (for work-counting tests).
+    """
+
+    order: dict[torch.fx.Node, int]
+    reason: dict[torch.fx.Node, Optional[Reason]]
+    detail: dict[torch.fx.Node, str]
+    kind: dict[torch.fx.Node, OpKind]
+    specs: dict[str, InputSpec]
+    alias_root: dict[torch.fx.Node, torch.fx.Node]
+    mutators: dict[torch.fx.Node, list[torch.fx.Node]]
+    fold_asserts: bool = True
+    graph_visits: int = 0
+    forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
+
+    def is_constant(self, node: torch.fx.Node) -> bool:
+        return node in self.reason and self.reason[node] is None
+
+    def is_check(self, node: torch.fx.Node) -> bool:
+        """An assertion on constant inputs, evaluated at fold time and dropped."""
+        return self.reason.get(node) is None and self.kind.get(node) is OpKind.ASSERTION
+
+    def class_of(self, node: torch.fx.Node) -> Optional[torch.fx.Node]:
+        """The alias root of `node` when its class is updated in place, else None."""
+        root = self.alias_root.get(node, node)
+        return root if root in self.mutators else None
+
+
+def analyze(
+    graph: torch.fx.Graph,
+    signature: ExportGraphSignature,
+    policy: FoldPolicy,
+    forced: Optional[Mapping[torch.fx.Node, tuple[Reason, str]]] = None,
+) -> Analysis:
+    """Classify every node of `graph` as constant or kept-with-a-reason.
+
+    Args:
+        graph: the program's top-level graph (nested control-flow graphs are opaque).
+        signature: its graph signature; read once, never inside a per-node loop.
+        policy: supplies ``skip_targets`` and ``fold_asserts``.
+        forced: nodes to keep regardless (used after an in-place class failed to evaluate).
+
+    Returns:
+        An `Analysis`. O(nodes + edges) per pass; a second pass runs only when an in-place
+        alias class must be kept.
+    """
+    forced = dict(forced or {})
+    specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
+    mutated_targets = {
+        s.target for s in signature.output_specs if s.kind.name.endswith("_MUTATION") and s.target is not None
+    }
+    skip = policy.skip_names()
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    kind = {n: classify(n.target) for n in nodes if n.op == "call_function"}
+    alias_root, mutators = _alias_classes(nodes, kind)
+    analysis = Analysis(
+        order, {}, {}, kind, specs, alias_root, mutators, fold_asserts=policy.fold_asserts, forced=forced
+    )
+
+    while True:
+        _propagate(analysis, nodes, mutated_targets, skip)
+        tainted = _taint_mutated_classes(analysis, nodes)
+        if not tainted:
+            return analysis
+        analysis.forced.update(tainted)
+
+
+def _alias_classes(nodes, kind):
+    alias_root: dict[torch.fx.Node, torch.fx.Node] = {}
+    mutators: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        if kind[n] is OpKind.GETITEM:
+            src = n.args[0]
+            if isinstance(src, torch.fx.Node) and src in alias_root:
+                alias_root[n] = alias_root[src]
+            continue
+        pos = aliased_arg_position(n.target)
+        if pos is not None:
+            src = _arg_at(n, pos)
+            if isinstance(src, torch.fx.Node):
+                alias_root[n] = alias_root.get(src, src)
+        for p in mutated_arg_positions(n.target):
+            dst = _arg_at(n, p)
+            if isinstance(dst, torch.fx.Node):
+                mutators.setdefault(alias_root.get(dst, dst), []).append(n)
+    return alias_root, mutators
+
+
+def _arg_at(node: torch.fx.Node, position: int) -> Any:
+    if position < len(node.args):
+        return node.args[position]
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and position < len(schema.arguments):
+        return node.kwargs.get(schema.arguments[position].name)
+    return None
+
+
+def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:
+    reason, detail, specs, forced = analysis.reason, analysis.detail, analysis.specs, analysis.forced
+    reason.clear()
+    detail.clear()
+    for n in nodes:
+        analysis.graph_visits += 1
+        if n.op == "placeholder":
+            reason[n] = _placeholder_reason(n, specs.get(n.name), mutated_targets, analysis.mutators)
+        elif n.op == "get_attr":
+            reason[n] = None  # submodules of control-flow ops; only CONTROL_FLOW ops read them
+        elif n.op == "call_function":
+            r, d = _node_reason(n, analysis, skip)
+            if r is None and n in forced:
+                r, d = forced[n]
+            reason[n] = r
+            if d:
+                detail[n] = d
+
+
+def _placeholder_reason(node, spec, mutated_targets, mutators) -> Optional[Reason]:
+    if spec is None or spec.kind not in STORED_KINDS:
+        return Reason.RUNTIME_INPUT  # user inputs, effect tokens, custom objects
+    if spec.target in mutated_targets or node in mutators:
+        return Reason.READS_MUTATED_BUFFER
+    return None
+
+
+def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[Reason], str]:
+    reason = analysis.reason
+    runtime: list[torch.fx.Node] = []
+    kept: Optional[tuple[torch.fx.Node, Reason]] = None
+    for i in n.all_input_nodes:
+        r = reason.get(i)
+        if r is Reason.RUNTIME_INPUT or r is Reason.SYMBOLIC:
+            runtime.append(i)
+        elif r is not None and kept is None:
+            kept = (i, r)
+    if runtime:
+        # Shapes taken from a dynamic input (sym_size) are symbolic, not runtime tensors.
+        if all(reason[i] is Reason.SYMBOLIC or isinstance(i.meta.get("val"), _SYM_TYPES) for i in runtime):
+            return Reason.SYMBOLIC, f"reads symbolic {runtime[0].name}"
+        return Reason.RUNTIME_INPUT, ""
+    if kept is not None:
+        i, r = kept
+        if i.op == "placeholder" and r is Reason.READS_MUTATED_BUFFER:
+            return Reason.READS_MUTATED_BUFFER, i.name
+        return Reason.DEPENDS_ON_KEPT, f"{i.name}: {r.name}"
+
+    k = analysis.kind[n]
+    if k is OpKind.MEMORY:
+        return Reason.MEMORY_OP, ""
+    if k is OpKind.CONTROL_FLOW:
+        return Reason.CONTROL_FLOW, ""
+    if k is OpKind.RANDOM:
+        return Reason.RANDOM, ""
+    if k is OpKind.EFFECTFUL:
+        return Reason.EFFECTFUL, ""
+    if skip and (op_name(n.target) in skip or packet_name(n.target) in skip):
+        return Reason.SKIPPED_TARGET, ""
+    if any(isinstance(a, _SYM_TYPES) and not is_concrete_int(a) for a in _flatten(n.args, n.kwargs)):
+        return Reason.SYMBOLIC, "symbolic argument"
+    val = n.meta.get("val")
+    if k is OpKind.ASSERTION:
+        return (None, "") if analysis.fold_asserts else (Reason.EFFECTFUL, "")
+    if _is_symbolic(val):
+        return Reason.SYMBOLIC, "symbolic shape"
+    if "val" in n.meta and not _tensor_like(val):
+        return Reason.NOT_A_TENSOR, type(val).__name__
+    return None, ""
+
+
+def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tuple[Reason, str]]:
+    """Keep whole alias classes whose in-place updates cannot all happen at fold time."""
+    if not analysis.mutators:
+        return {}
+    members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n, root in analysis.alias_root.items():
+        if root in analysis.mutators:
+            members.setdefault(root, []).append(n)
+    tainted: dict[torch.fx.Node, tuple[Reason, str]] = {}
+    reason, order = analysis.reason, analysis.order
+    for root, muts in analysis.mutators.items():
+        if root.op != "call_function" or reason.get(root) is not None:
+            continue  # placeholders are mutated buffers; a kept root keeps its class anyway
+        cls = [root] + members.get(root, [])
+        if any(m in analysis.forced for m in cls):
+            continue
+        verdict = None
+        runtime_mut = next((m for m in muts if reason.get(m) is not None), None)
+        if runtime_mut is not None:
+            verdict = (Reason.MUTATED_BY_RUNTIME_OP, runtime_mut.name)
+        else:
+            last = max(order[m] for m in muts)
+            mut_set = set(muts)
+            for member in cls:
+                early = next(
+                    (u for u in member.users if u.op != "output" and u not in mut_set
+                     and reason.get(u) is not None and order[u] < last),
+                    None,
+                )
+                if early is not None:
+                    verdict = (Reason.MUTATED_AFTER_RUNTIME_READ, f"{early.name} reads {member.name}")
+                    break
+        if verdict is not None:
+            for m in cls:
+                tainted[m] = verdict
+    return tainted
+
+
+def _flatten(args, kwargs):
+    stack = [args, kwargs]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, (list, tuple)):
+            stack.extend(a)
+        elif isinstance(a, dict):
+            stack.extend(a.values())
+        else:
+            yield a
+
+
+def _is_symbolic(val: Any) -> bool:
+    if isinstance(val, _SYM_TYPES):
+        return not is_concrete_int(val) if isinstance(val, torch.SymInt) else True
+    if isinstance(val, torch.Tensor):
+        return any(not is_concrete_int(s) for s in val.shape)
+    if isinstance(val, (list, tuple)):
+        return any(_is_symbolic(v) for v in val)
+    return False
+
+
+def _tensor_like(val: Any) -> bool:
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, (list, tuple)) and val:
+        return all(v is None or isinstance(v, torch.Tensor) for v in val) and any(
+            isinstance(v, torch.Tensor) for v in val
+        )
+    return False

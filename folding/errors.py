@@ -1,0 +1,21 @@
+"""Errors raised by the folding stage.
+
+Every error names the node (or program part) and the reason, so a failure in a
+long lowering pipeline points at the graph, not at this package.
+"""
+
+
+class FoldingError(Exception):
+    """Base class of every error this package raises."""
+
+
+class InvalidProgramError(FoldingError):
+    """The input is not a program the stage can fold (wrong type, broken signature)."""
+
+
+class FoldInvariantError(FoldingError):
+    """A rewrite produced a program that breaks an invariant of DESIGN.md (a bug here)."""
+
+
+class PolicyError(FoldingError, ValueError):
+    """A `FoldPolicy` field or a command-line size has an invalid value."""

@@ -1,0 +1,146 @@
+"""Eager evaluation of the folded nodes, one op at a time, freeing each value after its last use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.fx
+from torch.fx.node import map_arg
+
+from .analysis import Analysis
+from .ops import OpKind, is_uninitialised_allocation
+from .plan import Plan
+from .report import Reason
+
+
+class AliasClassFailed(Exception):
+    """An op of an in-place alias class failed; the class must be kept whole and folding rerun."""
+
+    def __init__(self, root: torch.fx.Node, reason: Reason, detail: str) -> None:
+        super().__init__(f"{root.name}: {detail}")
+        self.root, self.reason, self.detail = root, reason, detail
+
+
+@dataclass
+class Evaluation:
+    """Attributes:
+    values: the stored tensor of every materialised node: detached, contiguous, owning its
+        storage (never a view of a caller's tensor).
+    kept: nodes planned as folded that had to stay, with reason and detail (an op that raised,
+        a result that is not a tensor, or a reader of such a node).
+    evaluated: number of ops run.
+    peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
+    """
+
+    values: dict[torch.fx.Node, torch.Tensor] = field(default_factory=dict)
+    kept: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
+    evaluated: int = 0
+    peak_intermediate_bytes: int = 0
+
+
+def evaluate(
+    plan: Plan,
+    analysis: Analysis,
+    placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
+    attribute: Callable[[str], object],
+) -> Evaluation:
+    """Run the folded nodes of `plan` eagerly under ``no_grad``.
+
+    Args:
+        plan: from `make_plan`; ``plan.materialise`` grows when a node has to be kept and its
+            folded inputs must then be stored.
+        analysis: from `analyze`.
+        placeholder_value: the stored tensor of a constant placeholder (read, never written).
+        attribute: resolves a get_attr target.
+
+    Raises:
+        AliasClassFailed: an op that reads or updates an in-place alias class raised.
+    """
+    out = Evaluation()
+    env: dict[torch.fx.Node, object] = {}
+    live_bytes: dict[torch.fx.Node, int] = {}
+    live_total = 0
+    caller_storages: set[int] = set()
+    due: dict[int, list[torch.fx.Node]] = {}
+    for n, i in plan.release.items():
+        due.setdefault(i, []).append(n)
+
+    def value_of(node: torch.fx.Node) -> object:
+        if node in env:
+            return env[node]
+        if node.op == "placeholder":
+            t = placeholder_value(node)
+            if isinstance(t, torch.Tensor):
+                caller_storages.add(t.untyped_storage().data_ptr())
+            env[node] = t
+            return t
+        if node.op == "get_attr":
+            env[node] = attribute(node.target)
+            return env[node]
+        raise KeyError(node.name)
+
+    def keep(node: torch.fx.Node, reason: Reason, detail: str) -> None:
+        root = analysis.class_of(node)
+        if root is not None:
+            raise AliasClassFailed(root, reason, f"{node.name}: {detail}")
+        out.kept[node] = (reason, detail)
+        plan.materialise.discard(node)
+        for i in node.all_input_nodes:
+            if i.op == "call_function" and i not in out.kept:
+                plan.materialise.add(i)
+
+    with torch.no_grad():
+        for index, node in enumerate(plan.folded):
+            blocked = next((i for i in node.all_input_nodes if i in out.kept), None)
+            if blocked is not None:
+                keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
+            else:
+                try:
+                    args, kwargs = map_arg((node.args, node.kwargs), value_of)
+                    result = node.target(*args, **kwargs)
+                    out.evaluated += 1
+                except Exception as e:  # any op error keeps the node; it fails at runtime the same way
+                    keep(node, Reason.EVALUATION_ERROR, f"{type(e).__name__}: {e}".strip())
+                    result = None
+                else:
+                    if analysis.kind[node] is OpKind.ASSERTION:
+                        result = None
+                    elif not _tensor_like(result):
+                        keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
+                        result = None
+                    else:
+                        if is_uninitialised_allocation(node.target):
+                            result.zero_()
+                        env[node] = result
+                        if node not in analysis.alias_root and isinstance(result, torch.Tensor):
+                            live_bytes[node] = result.nbytes
+                            live_total += result.nbytes
+                            out.peak_intermediate_bytes = max(out.peak_intermediate_bytes, live_total)
+            for done in due.pop(index, ()):
+                value = env.pop(done, None)
+                live_total -= live_bytes.pop(done, 0)
+                if done in plan.materialise and isinstance(value, torch.Tensor):
+                    out.values[done] = _owned_contiguous(value, caller_storages)
+    return out
+
+
+def _owned_contiguous(t: torch.Tensor, caller_storages: set[int]) -> torch.Tensor:
+    """`t` itself when it already owns contiguous storage, else a contiguous copy."""
+    t = t.detach()
+    if (
+        t._base is None
+        and t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.nbytes
+        and t.untyped_storage().data_ptr() not in caller_storages
+    ):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _tensor_like(value: object) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)

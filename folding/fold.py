@@ -1,0 +1,171 @@
+"""`fold_constants`: the constant-propagation stage (analysis → plan → evaluate → lift → report)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from .analysis import analyze
+from .errors import InvalidProgramError
+from .evaluate import AliasClassFailed, evaluate
+from .lift import lift
+from .names import reserve_node_names
+from .ops import op_name
+from .plan import make_plan
+from .policy import FoldPolicy
+from .report import Decision, FoldReport, Reason
+from .sizes import stored_constant_bytes, stored_tensor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FoldResult:
+    """Attributes:
+    program: the folded ExportedProgram (the input object itself only when ``inplace=True``).
+    report: what was folded and kept, and why.
+    """
+
+    program: ExportedProgram
+    report: FoldReport
+
+
+def fold_constants(
+    program: ExportedProgram, policy: FoldPolicy | None = None, *, inplace: bool = False
+) -> FoldResult:
+    """Fold every constant-only subgraph of `program` into lifted constants.
+
+    Works on ATen-dialect programs (including torch 2.14's training IR with in-place ops) and
+    Edge-dialect programs. A folded value that a kept op or the output reads becomes a
+    placeholder with a ``CONSTANT_TENSOR`` InputSpec whose tensor (contiguous, detached, owning
+    its storage) is in ``program.constants``; identical tensors (dtype, shape, bytes) are stored
+    once. Nodes that are not folded keep their names. Parameters, buffers and constants left
+    without users are removed.
+
+    Args:
+        program: an ``ExportedProgram`` from ``torch.export.export``, ``to_edge`` or a pass.
+        policy: limits and switches; ``FoldPolicy()`` when None.
+        inplace: rewrite `program` itself. When False the caller's program (graph, signature,
+            dicts, tensors) is left unchanged; unchanged tensors are shared, not copied.
+
+    Returns:
+        `FoldResult` with the folded program and its `FoldReport`.
+
+    Raises:
+        InvalidProgramError: `program` is not an ExportedProgram, or its signature does not
+            match its placeholders.
+    """
+    if not isinstance(program, ExportedProgram):
+        raise InvalidProgramError(f"fold_constants expects a torch.export.ExportedProgram, got {type(program).__name__}")
+    policy = policy or FoldPolicy()
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    bytes_before = stored_constant_bytes(program)
+    _check_signature(program)
+
+    gm = program.graph_module if inplace else _copy_graph_module(program.graph_module)
+    reserve_node_names(gm)
+    state_dict, constants = program.state_dict, program.constants
+
+    forced: dict = {}
+    while True:
+        t0 = time.perf_counter()
+        analysis = analyze(gm.graph, program.graph_signature, policy, forced)
+        plan = make_plan(analysis)
+        t1 = time.perf_counter()
+        try:
+            evaluation = evaluate(
+                plan,
+                analysis,
+                lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants),
+                lambda target: _get_attr(gm, target),
+            )
+        except AliasClassFailed as failure:
+            # An in-place class can only fold whole: keep it and rerun (rare: each rerun keeps
+            # one more class, so at most one rerun per failing class).
+            logger.info("keeping in-place alias class of %s: %s", failure.root.name, failure.detail)
+            for n, root in analysis.alias_root.items():
+                if root is failure.root:
+                    forced[n] = (failure.reason, failure.detail)
+            forced[failure.root] = (failure.reason, failure.detail)
+            continue
+        t2 = time.perf_counter()
+        break
+    timings["analysis"] = t1 - t0
+    timings["evaluation"] = t2 - t1
+
+    folded = [n for n in plan.folded if n not in evaluation.kept]
+    decisions = _decisions(gm.graph, analysis, evaluation)
+    constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
+    new_program, lifting = lift(
+        program, gm, folded, evaluation.values, constant_placeholders, inplace=inplace
+    )
+    timings["lift"] = time.perf_counter() - t2
+    timings["total"] = time.perf_counter() - start
+
+    decisions = [
+        Decision(d.node, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node)) for d in decisions
+    ]
+    report = FoldReport(
+        decisions=decisions,
+        lifted=lifting.lifted,
+        removed_placeholders=lifting.removed,
+        constant_bytes_before=bytes_before,
+        constant_bytes_after=stored_constant_bytes(new_program),
+        timings=timings,
+        peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
+        evaluated_nodes=evaluation.evaluated,
+    )
+    logger.info(
+        "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
+        len(report.folded), len(report.lifted), report.constant_bytes_before, report.constant_bytes_after,
+    )
+    return FoldResult(new_program, report)
+
+
+def _decisions(graph, analysis, evaluation) -> list[Decision]:
+    out = []
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        reason = analysis.reason[n]
+        detail = analysis.detail.get(n, "")
+        if n in evaluation.kept:
+            reason, detail = evaluation.kept[n]
+        elif reason is None:
+            reason = Reason.CHECKED if analysis.is_check(n) else Reason.FOLDED
+        out.append(Decision(n.name, op_name(n.target), reason, detail))
+    return out
+
+
+def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A new GraphModule with a copied graph (same node names, meta dicts copied shallowly);
+    submodules and attributes are shared, as `GraphModule(root, graph)` does."""
+    graph = copy.deepcopy(gm.graph)
+    new_gm = torch.fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
+    new_gm.meta.update(gm.meta)
+    return new_gm
+
+
+def _get_attr(gm: torch.nn.Module, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_signature(program: ExportedProgram) -> None:
+    placeholders = [n.name for n in program.graph.nodes if n.op == "placeholder"]
+    spec_names = [getattr(s.arg, "name", None) for s in program.graph_signature.input_specs]
+    if placeholders != spec_names:
+        mismatch = next(
+            (f"placeholder {p!r} vs InputSpec {s!r}" for p, s in zip(placeholders, spec_names) if p != s),
+            f"{len(placeholders)} placeholders vs {len(spec_names)} InputSpecs",
+        )
+        raise InvalidProgramError(f"graph signature does not match the graph's placeholders: {mismatch}")

@@ -1,0 +1,43 @@
+"""Node and constant names: reserve what exists, derive readable unique names for what is new."""
+
+from __future__ import annotations
+
+import re
+from typing import Container
+
+import torch.fx
+
+# torch.export's prefix for lifted tensor constants (torch/_export/utils.py placeholder_prefixes).
+# `to_edge` renames a CONSTANT_TENSOR placeholder not named "c_" + target; QNN's to-edge passes
+# bound to the ATen program then miss it, so new constants follow the convention exactly.
+CONSTANT_PREFIX = "c_"
+
+
+def reserve_node_names(graph_module: torch.fx.GraphModule) -> None:
+    """Record every node name, in every nested GraphModule, in its graph's namespace.
+
+    torch.export assigns placeholder names (``p_weight``, ``t_1`` …) by setting ``node.name``
+    without recording them, so a pass that later creates a node may be handed a name already
+    in use and the graph fails with ``Node redefined name t_1!``. After this call,
+    `Graph.create_node` never returns an existing name. Idempotent; O(number of nodes).
+    """
+    for module in graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            used = module.graph._graph_namespace._used_names
+            for node in module.graph.nodes:
+                used.add(node.name)
+
+
+def lifted_constant_target(node_name: str, taken: Container[str]) -> str:
+    """A deterministic, unique ``constants`` key for the folded value of `node_name`.
+
+    ``mul_3`` gives ``folded_mul_3``; the placeholder is then ``c_folded_mul_3``, exactly the
+    name torch.export's naming pass (and so `to_edge`) gives that target. `taken` holds both
+    the used targets and the used node names; suffixes ``_1``, ``_2`` … resolve clashes.
+    """
+    base = "folded_" + re.sub(r"[^a-zA-Z0-9]", "_", node_name).lower()
+    candidate, n = base, 0
+    while candidate in taken or CONSTANT_PREFIX + candidate in taken:
+        n += 1
+        candidate = f"{base}_{n}"
+    return candidate

@@ -1,0 +1,155 @@
+"""What kind of op a node calls: the tables that decide which ops may fold.
+
+One table per rule, each with the reason it exists. Edge-dialect ops
+(`EdgeOpOverload`) are looked through to the ATen `OpOverload` they wrap, so one
+rule covers both dialects (executorch's `constant_prop_pass` skips `aten.full` only
+in Edge dialect; we do not special-case either dialect).
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from typing import Any, Optional
+
+import torch
+from torch.fx.node import _side_effectful_functions
+
+try:  # executorch's memory planning op: an allocation, never a value to fold.
+    from executorch.exir import memory as _et_memory
+
+    _MEMORY_OPS = frozenset({_et_memory.alloc})
+except ImportError:  # pragma: no cover - executorch is a dependency
+    _MEMORY_OPS = frozenset()
+
+
+# Ops whose result is uninitialised memory. Folding one as-is would bake whatever bytes the
+# allocator returned into the program (non-deterministic .pte); we evaluate them zero-filled,
+# which is one of the values the op may return.
+_UNINITIALISED_PACKETS = frozenset(
+    {
+        torch.ops.aten.empty,
+        torch.ops.aten.empty_like,
+        torch.ops.aten.new_empty,
+        torch.ops.aten.empty_strided,
+        torch.ops.aten.new_empty_strided,
+        torch.ops.aten.empty_permuted,
+    }
+)
+
+
+class OpKind(enum.Enum):
+    """How the analysis treats a call_function target."""
+
+    PURE = "pure"  # a deterministic tensor op; foldable when its inputs are constant
+    GETITEM = "getitem"  # operator.getitem on a multi-output op
+    RANDOM = "random"  # draws from the RNG (torch.Tag.nondeterministic_seeded)
+    EFFECTFUL = "effectful"  # registered side effect (prints, effect tokens)
+    ASSERTION = "assertion"  # a check that returns nothing (aten._assert_*)
+    CONTROL_FLOW = "control_flow"  # higher-order ops: cond, while_loop, map, delegate calls
+    MEMORY = "memory"  # executorch.exir.memory.alloc
+    PYTHON = "python"  # a plain Python callable (sym arithmetic); folded only if it yields tensors
+
+
+def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
+    """The ATen `OpOverload` behind `target` (looks through Edge-dialect ops), or None."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    inner = getattr(target, "_op", None)  # EdgeOpOverload keeps the ATen overload in `_op`
+    if isinstance(inner, torch._ops.OpOverload):
+        return inner
+    return None
+
+
+def op_name(target: Any) -> str:
+    """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.
+
+    Strings are returned as given, so users can name ops in a policy or on the command line.
+    """
+    if isinstance(target, str):
+        return target
+    overload = aten_overload(target)
+    if overload is not None:
+        return str(overload)  # "aten.add.Tensor", "aten.full.default"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return str(target)  # "aten.full"
+    qualified = getattr(target, "_qualified_op_name", None)  # EdgeOpOverloadPacket: "aten::full"
+    if isinstance(qualified, str):
+        return qualified.replace("::", ".")
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    module = getattr(target, "__module__", None) or ""
+    return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
+
+
+def packet_name(target: Any) -> str:
+    """The overload packet's name (``aten.add``), for rules that cover every overload."""
+    overload = aten_overload(target)
+    if overload is not None:
+        return str(overload.overloadpacket)
+    return op_name(target)
+
+
+def classify(target: Any) -> OpKind:
+    """The `OpKind` of a call_function target (ATen, Edge, higher-order or Python callable)."""
+    if target is operator.getitem:
+        return OpKind.GETITEM
+    if target in _MEMORY_OPS:
+        return OpKind.MEMORY
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return OpKind.CONTROL_FLOW
+    overload = aten_overload(target)
+    if overload is None:
+        if target in _side_effectful_functions:
+            return OpKind.ASSERTION if _returns_nothing(target) else OpKind.EFFECTFUL
+        return OpKind.PYTHON
+    if torch.Tag.nondeterministic_seeded in overload.tags:
+        return OpKind.RANDOM
+    if overload in _side_effectful_functions or _has_registered_effect(overload):
+        return OpKind.ASSERTION if _returns_nothing(overload) else OpKind.EFFECTFUL
+    return OpKind.PURE
+
+
+def mutated_arg_positions(target: Any) -> tuple[int, ...]:
+    """Positions of schema arguments the op writes to (``relu_``'s self, ``copy_``'s self, out=)."""
+    overload = aten_overload(target)
+    if overload is None:
+        return ()
+    return tuple(
+        i
+        for i, arg in enumerate(overload._schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write
+    )
+
+
+def aliased_arg_position(target: Any) -> Optional[int]:
+    """Position of the argument the op's output aliases (views and in-place ops), or None."""
+    overload = aten_overload(target)
+    if overload is None:
+        return None
+    schema = overload._schema
+    if not any(r.alias_info is not None for r in schema.returns):
+        return None
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None:
+            return i
+    return None
+
+
+def is_uninitialised_allocation(target: Any) -> bool:
+    """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
+    overload = aten_overload(target)
+    return overload is not None and overload.overloadpacket in _UNINITIALISED_PACKETS
+
+
+def _returns_nothing(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and len(schema.returns) == 0
+
+
+def _has_registered_effect(overload: torch._ops.OpOverload) -> bool:
+    try:
+        from torch._higher_order_ops.effects import _get_effect
+    except ImportError:  # pragma: no cover
+        return False
+    return _get_effect(overload) is not None

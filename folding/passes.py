@@ -1,0 +1,49 @@
+"""`FoldConstantsPass`: the stage as an executorch `ExportedProgramPassBase`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
+from torch.export import ExportedProgram
+
+from .errors import FoldInvariantError
+from .fold import fold_constants
+from .policy import FoldPolicy
+from .report import FoldReport
+
+
+class FoldConstantsPass(ExportedProgramPassBase):
+    """Runs `fold_constants` inside an ``ExportedProgramPassManager`` or as one of
+    ``to_edge_transform_and_lower(..., transform_passes=[...])``; ATen or Edge dialect.
+
+    The pass manager works on a shallow copy of the program, so the pass folds in place on
+    that copy. ``self.report`` holds the last run's `FoldReport`.
+
+    ``ensures`` checks the invariants a broken rewrite would violate (signature and placeholders
+    one to one, unique node names, a linted graph) so it fails here, not stages later.
+
+    Raises:
+        FoldInvariantError: from ``ensures``.
+    """
+
+    def __init__(self, policy: Optional[FoldPolicy] = None) -> None:
+        super().__init__()
+        self.policy = policy or FoldPolicy()
+        self.report: Optional[FoldReport] = None
+
+    def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+        result = fold_constants(exported_program, self.policy, inplace=True)
+        self.report = result.report
+        return ExportedProgramPassResult(result.program, modified=bool(result.report.folded))
+
+    def ensures(self, exported_program: ExportedProgram) -> None:
+        graph = exported_program.graph
+        graph.lint()
+        names = [n.name for n in graph.nodes]
+        if len(names) != len(set(names)):
+            raise FoldInvariantError("node names are not unique after folding")
+        placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+        specs = [getattr(s.arg, "name", None) for s in exported_program.graph_signature.input_specs]
+        if placeholders != specs:
+            raise FoldInvariantError(f"placeholders {placeholders} do not match InputSpecs {specs}")

@@ -1,0 +1,164 @@
+"""`FoldReport`: what the stage decided for every node it considered, and what it cost."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+class Reason(enum.Enum):
+    """Why a call_function node was not folded (or, for FOLDED/CHECKED, what happened to it)."""
+
+    FOLDED = "folded into a lifted constant or into another folded value"
+    CHECKED = "assertion evaluated at fold time on constant inputs and dropped"
+    RUNTIME_INPUT = "reads a runtime input"
+    READS_MUTATED_BUFFER = "reads a buffer the program mutates"
+    DEPENDS_ON_KEPT = "reads a constant-only value that is kept for another reason"
+    RANDOM = "random op (draws from the RNG at runtime)"
+    EFFECTFUL = "op with side effects"
+    CONTROL_FLOW = "higher-order op (control flow or delegate call)"
+    SYMBOLIC = "symbolic shape or argument"
+    SKIPPED_TARGET = "target is in FoldPolicy.skip_targets"
+    MEMORY_OP = "executorch memory-planning op"
+    NOT_A_TENSOR = "result is not a tensor"
+    EVALUATION_ERROR = "raised when evaluated at fold time"
+    MUTATED_AFTER_RUNTIME_READ = "in-place update of a value that runtime ops read earlier"
+    MUTATED_BY_RUNTIME_OP = "value is updated in place by an op that runs at runtime"
+
+    @property
+    def constant_only(self) -> bool:
+        """True when the node reads only constants, i.e. it was a folding candidate."""
+        return self not in (Reason.FOLDED, Reason.CHECKED, Reason.RUNTIME_INPUT)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome for one call_function node of the input program.
+
+    Attributes:
+        node: the node's name in the input program.
+        target: the op's dialect-free name (``aten.mul.Tensor``).
+        reason: `Reason.FOLDED`/`Reason.CHECKED` when folded, else why it was kept.
+        detail: free text: the exception message, or the kept input a node depends on.
+        lifted_as: for folded values that runtime ops or outputs read, the placeholder they now read.
+    """
+
+    node: str
+    target: str
+    reason: Reason
+    detail: str = ""
+    lifted_as: Optional[str] = None
+
+    @property
+    def folded(self) -> bool:
+        return self.reason in (Reason.FOLDED, Reason.CHECKED)
+
+
+@dataclass(frozen=True)
+class LiftedConstant:
+    """One lifted constant placeholder created (or reused) by the stage.
+
+    Attributes:
+        placeholder: the placeholder's node name (``c_folded_mul``).
+        target: its key in ``ExportedProgram.constants`` (or the state_dict key when reused).
+        replaces: names of the folded nodes whose value it holds (several when deduplicated).
+        shape, dtype: of the stored tensor.
+        nbytes: bytes of the stored tensor.
+        reused: True when an identical tensor already stored in the program was reused.
+    """
+
+    placeholder: str
+    target: str
+    replaces: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    reused: bool = False
+
+
+@dataclass
+class FoldReport:
+    """The decisions and totals of one `fold_constants` run.
+
+    Byte totals count the distinct tensors the program stores as parameters, buffers and
+    lifted constants (``folding.sizes.stored_constant_bytes``), in bytes.
+    """
+
+    decisions: list[Decision] = field(default_factory=list)
+    lifted: list[LiftedConstant] = field(default_factory=list)
+    removed_placeholders: list[str] = field(default_factory=list)
+    constant_bytes_before: int = 0
+    constant_bytes_after: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    peak_intermediate_bytes: int = 0
+    evaluated_nodes: int = 0
+
+    @property
+    def folded(self) -> list[Decision]:
+        return [d for d in self.decisions if d.folded]
+
+    @property
+    def kept_constant_only(self) -> list[Decision]:
+        """Kept nodes that read only constants: each has a reason other than RUNTIME_INPUT."""
+        return [d for d in self.decisions if d.reason.constant_only]
+
+    def counts(self) -> dict[str, int]:
+        """Number of decisions per reason name."""
+        return dict(sorted(Counter(d.reason.name for d in self.decisions).items()))
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict (reasons by name)."""
+        return {
+            "constant_bytes_before": self.constant_bytes_before,
+            "constant_bytes_after": self.constant_bytes_after,
+            "counts": self.counts(),
+            "timings_s": dict(self.timings),
+            "peak_intermediate_bytes": self.peak_intermediate_bytes,
+            "evaluated_nodes": self.evaluated_nodes,
+            "lifted": [asdict(c) for c in self.lifted],
+            "removed_placeholders": list(self.removed_placeholders),
+            "decisions": [
+                {**asdict(d), "reason": d.reason.name, "folded": d.folded} for d in self.decisions
+            ],
+        }
+
+    def to_markdown(self, max_rows: int = 50) -> str:
+        """A human summary: totals, counts per reason, kept constant-only nodes, lifted constants."""
+        delta = self.constant_bytes_after - self.constant_bytes_before
+        lines = [
+            "## Constant folding report",
+            "",
+            f"- constant bytes: {self.constant_bytes_before:,} -> {self.constant_bytes_after:,} ({delta:+,})",
+            f"- folded nodes: {len(self.folded)}; lifted constants: {len(self.lifted)}"
+            f" ({sum(1 for c in self.lifted if c.reused)} reused); removed placeholders: {len(self.removed_placeholders)}",
+            f"- constant-only nodes kept: {len(self.kept_constant_only)}",
+            "- time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()),
+            "",
+            "| reason | nodes |",
+            "|---|---|",
+        ]
+        lines += [f"| {name} | {n} |" for name, n in self.counts().items()]
+        kept = self.kept_constant_only
+        if kept:
+            lines += ["", "### Constant-only nodes kept", "", "| node | op | reason | detail |", "|---|---|---|---|"]
+            for d in kept[:max_rows]:
+                lines.append(f"| {d.node} | {d.target} | {d.reason.name} | {_cell(d.detail)} |")
+            if len(kept) > max_rows:
+                lines.append(f"| … {len(kept) - max_rows} more | | | |")
+        if self.lifted:
+            lines += ["", "### Lifted constants", "", "| placeholder | shape | dtype | bytes | replaces |", "|---|---|---|---|---|"]
+            for c in self.lifted[:max_rows]:
+                reused = " (reused)" if c.reused else ""
+                lines.append(
+                    f"| {c.placeholder}{reused} | {list(c.shape)} | {c.dtype} | {c.nbytes:,} | {', '.join(c.replaces)} |"
+                )
+            if len(self.lifted) > max_rows:
+                lines.append(f"| … {len(self.lifted) - max_rows} more | | | | |")
+        return "\n".join(lines) + "\n"
+
+
+def _cell(text: str, limit: int = 120) -> str:
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
