@@ -49,8 +49,8 @@ def evaluate(
     """Run the folded nodes of `plan` eagerly under ``no_grad``.
 
     Args:
-        plan: from `make_plan`; ``plan.materialise`` grows when a node has to be kept and its
-            folded inputs must then be stored.
+        plan: from `make_plan`; ``plan.materialise`` grows when a node has to be kept (it
+            raised, or its result is not a tensor) and its folded inputs must then be stored.
         analysis: from `analyze`.
         placeholder_value: the stored tensor of a constant placeholder (read, never written).
         attribute: resolves a get_attr target.
@@ -88,11 +88,11 @@ def evaluate(
         out.kept[node] = (reason, detail)
         plan.materialise.discard(node)
         for i in node.all_input_nodes:
-            if i.op == "call_function" and i not in out.kept:
+            if plan.folded(i) and i not in out.kept:
                 plan.materialise.add(i)
 
     with torch.no_grad():
-        for index, node in enumerate(plan.folded):
+        for index, node in enumerate(plan.evaluated):
             blocked = next((i for i in node.all_input_nodes if i in out.kept), None)
             if blocked is not None:
                 keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")

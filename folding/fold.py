@@ -18,6 +18,7 @@ from .lift import lift
 from .names import reserve_node_names
 from .ops import op_name
 from .plan import make_plan
+from .quant import describe_encoding
 from .policy import FoldPolicy
 from .report import Decision, FoldReport, Reason
 from .sizes import stored_constant_bytes, stored_tensor
@@ -100,12 +101,13 @@ def fold_constants(
     timings["analysis"] = t1 - t0
     timings["evaluation"] = t2 - t1
 
-    folded = [n for n in plan.folded if n not in evaluation.kept]
-    decisions = _decisions(gm.graph, analysis, evaluation)
+    folded = [n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept]
+    considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
     new_program, lifting = lift(
         program, gm, folded, evaluation.values, constant_placeholders, inplace=inplace
     )
+    decisions = _decisions(considered, analysis, plan, evaluation)
     timings["lift"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - start
 
@@ -129,15 +131,17 @@ def fold_constants(
     return FoldResult(new_program, report)
 
 
-def _decisions(graph, analysis, evaluation) -> list[Decision]:
+def _decisions(nodes, analysis, plan, evaluation) -> list[Decision]:
     out = []
-    for n in graph.nodes:
-        if n.op != "call_function":
-            continue
+    for n in nodes:
         reason = analysis.reason[n]
         detail = analysis.detail.get(n, "")
         if n in evaluation.kept:
             reason, detail = evaluation.kept[n]
+        elif n in plan.runtime:
+            reason, detail = plan.runtime[n]
+            if reason is Reason.KEEPS_ENCODING:
+                detail = describe_encoding(n)  # n is kept: its args already name the lifted inputs
         elif reason is None:
             reason = Reason.CHECKED if analysis.is_check(n) else Reason.FOLDED
         out.append(Decision(n.name, op_name(n.target), reason, detail))

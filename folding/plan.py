@@ -1,49 +1,96 @@
-"""Which constant values are folded, and which of them are stored as lifted constants.
+"""Which constant nodes are folded away, which stay in the program, which values are stored.
+
+Every constant node is a candidate. Some stay in the program as ops although they read only
+constants (``runtime``), each with a reason:
+
+- a dequantize whose result a runtime op would read keeps its encoding (`quant`), and so do
+  the float ops between it and that reader;
 
 A folded value is *materialised* (stored as a lifted constant) when a node that stays in the
-program, or the graph output, reads it; every other folded value exists only during folding.
+program, or the graph output, reads it. Nodes are *evaluated* at fold time when they are
+folded away or a folded node needs their value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.fx
 
 from .analysis import Analysis
+from .quant import dequantized_values, is_dequantize
+from .report import Reason
 
 
 @dataclass
 class Plan:
     """Attributes:
-    folded: the call_function nodes to evaluate and remove, in graph order (assertion checks
-        included).
-    materialise: folded nodes whose value a kept node or the output reads.
-    release: per folded node, the index in `folded` after which its value is no longer needed
-        (its last folded reader, or the last in-place update of its alias class).
+    candidates: constant call_function nodes, in graph order (assertion checks included).
+    runtime: candidates that stay in the graph, with (reason, detail).
+    evaluated: candidates run at fold time, in graph order.
+    materialise: folded-away nodes whose value a node left in the graph or the output reads.
+    release: per evaluated node, the index in `evaluated` after which its value is no longer
+        needed (its last evaluated reader, or the last in-place update of its alias class).
     """
 
-    folded: list[torch.fx.Node]
-    materialise: set[torch.fx.Node]
-    release: dict[torch.fx.Node, int]
+    candidates: list[torch.fx.Node]
+    runtime: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
+    evaluated: list[torch.fx.Node] = field(default_factory=list)
+    materialise: set[torch.fx.Node] = field(default_factory=set)
+    release: dict[torch.fx.Node, int] = field(default_factory=dict)
+
+    def folded(self, node: torch.fx.Node) -> bool:
+        return node in self._candidate_set and node not in self.runtime
+
+    def __post_init__(self) -> None:
+        self._candidate_set = set(self.candidates)
 
 
 def make_plan(analysis: Analysis) -> Plan:
-    """Fold every constant call_function node; materialise those read from outside the fold.
+    """Plan the fold of every constant node. O(nodes + edges)."""
+    candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
+    plan = Plan(candidates)
+    _keep_encodings(plan)
+    _finish(plan, analysis)
+    return plan
 
-    O(nodes + edges).
-    """
-    folded = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
-    position = {n: i for i, n in enumerate(folded)}
-    materialise = {
-        n for n in folded if not analysis.is_check(n) and any(u not in position for u in n.users)
+
+def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
+    return any(not plan.folded(u) for u in node.users)
+
+
+def _keep_encodings(plan: Plan) -> None:
+    """Leave in the graph every dequantize (and float op after it) whose value would otherwise be
+    stored for a runtime reader; what is stored instead is the dequantize's integer input."""
+    dq = dequantized_values(plan.candidates)
+    work = [n for n in plan.candidates if n in dq and _readers_outside(plan, n)]
+    while work:
+        n = work.pop()
+        if n in plan.runtime:
+            continue
+        if is_dequantize(n.target):
+            plan.runtime[n] = (Reason.KEEPS_ENCODING, "")
+        else:
+            plan.runtime[n] = (Reason.AFTER_DEQUANTIZE, "")
+        work.extend(i for i in n.all_input_nodes if i in dq and i not in plan.runtime)
+
+
+def _finish(plan: Plan, analysis: Analysis) -> None:
+    """Derive `evaluated`, `materialise` and `release` from `candidates` and `runtime`."""
+    needed: set[torch.fx.Node] = set()
+    for n in reversed(plan.candidates):
+        if plan.folded(n) or any(u in needed for u in n.users):
+            needed.add(n)
+    plan.evaluated = [n for n in plan.candidates if n in needed]
+    plan.materialise = {
+        n for n in plan.evaluated if plan.folded(n) and not analysis.is_check(n) and _readers_outside(plan, n)
     }
+    position = {n: i for i, n in enumerate(plan.evaluated)}
     last_update: dict[torch.fx.Node, int] = {}
     for root, muts in analysis.mutators.items():
         if root in position:
-            last_update[root] = max(position[m] for m in muts)
-    release: dict[torch.fx.Node, int] = {}
-    for n in folded:
+            last_update[root] = max(position[m] for m in muts if m in position)
+    for n in plan.evaluated:
         last = position[n]
         for u in n.users:
             if u in position and position[u] > last:
@@ -51,5 +98,4 @@ def make_plan(analysis: Analysis) -> Plan:
         root = analysis.class_of(n)
         if root is not None and root in last_update:
             last = max(last, last_update[root])
-        release[n] = last
-    return Plan(folded, materialise, release)
+        plan.release[n] = last

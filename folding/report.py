@@ -26,6 +26,8 @@ class Reason(enum.Enum):
     EVALUATION_ERROR = "raised when evaluated at fold time"
     MUTATED_AFTER_RUNTIME_READ = "in-place update of a value that runtime ops read earlier"
     MUTATED_BY_RUNTIME_OP = "value is updated in place by an op that runs at runtime"
+    KEEPS_ENCODING = "dequantize of a constant kept so the backend reads its encoding"
+    AFTER_DEQUANTIZE = "float op on a kept dequantize (folding it would store dequantized floats)"
 
     @property
     def constant_only(self) -> bool:

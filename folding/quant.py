@@ -1,0 +1,103 @@
+"""Quantize/dequantize vocabulary and the rule that keeps encodings.
+
+QNN reads a constant's encoding from the dequantize node that reads it
+(executorch/backends/qualcomm/_passes/annotate_quant_attrs.py and fold_qdq.py mark it
+``QCOM_BYPASS_NODE``); XNNPACK's partitioner likewise fuses a dequantize of a static weight
+into the quantized op. So a dequantize of a constant is never replaced by a float constant
+that a runtime op reads: the dequantize node stays with all its encoding arguments and its
+integer input is what gets stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.fx
+
+from .ops import packet_name
+
+# Op packets by dialect-free name (Edge ops resolve to the same names).
+QUANTIZE_OPS = frozenset(
+    {
+        "quantized_decomposed.quantize_per_tensor",  # .default, .tensor, .tensor2
+        "quantized_decomposed.quantize_per_channel",
+        "quantized_decomposed.quantize_per_channel_group",
+        "quantized_decomposed.quantize_per_token",
+        "torchao.quantize_affine",
+    }
+)
+DEQUANTIZE_OPS = frozenset(
+    {
+        "quantized_decomposed.dequantize_per_tensor",
+        "quantized_decomposed.dequantize_per_channel",
+        "quantized_decomposed.dequantize_per_channel_group",
+        "quantized_decomposed.dequantize_per_token",
+        "torchao.dequantize_affine",
+    }
+)
+QPARAM_OPS = frozenset(
+    {
+        "quantized_decomposed.choose_qparams",
+        "quantized_decomposed.choose_qparams_symmetric",
+        "quantized_decomposed.choose_qparams_per_token",
+        "quantized_decomposed.choose_qparams_per_token_asymmetric",
+        "torchao.choose_qparams_affine",
+    }
+)
+
+
+def is_quantize(target: Any) -> bool:
+    return packet_name(target) in QUANTIZE_OPS
+
+
+def is_dequantize(target: Any) -> bool:
+    return packet_name(target) in DEQUANTIZE_OPS
+
+
+def is_qparams(target: Any) -> bool:
+    return packet_name(target) in QPARAM_OPS
+
+
+def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The nodes among `nodes` (graph order) whose float value comes from a dequantize without
+    passing through a quantize or a qparam op: storing any of them would store dequantized
+    floats instead of integers with an encoding. Results that are not floating point are
+    excluded (an argmax of dequantized values stores no float)."""
+    dq: set[torch.fx.Node] = set()
+    for n in nodes:
+        if is_dequantize(n.target):
+            dq.add(n)
+        elif is_quantize(n.target) or is_qparams(n.target):
+            continue
+        elif any(i in dq for i in n.all_input_nodes) and _is_float(n):
+            dq.add(n)
+    return dq
+
+
+def describe_encoding(node: torch.fx.Node) -> str:
+    """``dequantize_per_channel(scale=b__scale_0, zero_point=b__zero_point_0, axis=0,
+    quant_min=-127, quant_max=127, dtype=torch.int8) reads b__frozen_param0`` — for the report."""
+    schema = getattr(node.target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    parts = []
+    for i, a in enumerate(node.args[1:], start=1):
+        label = names[i] if i < len(names) else f"arg{i}"
+        parts.append(f"{label}={_fmt(a)}")
+    parts += [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()]
+    src = node.args[0].name if node.args and isinstance(node.args[0], torch.fx.Node) else "?"
+    return f"{packet_name(node.target).split('.')[-1]}({', '.join(parts)}) reads {src}"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, torch.fx.Node):
+        return v.name
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _is_float(n: torch.fx.Node) -> bool:
+    val = n.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.dtype.is_floating_point
+    return True  # unknown: be conservative and treat it as a float value
