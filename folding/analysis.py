@@ -24,7 +24,15 @@ import torch.fx
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from .ops import OpKind, aliased_arg_position, classify, mutated_arg_positions, op_name, packet_name
+from .ops import (
+    OpKind,
+    aliased_arg_position,
+    classify,
+    mutated_arg_positions,
+    op_name,
+    packet_name,
+    reads_only_metadata,
+)
 from .policy import FoldPolicy
 from .report import Reason
 from .sizes import STORED_KINDS
@@ -175,7 +183,10 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     reason = analysis.reason
     runtime: list[torch.fx.Node] = []
     kept: Optional[tuple[torch.fx.Node, Reason]] = None
+    metadata_arg = _metadata_only_arg(n)
     for i in n.all_input_nodes:
+        if i is metadata_arg:
+            continue
         r = reason.get(i)
         if r is Reason.RUNTIME_INPUT or r is Reason.SYMBOLIC:
             runtime.append(i)
@@ -213,6 +224,17 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     if "val" in n.meta and not _tensor_like(val):
         return Reason.NOT_A_TENSOR, type(val).__name__
     return None, ""
+
+
+def _metadata_only_arg(n: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The first argument of a metadata-only op (``new_zeros``, ``zeros_like`` …) when its shape
+    is static: its values are never read, so it does not make the result runtime-dependent."""
+    if not reads_only_metadata(n.target) or not n.args or not isinstance(n.args[0], torch.fx.Node):
+        return None
+    val = n.args[0].meta.get("val")
+    if isinstance(val, torch.Tensor) and not _is_symbolic(val):
+        return n.args[0]
+    return None
 
 
 def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tuple[Reason, str]]:

@@ -10,7 +10,7 @@ import torch.fx
 from torch.fx.node import map_arg
 
 from .analysis import Analysis
-from .ops import OpKind, is_uninitialised_allocation
+from .ops import OpKind, is_uninitialised_allocation, reads_only_metadata
 from .plan import Plan
 from .report import Reason
 
@@ -81,6 +81,19 @@ def evaluate(
             return env[node]
         raise KeyError(node.name)
 
+    def value_of_for(node: torch.fx.Node):
+        if not reads_only_metadata(node.target):
+            return value_of
+        meta_arg = node.args[0] if node.args else None
+
+        def lookup(n: torch.fx.Node):
+            if n is meta_arg and n not in env and not analysis.is_constant(n):
+                val = n.meta["val"]  # a runtime tensor of static shape: only its metadata is read
+                return torch.zeros_like(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype))
+            return value_of(n)
+
+        return lookup
+
     def keep(node: torch.fx.Node, reason: Reason, detail: str) -> None:
         root = analysis.class_of(node)
         if root is not None:
@@ -98,7 +111,7 @@ def evaluate(
                 keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
             else:
                 try:
-                    args, kwargs = map_arg((node.args, node.kwargs), value_of)
+                    args, kwargs = map_arg((node.args, node.kwargs), value_of_for(node))
                     result = node.target(*args, **kwargs)
                     out.evaluated += 1
                 except Exception as e:  # any op error keeps the node; it fails at runtime the same way

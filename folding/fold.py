@@ -21,7 +21,7 @@ from .plan import make_plan
 from .quant import describe_encoding
 from .policy import FoldPolicy
 from .report import Decision, FoldReport, Reason
-from .sizes import stored_constant_bytes, stored_tensor
+from .sizes import stored_constant_bytes, stored_tensor, tensor_key
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +74,12 @@ def fold_constants(
     reserve_node_names(gm)
     state_dict, constants = program.state_dict, program.constants
 
+    placeholder_bytes = _placeholder_bytes(gm.graph, program)
     forced: dict = {}
     while True:
         t0 = time.perf_counter()
         analysis = analyze(gm.graph, program.graph_signature, policy, forced)
-        plan = make_plan(analysis)
+        plan = make_plan(analysis, policy, placeholder_bytes, bytes_before)
         t1 = time.perf_counter()
         try:
             evaluation = evaluate(
@@ -145,6 +146,24 @@ def _decisions(nodes, analysis, plan, evaluation) -> list[Decision]:
         elif reason is None:
             reason = Reason.CHECKED if analysis.is_check(n) else Reason.FOLDED
         out.append(Decision(n.name, op_name(n.target), reason, detail))
+    return out
+
+
+def _placeholder_bytes(graph: torch.fx.Graph, program: ExportedProgram) -> dict[torch.fx.Node, int]:
+    """Stored bytes per constant placeholder; a tensor shared by several placeholders (tied
+    weights) counts for the first only, as in `stored_constant_bytes`."""
+    specs = {s.arg.name: s for s in program.graph_signature.input_specs if hasattr(s.arg, "name")}
+    seen: set = set()
+    out: dict[torch.fx.Node, int] = {}
+    for n in graph.nodes:
+        if n.op != "placeholder" or n.name not in specs:
+            continue
+        t = stored_tensor(specs[n.name], program.state_dict, program.constants)
+        if t is None:
+            continue
+        key = tensor_key(t)
+        out[n] = 0 if key in seen else t.nbytes
+        seen.add(key)
     return out
 
 

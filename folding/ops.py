@@ -38,6 +38,24 @@ _UNINITIALISED_PACKETS = frozenset(
 )
 
 
+# Ops that read only the shape, dtype and device of their first argument, never its values
+# (``x.new_zeros(...)`` builds swin's attention mask from the activation x). With a static
+# shape they are constant even when that argument is a runtime input.
+_METADATA_ONLY_PACKETS = frozenset(
+    {
+        torch.ops.aten.new_zeros,
+        torch.ops.aten.new_ones,
+        torch.ops.aten.new_full,
+        torch.ops.aten.new_empty,
+        torch.ops.aten.new_empty_strided,
+        torch.ops.aten.zeros_like,
+        torch.ops.aten.ones_like,
+        torch.ops.aten.full_like,
+        torch.ops.aten.empty_like,
+    }
+)
+
+
 class OpKind(enum.Enum):
     """How the analysis treats a call_function target."""
 
@@ -140,6 +158,12 @@ def is_uninitialised_allocation(target: Any) -> bool:
     """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
     overload = aten_overload(target)
     return overload is not None and overload.overloadpacket in _UNINITIALISED_PACKETS
+
+
+def reads_only_metadata(target: Any) -> bool:
+    """True for ops whose first argument contributes only its shape/dtype/device/strides."""
+    overload = aten_overload(target)
+    return overload is not None and overload.overloadpacket in _METADATA_ONLY_PACKETS
 
 
 def _returns_nothing(target: Any) -> bool:

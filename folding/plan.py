@@ -5,6 +5,8 @@ constants (``runtime``), each with a reason:
 
 - a dequantize whose result a runtime op would read keeps its encoding (`quant`), and so do
   the float ops between it and that reader;
+- an op whose value is larger than the policy's cap, or whose region would push the program
+  past its growth budget, stays so that a smaller value is stored instead (`cuts`).
 
 A folded value is *materialised* (stored as a lifted constant) when a node that stays in the
 program, or the graph output, reads it. Nodes are *evaluated* at fold time when they are
@@ -17,7 +19,13 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from torch.fx.node import map_arg
+
+import torch
+
 from .analysis import Analysis
+from .cuts import choose_cuts, find_regions, node_bytes
+from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .report import Reason
 
@@ -46,13 +54,58 @@ class Plan:
         self._candidate_set = set(self.candidates)
 
 
-def make_plan(analysis: Analysis) -> Plan:
-    """Plan the fold of every constant node. O(nodes + edges)."""
+def make_plan(
+    analysis: Analysis,
+    policy: FoldPolicy,
+    placeholder_bytes: dict[torch.fx.Node, int],
+    bytes_before: int,
+) -> Plan:
+    """Plan the fold of every constant node within the policy's size limits.
+
+    Args:
+        placeholder_bytes: stored bytes of each constant placeholder (tensors shared by several
+            placeholders count for the first only).
+        bytes_before: the program's stored constant bytes, for the growth budget.
+
+    O(nodes + edges), plus the exact search of small regions when the budget binds.
+    """
     candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
     plan = Plan(candidates)
     _keep_encodings(plan)
+    _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before)
     _finish(plan, analysis)
     return plan
+
+
+def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before) -> None:
+    budget = policy.growth_budget(bytes_before)
+    if policy.max_tensor_bytes is None and budget is None:
+        return
+    folded = [n for n in plan.candidates if plan.folded(n) and not analysis.is_check(n)]
+    fixed = {n for n in folded if analysis.class_of(n) is not None}
+    constant_placeholders = set(placeholder_bytes)
+    regions = find_regions(folded, plan.folded, constant_placeholders, placeholder_bytes, fixed)
+    sizes = {n: node_bytes(n) for r in regions for n in r.ops}
+    storable = {n for r in regions for n in r.ops if isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor)}
+    runtime, _ = choose_cuts(
+        regions, sizes, placeholder_bytes, _identical_values(folded), policy.max_tensor_bytes, budget, storable
+    )
+    plan.runtime.update(runtime)
+
+
+def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Map each node to the first node computing the same op on the same inputs (hash-consing):
+    their values are equal, and the lift stores them once, so the planner counts them once."""
+    canon: dict[torch.fx.Node, torch.fx.Node] = {}
+    seen: dict[tuple, torch.fx.Node] = {}
+    for n in nodes:
+        key_args = map_arg((n.args, n.kwargs), lambda i: ("node", canon.get(i, i).name))
+        try:
+            key = (str(n.target), repr(key_args))
+        except Exception:
+            continue
+        canon[n] = seen.setdefault(key, n)
+    return canon
 
 
 def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet
+from typing import Any, FrozenSet, Optional
 
 from .errors import PolicyError
 from .ops import op_name
+
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -21,15 +23,52 @@ class FoldPolicy:
         fold_asserts: check assertion ops (``aten._assert_tensor_metadata`` …) whose inputs are all
             constant at fold time and drop them, so they do not keep a folded intermediate alive
             and stored. A failing check is kept with its exception text.
+        max_tensor_bytes: no single stored (materialised) tensor is larger than this, in bytes.
+            Default 16 MiB: the largest value folding stores in the benchmark models is T5's
+            relative-position bias (1x8x128x128 fp32, 512 KiB) and swin_v2_t's first shifted-window
+            mask (64x49x49 fp32, 600 KiB), so 16 MiB never blocks a useful fold, while a folded
+            ``expand``/``full`` to [4096, 4096] fp32 (64 MiB) stays an op. Grappler uses 10 MiB,
+            ONNX Runtime 1 GiB. None: no cap.
+        max_growth_bytes, max_growth_fraction: the program's stored constant bytes may grow by at
+            most ``max(max_growth_bytes, max_growth_fraction * bytes_before)``. Defaults 1 MiB and
+            1 %: swin_v2_t (113.5 MB of constants) then gets 1.1 MB, about what its folded
+            position-bias tables and shifted-window masks need, and a small model still folds its
+            masks; a transposed copy of a tied 32k-vocabulary embedding (tens of MB) never fits.
+            Both None: no budget.
 
     Raises:
-        PolicyError: on a field of the wrong type.
+        PolicyError: on a field of the wrong type or a negative size.
     """
 
     skip_targets: FrozenSet[Any] = field(default_factory=frozenset)
     fold_asserts: bool = True
+    max_tensor_bytes: Optional[int] = 16 * MiB
+    max_growth_bytes: Optional[int] = 1 * MiB
+    max_growth_fraction: Optional[float] = 0.01
+
+    @classmethod
+    def unlimited(cls, **overrides: Any) -> "FoldPolicy":
+        """Fold every constant-only value regardless of size (the core behaviour)."""
+        return cls(**{"max_tensor_bytes": None, "max_growth_bytes": None, "max_growth_fraction": None, **overrides})
+
+    @classmethod
+    def strict(cls, **overrides: Any) -> "FoldPolicy":
+        """No stored value above 100 KiB (Grappler's later cap) and no growth at all."""
+        return cls(**{"max_tensor_bytes": 100 * 1024, "max_growth_bytes": 0, "max_growth_fraction": 0.0, **overrides})
+
+    def growth_budget(self, bytes_before: int) -> Optional[int]:
+        """Allowed growth of stored constant bytes for a program storing `bytes_before` bytes."""
+        if self.max_growth_bytes is None and self.max_growth_fraction is None:
+            return None
+        return max(self.max_growth_bytes or 0, int((self.max_growth_fraction or 0.0) * bytes_before))
 
     def __post_init__(self) -> None:
+        for name in ("max_tensor_bytes", "max_growth_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise PolicyError(f"FoldPolicy.{name} must be a non-negative int of bytes or None, got {value!r}")
+        if self.max_growth_fraction is not None and not (0.0 <= float(self.max_growth_fraction)):
+            raise PolicyError(f"FoldPolicy.max_growth_fraction must be >= 0 or None, got {self.max_growth_fraction!r}")
         if not isinstance(self.skip_targets, (frozenset, set, list, tuple)):
             raise PolicyError(
                 f"FoldPolicy.skip_targets must be a collection of ops or op names, got {type(self.skip_targets).__name__}"
@@ -42,4 +81,21 @@ class FoldPolicy:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable form (used by reports and the QNN compile spec)."""
-        return {"skip_targets": sorted(self.skip_names()), "fold_asserts": self.fold_asserts}
+        return {
+            "skip_targets": sorted(self.skip_names()),
+            "fold_asserts": self.fold_asserts,
+            "max_tensor_bytes": self.max_tensor_bytes,
+            "max_growth_bytes": self.max_growth_bytes,
+            "max_growth_fraction": self.max_growth_fraction,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FoldPolicy":
+        """Inverse of `to_dict` (skip targets come back as names)."""
+        return cls(
+            skip_targets=frozenset(data.get("skip_targets", ())),
+            fold_asserts=data.get("fold_asserts", True),
+            max_tensor_bytes=data.get("max_tensor_bytes"),
+            max_growth_bytes=data.get("max_growth_bytes"),
+            max_growth_fraction=data.get("max_growth_fraction"),
+        )

@@ -28,6 +28,8 @@ class Reason(enum.Enum):
     MUTATED_BY_RUNTIME_OP = "value is updated in place by an op that runs at runtime"
     KEEPS_ENCODING = "dequantize of a constant kept so the backend reads its encoding"
     AFTER_DEQUANTIZE = "float op on a kept dequantize (folding it would store dequantized floats)"
+    MAX_TENSOR_BYTES = "its value is larger than FoldPolicy.max_tensor_bytes"
+    GROWTH_BUDGET = "storing it would exceed the program's constant growth budget"
 
     @property
     def constant_only(self) -> bool:

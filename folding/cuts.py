@@ -1,0 +1,239 @@
+"""Where each constant region is cut: which values are stored, which ops stay at runtime.
+
+A *region* is a connected set of folded ops together with the constant placeholders they read.
+Its *sinks* are the values that nodes staying in the program (or the output) read. A plan for
+a region is the set S of values it stores: a sink not in S is computed at runtime from its
+inputs, recursively, so every op reached that way stays in the program. For each plan:
+
+- runtime ops: the ops that stay (what we minimise first: every one runs on the device and, on
+  QNN/HTP, a constant-only op may strand a partition);
+- stored bytes: the stored values plus the placeholders still read (minimised second);
+- growth: stored bytes minus the bytes of the region's placeholders before folding.
+
+Limits (`FoldPolicy`): no stored value above ``max_tensor_bytes``; the program's total growth
+within the budget. Regions of at most `EXACT_LIMIT` ops get their exact Pareto front (ops,
+growth) by enumeration; larger ones get two plans (fewest ops, and as-is). The program-wide
+budget is met greedily by moving, one step at a time, the region whose next plan saves the most
+bytes per runtime op added. Every region has the as-is plan (growth <= 0), so planning never fails.
+
+Anchors: TF Grappler skips folds whose output is larger than its inputs and a fixed cap
+(10 MiB, later 100 KiB); ONNX Runtime caps one folded output at 1 GiB; MLIR TOSA folds a
+transpose only for a constant with one user. None of them plans where to cut a region.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx
+
+from .report import Reason
+
+# Regions with at most this many ops are planned exactly (2**14 subsets, a few ms each).
+EXACT_LIMIT = 14
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    stored: frozenset  # ops whose value is stored
+    runtime: frozenset  # ops that stay in the program
+    stored_bytes: int
+    growth: int
+
+    @property
+    def runtime_ops(self) -> int:
+        return len(self.runtime)
+
+
+@dataclass
+class Region:
+    ops: list[torch.fx.Node]  # graph order
+    placeholders: list[torch.fx.Node]
+    sinks: list[torch.fx.Node]
+    pinned: set = field(default_factory=set)  # placeholders read by runtime ops directly
+    base_bytes: int = 0
+    in_place: bool = False  # holds an in-place alias class: folded whole or left as it is
+
+
+def node_bytes(node: torch.fx.Node) -> int:
+    """Bytes of a node's value from its ``meta["val"]`` (0 when unknown or not one tensor)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        try:
+            return int(val.numel()) * val.element_size()
+        except Exception:  # symbolic numel: never stored by the planner
+            return 0
+    return 0
+
+
+def find_regions(
+    folded: list[torch.fx.Node],
+    is_folded,
+    constant_placeholders: set[torch.fx.Node],
+    placeholder_bytes: dict[torch.fx.Node, int],
+    fixed: set[torch.fx.Node],
+) -> list[Region]:
+    """Connected components of folded ops and constant placeholders (union-find, O(edges))."""
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(x):
+        root = x
+        while parent.setdefault(root, root) is not root:
+            root = parent[root]
+        while parent[x] is not root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for n in folded:
+        find(n)
+        for i in n.all_input_nodes:
+            if is_folded(i) or i in constant_placeholders:
+                a, b = find(n), find(i)
+                if a is not b:
+                    parent[a] = b
+    groups: dict[torch.fx.Node, Region] = {}
+    for n in folded:
+        r = groups.setdefault(find(n), Region([], [], []))
+        r.ops.append(n)
+        if any(not is_folded(u) for u in n.users):
+            r.sinks.append(n)
+    seen: set = set()
+    for n in folded:
+        for i in n.all_input_nodes:
+            if i in constant_placeholders and i not in seen:
+                seen.add(i)
+                r = groups[find(i)]
+                r.placeholders.append(i)
+                r.base_bytes += placeholder_bytes.get(i, 0)
+                if any(not is_folded(u) for u in i.users):
+                    r.pinned.add(i)
+    regions = [r for r in groups.values() if r.sinks]
+    for r in regions:
+        r.in_place = any(n in fixed for n in r.ops)
+    return regions
+
+
+def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_bytes: dict,
+                 canon: dict) -> RegionPlan:
+    """The runtime ops, stored bytes and growth of storing exactly `stored` (restricted to
+    values the runtime still needs)."""
+    op_set = set(region.ops)
+    runtime: set = set()
+    kept_ph: set = set(region.pinned)
+    used_store: set = set()
+    stack = list(region.sinks)
+    visited: set = set()
+    while stack:
+        v = stack.pop()
+        if v in visited:
+            continue
+        visited.add(v)
+        if v in stored:
+            used_store.add(v)
+            continue
+        if v in op_set:
+            runtime.add(v)
+            stack.extend(v.all_input_nodes)
+        elif v in placeholder_bytes:
+            kept_ph.add(v)
+    stored_bytes = sum(sizes[v] for v in {canon.get(v, v): v for v in used_store}.values())
+    stored_bytes += sum(placeholder_bytes.get(p, 0) for p in kept_ph)
+    return RegionPlan(frozenset(used_store), frozenset(runtime), stored_bytes, stored_bytes - region.base_bytes)
+
+
+def pareto_front(
+    region: Region, sizes, placeholder_bytes, canon, max_tensor_bytes: Optional[int], storable_nodes: set
+) -> list[RegionPlan]:
+    """Plans not dominated in (runtime ops, growth), fewest runtime ops first."""
+    storable = [
+        n for n in region.ops if n in storable_nodes and (max_tensor_bytes is None or sizes[n] <= max_tensor_bytes)
+    ]
+    if region.in_place:
+        # An in-place class cannot be cut inside: store what the fewest-ops plan stores only
+        # if that leaves none of it at runtime; otherwise leave the region as it is.
+        plans = {evaluate_cut(region, frozenset(), sizes, placeholder_bytes, canon)}
+        fewest = evaluate_cut(region, frozenset(storable), sizes, placeholder_bytes, canon)
+        if not fewest.runtime:
+            plans.add(fewest)
+    elif len(region.ops) <= EXACT_LIMIT:
+        subsets = itertools.chain.from_iterable(
+            itertools.combinations(storable, k) for k in range(len(storable) + 1)
+        )
+        plans = {evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, canon) for s in subsets}
+    else:
+        plans = {
+            evaluate_cut(region, frozenset(storable), sizes, placeholder_bytes, canon),
+            evaluate_cut(region, frozenset(), sizes, placeholder_bytes, canon),
+        }
+    best: dict[int, RegionPlan] = {}
+    for p in plans:
+        q = best.get(p.runtime_ops)
+        if q is None or (p.growth, p.stored_bytes, sorted(n.name for n in p.stored)) < (
+            q.growth, q.stored_bytes, sorted(n.name for n in q.stored)
+        ):
+            best[p.runtime_ops] = p
+    front, lowest = [], None
+    for ops in sorted(best):
+        p = best[ops]
+        if lowest is None or p.growth < lowest:
+            front.append(p)
+            lowest = p.growth
+    return front
+
+
+def choose_cuts(
+    regions: list[Region],
+    sizes,
+    placeholder_bytes,
+    canon,
+    max_tensor_bytes: Optional[int],
+    budget: Optional[int],
+    storable: set,
+) -> tuple[dict[torch.fx.Node, tuple[Reason, str]], list[str]]:
+    """Pick one plan per region: fewest total runtime ops with total growth within `budget`.
+
+    Returns the ops that stay at runtime with their reason, and one note per region whose
+    plan was limited by the budget.
+    """
+    fronts = [pareto_front(r, sizes, placeholder_bytes, canon, max_tensor_bytes, storable) for r in regions]
+    choice = [0] * len(regions)
+    total = sum(f[0].growth for f in fronts)
+    notes: list[str] = []
+    if budget is not None and total > budget:
+        heap = []
+        for i, f in enumerate(fronts):
+            _push_step(heap, i, f, 0)
+        while total > budget and heap:
+            _, i, k = heapq.heappop(heap)
+            if choice[i] != k:
+                continue
+            total += fronts[i][k + 1].growth - fronts[i][k].growth
+            choice[i] = k + 1
+            _push_step(heap, i, fronts[i], k + 1)
+    runtime: dict[torch.fx.Node, tuple[Reason, str]] = {}
+    for r, f, k in zip(regions, fronts, choice):
+        plan = f[k]
+        for n in plan.runtime:
+            if max_tensor_bytes is not None and sizes[n] > max_tensor_bytes:
+                runtime[n] = (Reason.MAX_TENSOR_BYTES, f"{sizes[n]:,} bytes > max_tensor_bytes {max_tensor_bytes:,}")
+            else:
+                runtime[n] = (
+                    Reason.GROWTH_BUDGET,
+                    f"region of {len(r.ops)} ops: storing it would grow constants by "
+                    f"{f[0].growth:,} bytes; chose +{plan.growth:,} bytes with {plan.runtime_ops} runtime ops",
+                )
+        if k:
+            notes.append(f"{r.sinks[0].name}: {plan.runtime_ops} runtime ops, growth {plan.growth:+,} bytes")
+    return runtime, notes
+
+
+def _push_step(heap, i, front, k) -> None:
+    if k + 1 < len(front):
+        saved = front[k].growth - front[k + 1].growth
+        added = front[k + 1].runtime_ops - front[k].runtime_ops
+        # Most bytes saved per runtime op added first; ties by region index (deterministic).
+        heapq.heappush(heap, (-saved / max(added, 1), i, k))
