@@ -145,6 +145,17 @@ def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_byt
     return RegionPlan(frozenset(used_store), frozenset(runtime), stored_bytes, stored_bytes - region.base_bytes)
 
 
+def fewest_ops_plan(region: Region, sizes, placeholder_bytes, canon, max_tensor_bytes, storable_nodes) -> RegionPlan:
+    """The plan with the fewest runtime ops: store every value that fits, nearest the sinks."""
+    storable = frozenset(
+        n for n in region.ops if n in storable_nodes and (max_tensor_bytes is None or sizes[n] <= max_tensor_bytes)
+    )
+    plan = evaluate_cut(region, storable, sizes, placeholder_bytes, canon)
+    if region.in_place and plan.runtime:
+        return evaluate_cut(region, frozenset(), sizes, placeholder_bytes, canon)
+    return plan
+
+
 def pareto_front(
     region: Region, sizes, placeholder_bytes, canon, max_tensor_bytes: Optional[int], storable_nodes: set
 ) -> list[RegionPlan]:
@@ -199,11 +210,16 @@ def choose_cuts(
     Returns the ops that stay at runtime with their reason, and one note per region whose
     plan was limited by the budget.
     """
-    fronts = [pareto_front(r, sizes, placeholder_bytes, canon, max_tensor_bytes, storable) for r in regions]
+    # The fewest-runtime-ops plan is unique (store every value that fits, nearest the sinks);
+    # the full front is only needed for regions that grow, and only when the budget binds.
+    fronts = [[fewest_ops_plan(r, sizes, placeholder_bytes, canon, max_tensor_bytes, storable)] for r in regions]
     choice = [0] * len(regions)
     total = sum(f[0].growth for f in fronts)
     notes: list[str] = []
     if budget is not None and total > budget:
+        for i, r in enumerate(regions):
+            if fronts[i][0].growth > 0:
+                fronts[i] = pareto_front(r, sizes, placeholder_bytes, canon, max_tensor_bytes, storable)
         heap = []
         for i, f in enumerate(fronts):
             _push_step(heap, i, f, 0)

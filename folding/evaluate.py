@@ -10,7 +10,7 @@ import torch.fx
 from torch.fx.node import map_arg
 
 from .analysis import Analysis
-from .ops import OpKind, is_uninitialised_allocation, reads_only_metadata
+from .ops import OpKind, aten_overload, is_uninitialised_allocation, reads_only_metadata
 from .plan import Plan
 from .report import Reason
 
@@ -112,7 +112,8 @@ def evaluate(
             else:
                 try:
                     args, kwargs = map_arg((node.args, node.kwargs), value_of_for(node))
-                    result = node.target(*args, **kwargs)
+                    # Edge ops are their ATen overloads plus dtype checks; call the ATen op.
+                    result = (aten_overload(node.target) or node.target)(*args, **kwargs)
                     out.evaluated += 1
                 except Exception as e:  # any op error keeps the node; it fails at runtime the same way
                     keep(node, Reason.EVALUATION_ERROR, f"{type(e).__name__}: {e}".strip())

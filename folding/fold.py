@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -15,7 +14,6 @@ from .analysis import analyze
 from .errors import InvalidProgramError
 from .evaluate import AliasClassFailed, evaluate
 from .lift import lift
-from .names import reserve_node_names
 from .ops import op_name
 from .plan import make_plan
 from .quant import describe_encoding
@@ -70,8 +68,7 @@ def fold_constants(
     bytes_before = stored_constant_bytes(program)
     _check_signature(program)
 
-    gm = program.graph_module if inplace else _copy_graph_module(program.graph_module)
-    reserve_node_names(gm)
+    gm = program.graph_module  # read only: `lift` builds the new graph
     state_dict, constants = program.state_dict, program.constants
 
     placeholder_bytes = _placeholder_bytes(gm.graph, program)
@@ -102,13 +99,11 @@ def fold_constants(
     timings["analysis"] = t1 - t0
     timings["evaluation"] = t2 - t1
 
-    folded = [n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept]
+    folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
     considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
-    new_program, lifting = lift(
-        program, gm, folded, evaluation.values, constant_placeholders, inplace=inplace
-    )
-    decisions = _decisions(considered, analysis, plan, evaluation)
+    new_program, lifting = lift(program, folded, evaluation.values, constant_placeholders, inplace=inplace)
+    decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
     timings["lift"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - start
 
@@ -132,7 +127,7 @@ def fold_constants(
     return FoldResult(new_program, report)
 
 
-def _decisions(nodes, analysis, plan, evaluation) -> list[Decision]:
+def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:
     out = []
     for n in nodes:
         reason = analysis.reason[n]
@@ -142,7 +137,7 @@ def _decisions(nodes, analysis, plan, evaluation) -> list[Decision]:
         elif n in plan.runtime:
             reason, detail = plan.runtime[n]
             if reason is Reason.KEEPS_ENCODING:
-                detail = describe_encoding(n)  # n is kept: its args already name the lifted inputs
+                detail = describe_encoding(n, rename)
         elif reason is None:
             reason = Reason.CHECKED if analysis.is_check(n) else Reason.FOLDED
         out.append(Decision(n.name, op_name(n.target), reason, detail))
@@ -165,15 +160,6 @@ def _placeholder_bytes(graph: torch.fx.Graph, program: ExportedProgram) -> dict[
         out[n] = 0 if key in seen else t.nbytes
         seen.add(key)
     return out
-
-
-def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A new GraphModule with a copied graph (same node names, meta dicts copied shallowly);
-    submodules and attributes are shared, as `GraphModule(root, graph)` does."""
-    graph = copy.deepcopy(gm.graph)
-    new_gm = torch.fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
-    new_gm.meta.update(gm.meta)
-    return new_gm
 
 
 def _get_attr(gm: torch.nn.Module, target: str):

@@ -1,20 +1,23 @@
 """Rewrite a program so that folded values become lifted constants.
 
-Each materialised value becomes a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its
-tensor in ``ExportedProgram.constants`` (or reuses a byte-identical stored tensor); folded
-nodes are erased; parameters, buffers and constants left without users are removed from the
-graph, the signature and the stored dicts. Placeholders are inserted before the first user
-input, where torch.export puts lifted constants.
+The rewritten graph is built in one pass over the original (which is only read): surviving
+nodes are copied with their names, each stored value becomes a placeholder with a
+``CONSTANT_TENSOR`` InputSpec and its tensor in ``ExportedProgram.constants`` (or reuses a
+byte-identical stored tensor), folded nodes are not copied, and parameters, buffers and
+constants left without users are dropped from the graph, the signature and the stored dicts.
+New placeholders go before the first user input, where torch.export puts lifted constants.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.fx
+from torch._export.verifier import _verify_exported_program_signature
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
@@ -26,7 +29,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .names import CONSTANT_PREFIX, lifted_constant_target
+from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_node_names
 from .report import LiftedConstant
 from .sizes import STORED_KINDS, stored_tensor
 
@@ -44,157 +47,222 @@ class Lifting:
     lifted_as: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _NewConstant:
+    name: str
+    target: str
+    value: torch.Tensor
+    source: torch.fx.Node
+    replaces: list[str] = field(default_factory=list)
+
+
 def lift(
     program: ExportedProgram,
-    graph_module: torch.fx.GraphModule,
-    folded: list[torch.fx.Node],
+    folded: set[torch.fx.Node],
     values: dict[torch.fx.Node, torch.Tensor],
     constant_placeholders: set[torch.fx.Node],
     *,
     inplace: bool,
 ) -> tuple[ExportedProgram, Lifting]:
-    """Replace `folded` nodes of `graph_module` (a copy of the program's graph unless `inplace`).
+    """Build the folded program.
 
     Args:
-        program: the program the graph belongs to; its signature and stored dicts are read and,
-            only when `inplace`, updated.
-        graph_module: the graph to rewrite.
-        folded: the nodes to erase, in graph order.
-        values: stored tensors of the folded nodes that kept nodes or the output read.
+        program: the program to fold; read only unless `inplace`.
+        folded: nodes of ``program.graph`` that are folded away.
+        values: stored tensors (contiguous, owning their storage) of the folded nodes that a
+            surviving node or the output reads.
         constant_placeholders: placeholders whose stored tensors never change (dedup candidates).
+        inplace: update `program` itself instead of returning a new ExportedProgram that shares
+            the unchanged tensors.
 
     Returns:
-        The rewritten program (validated by its verifiers) and a `Lifting` record.
+        The folded program, checked with torch's signature verifier and graph lint, and a
+        `Lifting` record. (executorch's Edge verifier re-runs every op to check dtypes; it runs
+        when the program is next validated, e.g. by ``to_edge_transform_and_lower``.)
     """
-    graph = graph_module.graph
+    graph = program.graph
     state_dict = program.state_dict if inplace else dict(program.state_dict)
     constants = program.constants if inplace else dict(program.constants)
     specs = {s.arg.name: s for s in program.graph_signature.input_specs if hasattr(s.arg, "name")}
-    output_specs = list(program.graph_signature.output_specs)
-    folded_set = set(folded)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     record = Lifting()
+    taken = set(state_dict) | set(constants) | {n.name for n in graph.nodes}
 
-    anchor = next((p for p in placeholders if specs.get(p.name) is not None and specs[p.name].kind == InputKind.USER_INPUT), None)
-    fake_mode = detect_fake_mode([p.meta.get("val") for p in placeholders]) or FakeTensorMode()
+    # 1. Decide where every stored value goes: an identical stored tensor, or a new constant.
     dedup = _Dedup(
         {p: stored_tensor(specs[p.name], state_dict, constants) for p in placeholders if p in constant_placeholders}
     )
-    taken = set(state_dict) | set(constants) | graph._graph_namespace._used_names
-    lifted_rows: dict[torch.fx.Node, dict] = {}
-
-    replacement: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in folded:
-        value = values.get(node)
+    target_of: dict[torch.fx.Node, object] = {}  # folded node -> original placeholder or _NewConstant
+    new_constants: list[_NewConstant] = []
+    reused: dict[torch.fx.Node, list[str]] = {}
+    for node in graph.nodes:
+        value = values.get(node) if node in folded else None
         if value is None:
             continue
-        ph = dedup.find(value)
-        if ph is None:
+        hit = dedup.find(value)
+        if hit is None:
             target = lifted_constant_target(node.name, taken)
-            name = CONSTANT_PREFIX + target
-            taken.update((target, name))
-            ctx = graph.inserting_before(anchor) if anchor is not None else _after_placeholders(graph)
-            with ctx:
-                ph = graph.placeholder(name)
-            ph.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
-            for key in _PROVENANCE_KEYS:
-                if key in node.meta:
-                    ph.meta[key] = node.meta[key]
-            constants[target] = value
-            specs[ph.name] = InputSpec(kind=InputKind.CONSTANT_TENSOR, arg=TensorArgument(name=ph.name), target=target)
-            dedup.add(ph, value)
-            lifted_rows[ph] = dict(placeholder=ph.name, target=target, replaces=[], reused=False)
-        elif ph not in lifted_rows:
-            lifted_rows[ph] = dict(placeholder=ph.name, target=specs[ph.name].target, replaces=[], reused=True)
-        lifted_rows[ph]["replaces"].append(node.name)
-        record.lifted_as[node.name] = ph.name
-        replacement[node] = ph
-        for user in list(node.users):
-            if user not in folded_set and user.op != "output":
-                user.replace_input_with(node, ph)
+            hit = _NewConstant(CONSTANT_PREFIX + target, target, value, node)
+            taken.update((target, hit.name))
+            new_constants.append(hit)
+            dedup.add(hit, value)
+        if isinstance(hit, _NewConstant):
+            hit.replaces.append(node.name)
+            record.lifted_as[node.name] = hit.name
+        else:
+            reused.setdefault(hit, []).append(node.name)
+            record.lifted_as[node.name] = hit.name
+        target_of[node] = hit
 
-    _replace_outputs(program, graph, replacement, output_specs)
-
-    for node in reversed(folded):
-        graph.erase_node(node)
-
-    removed_targets = set()
-    for p in placeholders:
+    # 2. Placeholders that lose every reader are dropped.
+    def survives(p: torch.fx.Node) -> bool:
         spec = specs.get(p.name)
-        if spec is not None and spec.kind in STORED_KINDS and not p.users:
-            graph.erase_node(p)
-            del specs[p.name]
+        if spec is None or spec.kind not in STORED_KINDS or p in reused:
+            return True
+        return any(u not in folded for u in p.users)
+
+    # 3. Copy the graph.
+    new_graph = torch.fx.Graph()
+    new_graph._codegen = copy.deepcopy(graph._codegen)
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    fake_mode = detect_fake_mode([p.meta.get("val") for p in placeholders]) or FakeTensorMode()
+    anchor = next((p for p in placeholders if specs.get(p.name) is not None and specs[p.name].kind == InputKind.USER_INPUT), None)
+    new_specs: list[InputSpec] = []
+
+    def emit_new_constants() -> None:
+        for c in new_constants:
+            ph = new_graph.create_node("placeholder", c.name, name=c.name)
+            ph.meta["val"] = _fake_value(c.source, c.value, fake_mode)
+            for key in _PROVENANCE_KEYS:
+                if key in c.source.meta:
+                    ph.meta[key] = c.source.meta[key]
+            env[c.source] = ph
+            constants[c.target] = c.value
+            new_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
+
+    removed_targets: set = set()
+    for p in placeholders:
+        if p is anchor:
+            emit_new_constants()
+        if survives(p):
+            env[p] = new_graph.node_copy(p, env.__getitem__)
+            new_specs.append(specs[p.name])
+        else:
             record.removed.append(p.name)
-            removed_targets.add(spec.target)
-    removed_targets -= {s.target for s in specs.values()}  # tied names still read elsewhere
+            removed_targets.add(specs[p.name].target)
+    if anchor is None:
+        emit_new_constants()
+    lookup = _Lookup(env, target_of)
+    output_specs = list(program.graph_signature.output_specs)
+    clone_op = None
+    for node in graph.nodes:
+        if node.op == "placeholder" or node in folded:
+            continue
+        if node.op == "output":
+            flat = list(node.args[0]) if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            clones: dict[torch.fx.Node, torch.fx.Node] = {}
+            for i, a in enumerate(flat):
+                if isinstance(a, torch.fx.Node) and a in target_of:
+                    # ExecuTorch cannot return a stored constant as an output: return a clone, in
+                    # the program's own dialect (an Edge clone in ATen fails validate()).
+                    if a not in clones:
+                        clone_op = clone_op or _clone_op(program)
+                        name = _fresh(f"{a.name}_clone", taken)
+                        c = new_graph.create_node("call_function", clone_op, (lookup(a),), name=name)
+                        c.meta["val"] = lookup(a).meta["val"]
+                        for key in _PROVENANCE_KEYS:
+                            if key in a.meta:
+                                c.meta[key] = a.meta[key]
+                        clones[a] = c
+                    spec = output_specs[i]
+                    output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
+            mapped = [clones.get(a, None) or torch.fx.map_arg(a, lookup) for a in flat]
+            out_args = type(node.args[0])(mapped) if isinstance(node.args[0], (list, tuple)) else mapped[0]
+            env[node] = new_graph.output(out_args, type_expr=node.type)
+            env[node].meta = copy.copy(node.meta)
+            continue
+        env[node] = new_graph.node_copy(node, lookup)
+
+    # 4. Stored dicts, signature, program.
+    removed_targets -= {s.target for s in new_specs}  # tied names still read elsewhere
     for target in removed_targets:
         state_dict.pop(target, None)
         constants.pop(target, None)
+    for c in new_constants:
+        record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False))
+    for p, names in reused.items():
+        record.lifted.append(_row(p.name, specs[p.name].target, names, stored_tensor(specs[p.name], state_dict, constants), reused=True))
 
-    for ph, row in lifted_rows.items():
-        t = stored_tensor(specs[ph.name], state_dict, constants)
-        record.lifted.append(
-            LiftedConstant(
-                placeholder=row["placeholder"], target=row["target"], replaces=tuple(row["replaces"]),
-                shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""), nbytes=t.nbytes, reused=row["reused"],
-            )
-        )
-
-    input_specs = [specs[n.name] for n in graph.nodes if n.op == "placeholder"]
-    signature = ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
-    graph_module.recompile()
-    if inplace:
-        program._graph_signature = signature
-        program.validate()
-        return program, record
-    return program._update(graph_module, signature, state_dict=state_dict, constants=constants), record
-
-
-def _after_placeholders(graph: torch.fx.Graph):
-    last = None
-    for n in graph.nodes:
-        if n.op != "placeholder":
-            break
-        last = n
-    return graph.inserting_after(last) if last is not None else graph.inserting_before(next(iter(graph.nodes)))
+    signature = ExportGraphSignature(input_specs=new_specs, output_specs=output_specs)
+    new_gm = torch.fx.GraphModule(program.graph_module, new_graph, class_name=program.graph_module.__class__.__name__)
+    new_gm.meta.update(program.graph_module.meta)
+    reserve_node_names(new_gm)
+    result = program if inplace else copy.copy(program)
+    result._graph_module = new_gm
+    result._graph_signature = signature
+    result._state_dict = state_dict
+    result._constants = constants
+    if not inplace:
+        result._range_constraints = copy.deepcopy(program.range_constraints)
+        result._module_call_graph = copy.deepcopy(program.module_call_graph)
+    new_graph.lint()
+    _verify_exported_program_signature(result)
+    return result, record
 
 
-def _replace_outputs(program, graph, replacement, output_specs: list[OutputSpec]) -> None:
-    """Outputs that read a folded value read a clone of its placeholder: ExecuTorch cannot
-    return a constant buffer as a program output. The clone is in the program's own dialect
-    (an Edge clone in an ATen program fails ``ExportedProgram.validate()``)."""
-    out = graph.output_node()
-    flat = list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
-    if not any(a in replacement for a in flat):
-        return
-    clone_op = _clone_op(program, graph)
-    clones: dict[torch.fx.Node, torch.fx.Node] = {}
-    for i, a in enumerate(flat):
-        if a not in replacement:
-            continue
-        if a not in clones:
-            ph = replacement[a]
-            with graph.inserting_before(out):
-                c = graph.call_function(clone_op, (ph,))
-            c.meta["val"] = ph.meta["val"]
-            for key in _PROVENANCE_KEYS:
-                if key in a.meta:
-                    c.meta[key] = a.meta[key]
-            clones[a] = c
-        flat[i] = clones[a]
-        spec = output_specs[i]
-        output_specs[i] = OutputSpec(kind=spec.kind, arg=TensorArgument(name=clones[a].name), target=spec.target)
-    out.args = (type(out.args[0])(flat),) if isinstance(out.args[0], (list, tuple)) else (flat[0],)
+class _Lookup:
+    """Maps an original node to its copy, or a folded node to the placeholder holding its value."""
+
+    def __init__(self, env, target_of) -> None:
+        self.env, self.target_of = env, target_of
+
+    def __call__(self, n: torch.fx.Node) -> torch.fx.Node:
+        if n in self.env:
+            return self.env[n]
+        hit = self.target_of[n]
+        return self.env[hit.source] if isinstance(hit, _NewConstant) else self.env[hit]
 
 
-def _clone_op(program: ExportedProgram, graph: torch.fx.Graph):
+def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.Tensor:
+    """The placeholder's ``meta["val"]``: the folded node's own FakeTensor when it already
+    describes the stored tensor (same shape, dtype, contiguous), else a new one."""
+    val = source.meta.get("val")
+    if (
+        isinstance(val, torch.Tensor)
+        and val.dtype == value.dtype
+        and tuple(val.shape) == tuple(value.shape)
+        and val.is_contiguous()
+        and getattr(val, "fake_mode", None) is fake_mode
+    ):
+        return val
+    with fake_mode:
+        return torch.empty(value.shape, dtype=value.dtype, device=value.device)
+
+
+def _fresh(base: str, taken: set) -> str:
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
+def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool) -> LiftedConstant:
+    return LiftedConstant(
+        placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
+        dtype=str(t.dtype).replace("torch.", ""), nbytes=t.nbytes, reused=reused,
+    )
+
+
+def _clone_op(program: ExportedProgram):
     if getattr(program, "dialect", "ATEN") != "EDGE":
         return torch.ops.aten.clone.default
     from executorch.exir.dialects._ops import ops as exir_ops
 
     uses_dim_order = any(
         n.op == "call_function" and "dim_order_ops" in str(getattr(n.target, "__name__", n.target))
-        for n in graph.nodes
+        for n in program.graph.nodes
     )
     if uses_dim_order:
         return exir_ops.edge.dim_order_ops._clone_dim_order.default
@@ -204,25 +272,25 @@ def _clone_op(program: ExportedProgram, graph: torch.fx.Graph):
 class _Dedup:
     """Finds a stored tensor with the same dtype, shape and bytes; hashes each tensor at most once."""
 
-    def __init__(self, existing: dict[torch.fx.Node, Optional[torch.Tensor]]) -> None:
-        self._pending: dict[tuple, list[tuple[torch.fx.Node, torch.Tensor]]] = {}
-        self._by_digest: dict[tuple, torch.fx.Node] = {}
+    def __init__(self, existing: dict[object, Optional[torch.Tensor]]) -> None:
+        self._pending: dict[tuple, list[tuple[object, torch.Tensor]]] = {}
+        self._by_digest: dict[tuple, object] = {}
         self._last: tuple = (None, ())
-        for node, t in existing.items():
+        for owner, t in existing.items():
             if t is not None:
-                self._pending.setdefault(_shape_key(t), []).append((node, t))
+                self._pending.setdefault(_shape_key(t), []).append((owner, t))
 
-    def find(self, t: torch.Tensor) -> Optional[torch.fx.Node]:
-        """A placeholder storing the same bytes as `t`; remembers `t`'s digest for `add`."""
+    def find(self, t: torch.Tensor) -> Optional[object]:
+        """The owner storing the same bytes as `t`; remembers `t`'s digest for `add`."""
         key = _shape_key(t)
-        for node, other in self._pending.pop(key, ()):
-            self._by_digest.setdefault(key + (_digest(other),), node)
+        for owner, other in self._pending.pop(key, ()):
+            self._by_digest.setdefault(key + (_digest(other),), owner)
         self._last = (t, key + (_digest(t),))
         return self._by_digest.get(self._last[1])
 
-    def add(self, node: torch.fx.Node, t: torch.Tensor) -> None:
+    def add(self, owner: object, t: torch.Tensor) -> None:
         full_key = self._last[1] if self._last[0] is t else _shape_key(t) + (_digest(t),)
-        self._by_digest.setdefault(full_key, node)
+        self._by_digest.setdefault(full_key, owner)
 
 
 def _shape_key(t: torch.Tensor) -> tuple:

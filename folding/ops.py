@@ -23,6 +23,23 @@ except ImportError:  # pragma: no cover - executorch is a dependency
     _MEMORY_OPS = frozenset()
 
 
+def _cached(fn):
+    """Memoise a per-target property (a graph has few distinct targets, many nodes)."""
+    cache: dict = {}
+
+    def wrapper(target: Any):
+        try:
+            return cache[target]
+        except KeyError:
+            cache[target] = result = fn(target)
+            return result
+        except TypeError:  # unhashable target
+            return fn(target)
+
+    wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
+    return wrapper
+
+
 # Ops whose result is uninitialised memory. Folding one as-is would bake whatever bytes the
 # allocator returned into the program (non-deterministic .pte); we evaluate them zero-filled,
 # which is one of the values the op may return.
@@ -79,6 +96,7 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
     return None
 
 
+@_cached
 def op_name(target: Any) -> str:
     """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.
 
@@ -100,6 +118,7 @@ def op_name(target: Any) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
 
 
+@_cached
 def packet_name(target: Any) -> str:
     """The overload packet's name (``aten.add``), for rules that cover every overload."""
     overload = aten_overload(target)
@@ -108,6 +127,7 @@ def packet_name(target: Any) -> str:
     return op_name(target)
 
 
+@_cached
 def classify(target: Any) -> OpKind:
     """The `OpKind` of a call_function target (ATen, Edge, higher-order or Python callable)."""
     if target is operator.getitem:
@@ -128,6 +148,7 @@ def classify(target: Any) -> OpKind:
     return OpKind.PURE
 
 
+@_cached
 def mutated_arg_positions(target: Any) -> tuple[int, ...]:
     """Positions of schema arguments the op writes to (``relu_``'s self, ``copy_``'s self, out=)."""
     overload = aten_overload(target)
@@ -140,6 +161,7 @@ def mutated_arg_positions(target: Any) -> tuple[int, ...]:
     )
 
 
+@_cached
 def aliased_arg_position(target: Any) -> Optional[int]:
     """Position of the argument the op's output aliases (views and in-place ops), or None."""
     overload = aten_overload(target)
@@ -154,12 +176,14 @@ def aliased_arg_position(target: Any) -> Optional[int]:
     return None
 
 
+@_cached
 def is_uninitialised_allocation(target: Any) -> bool:
     """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
     overload = aten_overload(target)
     return overload is not None and overload.overloadpacket in _UNINITIALISED_PACKETS
 
 
+@_cached
 def reads_only_metadata(target: Any) -> bool:
     """True for ops whose first argument contributes only its shape/dtype/device/strides."""
     overload = aten_overload(target)

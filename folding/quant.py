@@ -10,11 +10,11 @@ integer input is what gets stored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch.fx
 
-from .ops import packet_name
+from .ops import _cached, packet_name
 
 # Op packets by dialect-free name (Edge ops resolve to the same names).
 QUANTIZE_OPS = frozenset(
@@ -46,14 +46,17 @@ QPARAM_OPS = frozenset(
 )
 
 
+@_cached
 def is_quantize(target: Any) -> bool:
     return packet_name(target) in QUANTIZE_OPS
 
 
+@_cached
 def is_dequantize(target: Any) -> bool:
     return packet_name(target) in DEQUANTIZE_OPS
 
 
+@_cached
 def is_qparams(target: Any) -> bool:
     return packet_name(target) in QPARAM_OPS
 
@@ -74,7 +77,7 @@ def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
     return dq
 
 
-def describe_encoding(node: torch.fx.Node) -> str:
+def describe_encoding(node: torch.fx.Node, rename: Callable[[str], str] = lambda name: name) -> str:
     """``dequantize_per_channel(scale=b__scale_0, zero_point=b__zero_point_0, axis=0,
     quant_min=-127, quant_max=127, dtype=torch.int8) reads b__frozen_param0`` — for the report."""
     schema = getattr(node.target, "_schema", None)
@@ -82,15 +85,15 @@ def describe_encoding(node: torch.fx.Node) -> str:
     parts = []
     for i, a in enumerate(node.args[1:], start=1):
         label = names[i] if i < len(names) else f"arg{i}"
-        parts.append(f"{label}={_fmt(a)}")
-    parts += [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()]
-    src = node.args[0].name if node.args and isinstance(node.args[0], torch.fx.Node) else "?"
+        parts.append(f"{label}={_fmt(a, rename)}")
+    parts += [f"{k}={_fmt(v, rename)}" for k, v in node.kwargs.items()]
+    src = rename(node.args[0].name) if node.args and isinstance(node.args[0], torch.fx.Node) else "?"
     return f"{packet_name(node.target).split('.')[-1]}({', '.join(parts)}) reads {src}"
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, rename: Callable[[str], str]) -> str:
     if isinstance(v, torch.fx.Node):
-        return v.name
+        return rename(v.name)
     if isinstance(v, float):
         return f"{v:.6g}"
     return str(v)
