@@ -1,0 +1,117 @@
+"""Scale benchmark: `fold_constants` vs executorch's `constant_prop_pass` on large programs.
+
+    python -m benchmarks.scale [--sizes 1000,5000,20000,50000] [--dialects EDGE,ATEN]
+                               [--cpp-max-nodes 10000] [--out results/scale]
+
+Each (size, dialect, method) runs in a fresh subprocess so that its peak RSS is its own.
+Programs come from `benchmarks.synthetic.chain_program`. Prints a Markdown table and writes
+``scale.json`` and ``scale.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import sys
+import time
+from pathlib import Path
+
+from .synthetic import NODES_PER_LAYER
+
+
+def _measure(method: str, layers: int, dialect: str, queue) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    from .synthetic import chain_program
+
+    ep = chain_program(layers, dialect)
+    nodes = len(ep.graph.nodes)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    extra = {}
+    if method == "fold_constants":
+        from folding import fold_constants
+
+        result = fold_constants(ep)
+        extra = {
+            "folded": len(result.report.folded),
+            "peak_intermediate_bytes": result.report.peak_intermediate_bytes,
+            "evaluated": result.report.evaluated_nodes,
+            "phases_s": result.report.timings,
+        }
+    else:
+        from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+        constant_prop_pass(ep)
+    seconds = time.perf_counter() - start
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put({"method": method, "dialect": dialect, "nodes": nodes, "seconds": seconds,
+               "peak_rss_growth_kib": max(0, rss_after - rss_before), **extra})
+
+
+def run_one(method: str, layers: int, dialect: str) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_measure, args=(method, layers, dialect, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def growth_table(rows: list[dict]) -> list[str]:
+    """Markdown rows: time, ratio to constant_prop_pass, and growth per size step."""
+    lines = [
+        "| dialect | nodes | fold_constants s | constant_prop_pass s | speed-up | fold growth vs previous size | fold peak RSS growth MiB | largest live intermediates KiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    by_key = {(r["dialect"], r["nodes"], r["method"]): r for r in rows}
+    for dialect in sorted({r["dialect"] for r in rows}):
+        sizes = sorted({r["nodes"] for r in rows if r["dialect"] == dialect})
+        prev = None
+        for n in sizes:
+            f = by_key.get((dialect, n, "fold_constants"))
+            c = by_key.get((dialect, n, "constant_prop_pass"))
+            cpp = f"{c['seconds']:.2f}" if c else "skipped (quadratic; minutes)"
+            ratio = f"{c['seconds'] / f['seconds']:.0f}x" if c and f else "-"
+            growth = "-"
+            if prev and f:
+                growth = f"{f['seconds'] / prev['seconds']:.1f}x for {n / prev['nodes']:.1f}x nodes"
+            lines.append(
+                f"| {dialect} | {n:,} | {f['seconds']:.2f} | {cpp} | {ratio} | {growth} | "
+                f"{f['peak_rss_growth_kib'] / 1024:.0f} | {f['peak_intermediate_bytes'] / 1024:.1f} |"
+            )
+            prev = f
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="1000,5000,10000,20000,50000", help="approximate node counts")
+    p.add_argument("--dialects", default="EDGE,ATEN")
+    p.add_argument("--cpp-max-nodes", type=int, default=10000,
+                   help="run constant_prop_pass only up to this many nodes (it is quadratic)")
+    p.add_argument("--out", type=Path, default=Path("results/scale"))
+    args = p.parse_args(argv)
+    rows = []
+    for dialect in args.dialects.split(","):
+        for size in (int(s) for s in args.sizes.split(",")):
+            layers = max(1, size // NODES_PER_LAYER)
+            methods = ["fold_constants"] + (["constant_prop_pass"] if size <= args.cpp_max_nodes else [])
+            for method in methods:
+                r = run_one(method, layers, dialect)
+                rows.append(r)
+                print(f"{dialect} {r['nodes']:>6} nodes {method:<20} {r['seconds']:8.2f} s", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.json").write_text(json.dumps(rows, indent=2))
+    table = "\n".join(growth_table(rows))
+    (args.out / "scale.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
