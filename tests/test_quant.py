@@ -1,0 +1,204 @@
+"""Quantization-aware folding on programs built with executorch's and torchao's quantizers.
+
+Tolerances: the folded program evaluates the same ATen ops on the same values in the same
+order as the unfolded one (the fold only moves *when* they run), so outputs must be equal
+bit for bit; no rounding is removed by these folds (every folded chain ends in the quantize
+that the unfolded program also runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from folding import Reason, fold_constants
+from folding.sizes import stored_constant_bytes, stored_tensor
+from tests.invariants import assert_pte_matches, assert_valid_program
+from tests.quant_programs import (
+    LinearRelu,
+    SharedWeight,
+    calibrate_inputs,
+    qnn_quantizer,
+    quantize,
+    xnnpack_quantizer,
+)
+
+QUANTIZE = ("quantize_per_tensor", "quantize_per_channel", "quantize_per_channel_group", "quantize_per_token", "quantize_affine")
+DEQUANTIZE = tuple("de" + q for q in QUANTIZE)
+
+
+def _base(node) -> str:
+    return str(getattr(node.target, "__name__", node.target)).split(".")[0]
+
+
+def _is_dq(node) -> bool:
+    return node.op == "call_function" and _base(node) in DEQUANTIZE
+
+
+def _is_q(node) -> bool:
+    return node.op == "call_function" and (_base(node) in QUANTIZE or _base(node).startswith("choose_qparams"))
+
+
+def _stored(ep, node):
+    spec = next(s for s in ep.graph_signature.input_specs if s.arg.name == node.name)
+    return stored_tensor(spec, ep.state_dict, ep.constants)
+
+
+def intermediate_values(ep, inputs) -> dict[str, object]:
+    """Every node's value when the unfolded program's graph runs on `inputs` (by node name)."""
+    flat = []
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        spec = next(s for s in ep.graph_signature.input_specs if s.arg.name == node.name)
+        flat.append(stored_tensor(spec, ep.state_dict, ep.constants) if spec.target is not None else None)
+    user = iter(inputs)
+    flat = [v if v is not None else next(user) for v in flat]
+    interp = torch.fx.Interpreter(ep.graph_module, garbage_collect_values=False)
+    interp.run(*flat, enable_io_processing=False)
+    return {n.name: v for n, v in interp.env.items()}
+
+
+def reads_dequantized_floats(node) -> bool:
+    """Independent check of invariant 4: walking back from `node` through float ops reaches a
+    dequantize before any quantize."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op != "call_function":
+            continue
+        seen.add(n)
+        if _is_dq(n):
+            return True
+        if _is_q(n):
+            continue
+        stack.extend(n.all_input_nodes)
+    return False
+
+
+def check_quantized_fold(ep, result, inputs) -> None:
+    folded = result.program
+    assert_valid_program(folded)
+    # 1. outputs equal, bit for bit
+    for x in calibrate_inputs(seed=7, n=3):
+        a, b = ep.module()(*x), folded.module()(*x)
+        assert torch.equal(a, b)
+    # 2. every kept dequantize keeps its encoding arguments (values of scale/zero-point tensors too)
+    original = {n.name: n for n in ep.graph.nodes}
+    kept_dq = [n for n in folded.graph.nodes if _is_dq(n)]
+    for n in kept_dq:
+        o = original[n.name]
+        assert n.target == o.target
+        for new_arg, old_arg in zip(n.args[1:], o.args[1:], strict=True):
+            if isinstance(new_arg, torch.fx.Node):
+                assert torch.equal(_stored(folded, new_arg), _stored(ep, old_arg))
+            else:
+                assert new_arg == old_arg
+        assert n.kwargs == o.kwargs
+    # 3. no stored float constant replaces a dequantized value; folded quantize outputs are bit-identical
+    values = intermediate_values(ep, inputs)
+    for c in result.report.lifted:
+        for replaced in c.replaces:
+            assert not reads_dequantized_floats(original[replaced]), f"{c.placeholder} stores dequantized floats"
+            ph = next(p for p in folded.graph.nodes if p.name == c.placeholder)
+            assert torch.equal(_stored(folded, ph), values[replaced])
+    # 4. every kept dequantize of a constant is reported with its encoding
+    reported = {d.node: d for d in result.report.decisions if d.reason is Reason.KEEPS_ENCODING}
+    for n in kept_dq:
+        if n.args[0].op == "placeholder":
+            assert n.name in reported and n.args[0].name in reported[n.name].detail
+    # 5. quantized constant bytes never grow
+    assert stored_constant_bytes(folded) <= stored_constant_bytes(ep)
+
+
+QUANTIZERS = {
+    "xnnpack_per_channel": xnnpack_quantizer,
+    "qnn_8a8w": lambda: qnn_quantizer("8a8w"),
+    "qnn_16a8w": lambda: qnn_quantizer("16a8w"),
+    "qnn_16a4w_block": lambda: qnn_quantizer("16a4w_block"),
+}
+
+
+@pytest.mark.parametrize("tail", ["relu", "bf16_roundtrip", "bf16_then_quantized"])
+@pytest.mark.parametrize("quantizer", sorted(QUANTIZERS))
+def test_constant_linear_folds_to_integers_and_keeps_dequantize(quantizer, tail):
+    torch.manual_seed(0)
+    inputs = calibrate_inputs()
+    ep = quantize(LinearRelu(tail), QUANTIZERS[quantizer](), inputs)
+    result = fold_constants(ep)
+    check_quantized_fold(ep, result, inputs[0])
+    # the constant-only linear is gone: no linear reads only constants any more
+    const_linear = [d for d in result.report.decisions if d.target == "aten.linear.default" and d.folded]
+    assert const_linear, "the constant-only linear(table, weight) was not folded"
+    lifted_dtypes = {c.dtype for c in result.report.lifted if not c.reused}
+    if tail == "relu":
+        assert lifted_dtypes and all(not getattr(torch, d).is_floating_point for d in lifted_dtypes)
+
+
+@pytest.mark.parametrize("quantizer", ["xnnpack_per_channel", "qnn_8a8w"])
+def test_weight_shared_with_runtime_linear_keeps_one_integer_copy(quantizer):
+    torch.manual_seed(0)
+    inputs = calibrate_inputs()
+    ep = quantize(SharedWeight(), QUANTIZERS[quantizer](), inputs)
+    result = fold_constants(ep)
+    check_quantized_fold(ep, result, inputs[0])
+    # the runtime linear still reads its weight through a dequantize of the original int8 tensor
+    runtime_linear = next(n for n in result.program.graph.nodes if n.name == "linear")
+    w = runtime_linear.args[1]
+    assert _is_dq(w) and w.args[0].op == "placeholder"
+    assert _stored(result.program, w.args[0]).dtype == torch.int8
+    assert not any(c.dtype.startswith("float") for c in result.report.lifted if not c.reused)
+
+
+def test_xnnpack_quantized_pte_runs_and_matches():
+    torch.manual_seed(0)
+    inputs = calibrate_inputs()
+    ep = quantize(LinearRelu("relu"), xnnpack_quantizer(), inputs)
+    result = fold_constants(ep)
+    x = calibrate_inputs(seed=3, n=1)[0]
+    want = [ep.module()(*x)]
+    assert_pte_matches(result.program, x, "xnnpack", expected=want, atol=0.05)
+
+
+class _ChooseQParamsOnWeight(nn.Module):
+    """Unit program for one rule: dynamic qparams computed on a constant (hand-written q/dq)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        ops = torch.ops.quantized_decomposed
+        scale, zp = ops.choose_qparams.tensor(self.w, -128, 127, 1e-5, torch.int8)
+        q = ops.quantize_per_tensor.tensor(self.w, scale, zp, -128, 127, torch.int8)
+        return F.linear(x, ops.dequantize_per_tensor.tensor(q, scale, zp, -128, 127, torch.int8))
+
+
+def test_choose_qparams_on_constant_folds_and_dequantize_reads_folded_qparams():
+    import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed ops)
+
+    m = _ChooseQParamsOnWeight().eval()
+    x = torch.randn(2, 8)
+    ep = torch.export.export(m, (x,))
+    result = fold_constants(ep)
+    assert_valid_program(result.program)
+    assert torch.equal(ep.module()(x), result.program.module()(x))
+    dq = [n for n in result.program.graph.nodes if _is_dq(n)]
+    assert len(dq) == 1 and all(a.op == "placeholder" for a in dq[0].args[:3])
+    values = intermediate_values(ep, (x,))
+    for c in result.report.lifted:
+        ph = next(p for p in result.program.graph.nodes if p.name == c.placeholder)
+        assert torch.equal(_stored(result.program, ph), values[c.replaces[0]])
+
+
+def test_dequantize_read_only_by_folded_ops_is_folded_away():
+    torch.manual_seed(0)
+    inputs = calibrate_inputs()
+    ep = quantize(LinearRelu("relu"), xnnpack_quantizer(), inputs)
+    result = fold_constants(ep)
+    folded_names = {d.node for d in result.report.decisions if d.folded}
+    # the dequantizes of table and weight fed only the constant-only linear: evaluated and gone
+    feeding = [n.name for n in ep.graph.nodes if _is_dq(n) and all(u.name in folded_names for u in n.users)]
+    assert feeding and all(name in folded_names for name in feeding)
