@@ -1,0 +1,188 @@
+"""`to_edge_transform_and_lower_to_qnn` with the fold stage, and `describe_partitions`.
+
+Mirrors ``to_edge_transform_and_lower_to_qnn`` in executorch/backends/qualcomm/utils/utils.py
+step by step; the one addition is the fold stage between QNN's export passes and the
+construction of QNN's to-edge passes (DESIGN.md, "Where the stage runs")::
+
+    export -> transform_for_export_pipeline -> fold_constants -> get_to_edge_transform_passes(folded)
+           -> to_edge_transform_and_lower(folded, passes, [qnn.QnnPartitioner])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+from executorch.backends.qualcomm.partition.utils import generate_qnn_executorch_option
+from executorch.backends.qualcomm.serialization.qc_schema_serialize import flatbuffer_to_option
+from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
+from executorch.backends.qualcomm.utils.qnn_sdk_setup import disable_mkldnn_on_amd
+from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.lowered_backend_module import LoweredBackendModule
+from torch.export import ExportedProgram
+
+from folding import fold_constants
+from folding.sizes import stored_constant_bytes
+
+from .compile_spec import split_compile_specs
+from .names import EdgeNameMap
+from .partitioner import QnnPartitioner
+
+logger = logging.getLogger(__name__)
+
+
+def to_edge_transform_and_lower_to_qnn(
+    module: Union[torch.nn.Module, torch.fx.GraphModule, Dict[str, torch.nn.Module], Dict[str, torch.fx.GraphModule]],
+    inputs: Union[Tuple[torch.Tensor, ...], Dict[str, Tuple[torch.Tensor, ...]]],
+    compiler_specs: Union[List[CompileSpec], Dict[str, List[CompileSpec]]],
+    constant_methods: Optional[Dict[str, Any]] = None,
+    dynamic_shapes: Optional[Dict] = None,
+    dep_table: Optional[Dict] = None,
+    passes_job: Optional[Union[OrderedDict, Dict[str, OrderedDict]]] = None,
+    skip_node_id_set: Optional[set] = None,
+    skip_node_op_set: Optional[set] = None,
+    skip_mutable_buffer: Optional[bool] = False,
+    generate_etrecord: Optional[bool] = False,
+    convert_linear_to_conv2d: Optional[bool] = False,
+) -> EdgeProgramManager:
+    """Executorch's ``to_edge_transform_and_lower_to_qnn`` (same arguments) with the fold stage.
+
+    When a method's compiler specs carry the ``fold_constants`` spec, its ATen program is folded
+    after ``transform_for_export_pipeline`` and QNN's to-edge passes are built from the folded
+    program. The partitioners are `qnn.QnnPartitioner`; their ``reports`` hold the decisions
+    (``edge_manager``-independent, see `describe_partitions` for the lowered result).
+
+    Unlike executorch's function this one does not call ``setup_qnn_sdk()`` up front (it may
+    download an SDK); QNN's manager registry calls it when it first creates a QNN manager.
+
+    Returns:
+        The lowered ``EdgeProgramManager``; ``.qnn_partitioners`` maps each method name to its
+        `qnn.QnnPartitioner`.
+    """
+    disable_mkldnn_on_amd()
+    if not isinstance(module, dict):
+        module = {"forward": module}
+    graph_names = list(module.keys())
+    inputs = _per_graph(inputs, graph_names)
+    compiler_specs = _per_graph(compiler_specs, graph_names)
+    dynamic_shapes = _per_graph(dynamic_shapes, graph_names)
+    dep_table = _per_graph(dep_table, graph_names)
+    passes_job = _per_graph(passes_job, graph_names)
+
+    qnn_specs: Dict[str, List[CompileSpec]] = {}
+    partitioners: Dict[str, QnnPartitioner] = {}
+    aten_programs: Dict[str, ExportedProgram] = {}
+    transform_passes: Dict[str, list] = {}
+    for name, m in module.items():
+        qnn_specs[name], fold_spec = split_compile_specs(compiler_specs[name])
+        options = flatbuffer_to_option(generate_qnn_executorch_option(qnn_specs[name]))
+        if options.dump_intermediate_outputs and len(module) > 1:
+            raise ValueError("Intermediate Tensor Dump does not support multi-methods.")
+        partitioner = QnnPartitioner(
+            compiler_specs[name],
+            skip_node_id_set=skip_node_id_set,
+            skip_node_op_set=skip_node_op_set,
+            skip_mutable_buffer=skip_mutable_buffer,
+        )
+        ep = torch.export.export(m, inputs[name], dynamic_shapes=dynamic_shapes[name], strict=True)
+        pass_manager = get_qnn_pass_manager_cls(options.backend_options.backend_type)()
+        ep = pass_manager.transform_for_export_pipeline(ep)
+        if fold_spec is not None:
+            unfolded = EdgeNameMap.snapshot(ep) if skip_node_id_set else None
+            result = fold_constants(ep, fold_spec.policy, inplace=True)
+            ep = result.program
+            partitioner.record_fold(ep, result.report, unfolded=unfolded)
+        aten_programs[name] = ep
+        partitioners[name] = partitioner
+        transform_passes[name] = pass_manager.get_to_edge_transform_passes(
+            ep,
+            passes_job=passes_job[name],
+            dep_table=dep_table[name],
+            compiler_specs=qnn_specs[name],
+            skip_node_id_set=skip_node_id_set,
+            skip_node_op_set=skip_node_op_set,
+            convert_linear_to_conv2d=convert_linear_to_conv2d,
+        )
+    with QnnManagerContext(qnn_specs):
+        manager = to_edge_transform_and_lower(
+            aten_programs,
+            transform_passes=transform_passes,
+            partitioner={name: [p] for name, p in partitioners.items()},
+            constant_methods=constant_methods,
+            compile_config=qnn_edge_config(),
+            generate_etrecord=generate_etrecord,
+        )
+    manager.qnn_partitioners = partitioners
+    return manager
+
+
+def _per_graph(value: Any, graph_names: List[str]) -> Dict[str, Any]:
+    """executorch's ``ensure_graph_specific_dict``: one value per method name."""
+    if isinstance(value, dict) and list(value.keys()) == list(graph_names):
+        return value
+    return {name: value for name in graph_names}
+
+
+@dataclass
+class PartitionSummary:
+    """What a lowered program leaves on the CPU and hands to QNN.
+
+    Attributes:
+        partitions: number of QNN delegate calls.
+        cpu_ops: op name -> count of the ops left outside any delegate (placeholders,
+            ``getitem`` and the output excluded).
+        constant_bytes_in_partitions: bytes of the parameters, buffers and lifted constants
+            the QNN partitions own (tensors shared by several count once per partition).
+        constant_bytes_on_cpu: bytes of the constants the program itself still stores.
+    """
+
+    partitions: int = 0
+    cpu_ops: Dict[str, int] = field(default_factory=dict)
+    constant_bytes_in_partitions: int = 0
+    constant_bytes_on_cpu: int = 0
+
+    @property
+    def cpu_op_count(self) -> int:
+        return sum(self.cpu_ops.values())
+
+
+def describe_partitions(
+    program: Union[EdgeProgramManager, ExportedProgram], method: str = "forward"
+) -> PartitionSummary:
+    """Summarise a lowered program: QNN partitions, ops left on the CPU, constant bytes per side.
+
+    Args:
+        program: the ``EdgeProgramManager`` returned by lowering (or one of its programs).
+        method: the method to describe when `program` is a manager.
+    """
+    ep = program.exported_program(method) if isinstance(program, EdgeProgramManager) else program
+    gm = ep.graph_module
+    summary = PartitionSummary()
+    cpu_ops: Counter = Counter()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.higher_order.executorch_call_delegate:
+            lowered = getattr(gm, node.args[0].target)
+            if isinstance(lowered, LoweredBackendModule) and lowered.backend_id == "QnnBackend":
+                summary.partitions += 1
+                summary.constant_bytes_in_partitions += stored_constant_bytes(lowered.original_module)
+            continue
+        if getattr(node.target, "__name__", "") == "getitem":
+            continue
+        cpu_ops[_op_name(node.target)] += 1
+    summary.cpu_ops = dict(sorted(cpu_ops.items()))
+    summary.constant_bytes_on_cpu = stored_constant_bytes(ep)
+    return summary
+
+
+def _op_name(target: Any) -> str:
+    from folding.ops import op_name
+
+    return op_name(target)

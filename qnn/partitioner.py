@@ -1,0 +1,321 @@
+"""`QnnPartitioner`: executorch's QNN partitioner with the fold stage and the HTP input rule.
+
+Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, so every
+``isinstance(p, executorch ... QnnPartitioner)`` check still holds) and differs in four places:
+
+- our ``fold_constants`` compile spec is removed before executorch's code reads the list
+  (`qnn.compile_spec`);
+- ``transform_for_pre_decomposition`` (exir/backend/partitioner.py, called by
+  ``to_edge_transform_and_lower`` on the ATen program) runs `folding.fold_constants` when the
+  spec enables it;
+- ``ops_to_not_decompose`` returns QNN's ``get_skip_decomp_table()`` and ``filter_fn``
+  (partition/utils.py) unchanged, except that a kept-whole op the fold stage declined (still
+  constant-only after folding) is decomposed, so it can never reach the CPU undecomposed;
+- on HTP, a partition without a runtime input stays on the CPU (`qnn.htp_rule`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable, List, Optional, Sequence
+
+import torch
+from executorch.backends.qualcomm.partition.qnn_partitioner import (
+    QnnOperatorSupport,
+    QnnPartitioner as _ExecutorchQnnPartitioner,
+)
+from executorch.backends.qualcomm.partition.utils import filter_fn, get_skip_decomp_table
+from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
+from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner import (
+    generate_partitions_from_list_of_nodes,
+)
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import PartitionResult
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.passes.infra.partitioner import Partition
+
+from folding import FoldReport, fold_constants
+from folding.quant import is_dequantize, is_quantize
+
+from .compile_spec import FoldSpec, split_compile_specs
+from .errors import EncodingLostError
+from .htp_rule import is_runtime_input, partition_inputs, refuses_static_graphs
+from .names import EdgeNameMap
+from .report import PartitionRecord, QnnPartitionReport
+
+logger = logging.getLogger(__name__)
+
+
+def kept_whole_ops() -> frozenset[str]:
+    """Names (``aten.linear.default``) of the ops QNN keeps whole (``get_skip_decomp_table``,
+    executorch/backends/qualcomm/partition/utils.py), quantize/dequantize primitives excluded:
+    those are encodings, never computations left stranded."""
+    return frozenset(
+        str(op) for op in get_skip_decomp_table() if not (is_quantize(op) or is_dequantize(op))
+    )
+
+
+class QnnPartitioner(_ExecutorchQnnPartitioner):
+    """Drop-in for executorch's ``QnnPartitioner`` that understands the ``fold_constants`` spec.
+
+    Args:
+        compiler_specs: from `qnn.generate_qnn_executorch_compiler_spec` (or executorch's).
+        skip_node_id_set: node names never delegated. Written against the edge program *without*
+            folding; when folding removed nodes, the names are translated to the folded program
+            (`qnn.names`), so they name the same nodes.
+        skip_node_op_set: op names (``aten.relu.default``) never delegated.
+        skip_mutable_buffer: as executorch's.
+
+    Attributes:
+        fold_spec: the decoded ``fold_constants`` spec, or None when folding is off.
+        reports: one `QnnPartitionReport` per partitioned program, in call order.
+    """
+
+    def __init__(
+        self,
+        compiler_specs: List[CompileSpec],
+        skip_node_id_set: Optional[set] = None,
+        skip_node_op_set: Optional[set] = None,
+        skip_mutable_buffer: bool = False,
+    ) -> None:
+        qnn_specs, self.fold_spec = split_compile_specs(compiler_specs)
+        super().__init__(qnn_specs, skip_node_id_set, skip_node_op_set, skip_mutable_buffer)
+        self.reports: list[QnnPartitionReport] = []
+        self._user_skip_node_ids = frozenset(self.skip_node_id_set)
+        self._folds: list[_FoldRecord] = []
+        self._pending: Optional[QnnPartitionReport] = None
+
+    # -- fold stage ------------------------------------------------------------------------
+
+    @property
+    def fold_reports(self) -> list[FoldReport]:
+        """The fold stage's reports, one per program folded for this partitioner."""
+        return [f.report for f in self._folds]
+
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        """Fold constants of the ATen program (exir/backend/partitioner.py hook).
+
+        Folds `exported_program` **in place**: QNN's to-edge passes
+        (``get_to_edge_transform_passes(ep)`` in _passes/qnn_pass_manager.py) keep the program
+        object they were built from and look constants up in it by name, so the folded
+        constants have to appear in that same object, or they would lose their encodings. A
+        program already folded by `qnn.to_edge_transform_and_lower_to_qnn` is returned as is.
+        """
+        if self.fold_spec is None or any(f.program is exported_program for f in self._folds):
+            return exported_program
+        unfolded = EdgeNameMap.snapshot(exported_program) if self._user_skip_node_ids else None
+        result = fold_constants(exported_program, self.fold_spec.policy, inplace=True)
+        self.record_fold(result.program, result.report, unfolded=unfolded)
+        return result.program
+
+    def record_fold(self, program: ExportedProgram, report: FoldReport, *, unfolded=None) -> None:
+        """Adopt a fold done outside this partitioner (by the lowering wrapper) for `program`.
+
+        Args:
+            program: the folded ATen program about to be lowered with this partitioner.
+            report: its `FoldReport`.
+            unfolded: an `qnn.names.EdgeNameMap` snapshot of the program before folding, used to
+                translate ``skip_node_id_set``; None when there is nothing to translate.
+        """
+        table = kept_whole_ops()
+        declined = {d.node: d for d in report.kept_constant_only if d.target in table}
+        for d in declined.values():
+            logger.info(
+                "decomposing %s (%s): constant-only after folding (%s: %s)",
+                d.node, d.target, d.reason.name, d.detail,
+            )
+        self._folds.append(_FoldRecord(program, report, declined, _encoded_constants(program, report), unfolded))
+
+    # -- decomposition ---------------------------------------------------------------------
+
+    def ops_to_not_decompose(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Optional[Callable[[torch.fx.Node], bool]]]:
+        """QNN's ``get_skip_decomp_table()`` and ``filter_fn``, minus the kept-whole nodes the
+        fold stage declined (they are decomposed, and the report lists them)."""
+        table = get_skip_decomp_table()
+        decompose = self._declined_nodes(ep)
+        if not decompose:
+            return table, filter_fn
+
+        def keep_whole(node: torch.fx.Node) -> bool:
+            return node not in decompose and filter_fn(node)
+
+        return table, keep_whole
+
+    def _declined_nodes(self, ep: ExportedProgram) -> set[torch.fx.Node]:
+        names = {name for f in self._folds for name in f.declined}
+        if not names:
+            return set()
+        constant = _constant_only(ep)
+        return {n for n in ep.graph.nodes if n.op == "call_function" and n.name in names and n in constant}
+
+    # -- partitioning ----------------------------------------------------------------------
+
+    def partition(self, edge_program: ExportedProgram) -> PartitionResult:
+        fold = self._fold_for(edge_program)
+        report = QnnPartitionReport(
+            backend=self.backend.name,
+            decomposed=list(fold.declined.values()) if fold else [],
+            fold_report=fold.report if fold else None,
+            quant_attrs={n.name: dict(n.meta[QCOM_QUANT_ATTRS]) for n in edge_program.graph.nodes
+                         if QCOM_QUANT_ATTRS in n.meta},
+        )
+        if fold is not None:
+            _check_encodings(edge_program, fold.encoded)
+        self.skip_node_id_set = self._translated_skip_ids(edge_program, fold)
+        report.skip_node_ids = frozenset(self.skip_node_id_set)
+        self._pending = report
+        try:
+            result = super().partition(edge_program)
+        finally:
+            self._pending = None
+            self.skip_node_id_set = set(self._user_skip_node_ids)
+        self.reports.append(report)
+        return result
+
+    def generate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
+        # executorch's generate_partitions, with the support check of `_OperatorSupport`
+        self.op_support_checker = _OperatorSupport(
+            edge_program, self.compiler_specs_snapshot, self.skip_node_id_set, self.skip_node_op_set
+        )
+        partitions = generate_partitions_from_list_of_nodes(
+            edge_program.graph_module, op_support=self.op_support_checker
+        )
+        refuses = refuses_static_graphs(self.backend)
+        kept: List[Partition] = []
+        for partition in partitions:
+            nodes = [n for n in edge_program.graph.nodes if n in partition.nodes]
+            inputs = partition_inputs(nodes)
+            runtime = [i for i in inputs if is_runtime_input(i, edge_program)]
+            static = [i for i in inputs if i not in runtime]
+            refused = refuses and not runtime
+            if refused:
+                logger.info(
+                    "partition %s (%s) stays on the CPU: HTP refuses a graph without a runtime input",
+                    partition.id, ", ".join(n.name for n in nodes),
+                )
+            else:
+                kept.append(partition)
+            if self._pending is not None:
+                self._pending.partitions.append(
+                    PartitionRecord(
+                        tag=None if refused else f"qnn_{partition.id}",
+                        nodes=tuple(n.name for n in nodes),
+                        runtime_inputs=tuple(i.name for i in runtime),
+                        static_inputs=tuple(i.name for i in static),
+                        static_input_bytes=sum(_value_bytes(i) for i in static),
+                        reason="HTP refuses a graph without a runtime input" if refused else "",
+                    )
+                )
+        return kept
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _fold_for(self, edge_program: ExportedProgram) -> Optional["_FoldRecord"]:
+        """The fold record of the program `edge_program` was lowered from (matched by its
+        lifted placeholders; the most recent fold when several match)."""
+        if not self._folds:
+            return None
+        placeholders = {n.name for n in edge_program.graph.nodes if n.op == "placeholder"}
+        for fold in reversed(self._folds):
+            lifted = {c.placeholder for c in fold.report.lifted}
+            if lifted <= placeholders:
+                return fold
+        return self._folds[-1]
+
+    def _translated_skip_ids(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> set:
+        if not self._user_skip_node_ids or fold is None or fold.unfolded is None:
+            return set(self._user_skip_node_ids)
+        return fold.unfolded.translate(self._user_skip_node_ids, edge_program)
+
+
+class _OperatorSupport(QnnOperatorSupport):
+    """QNN's operator-support check (partition/qnn_partitioner.py), except that a node reading
+    or producing a tensor with a data-dependent (unbacked) size is unsupported: QNN's node
+    visitors build tensors from concrete sizes, and ``NodeVisitor.define_tensor``
+    (builders/node_visitor.py) raises ``TypeError`` on such a node (``k[mask].sum()``) instead
+    of declining it."""
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        if node.op == "call_function" and _has_unbacked_size(node):
+            logger.info("%s | data-dependent size, stays on the CPU", node.name)
+            return False
+        return super().is_node_supported(submodules, node)
+
+
+def _has_unbacked_size(node: torch.fx.Node) -> bool:
+    for n in (node, *node.all_input_nodes):
+        val = n.meta.get("val")
+        if val is not None and free_unbacked_symbols(val):
+            return True
+    return False
+
+
+class _FoldRecord:
+    __slots__ = ("program", "report", "declined", "encoded", "unfolded")
+
+    def __init__(self, program, report, declined, encoded, unfolded) -> None:
+        self.program = program
+        self.report = report
+        self.declined = declined
+        self.encoded = encoded
+        self.unfolded = unfolded
+
+
+def _encoded_constants(program: ExportedProgram, report: FoldReport) -> frozenset[str]:
+    """Lifted constants whose readers include a dequantize: QNN must read their encoding."""
+    lifted = {c.placeholder for c in report.lifted}
+    return frozenset(
+        n.name for n in program.graph.nodes
+        if n.op == "placeholder" and n.name in lifted and any(is_dequantize(u.target) for u in n.users)
+    )
+
+
+def _check_encodings(edge_program: ExportedProgram, encoded: Iterable[str]) -> None:
+    """Raise `EncodingLostError` when a folded integer constant read through a dequantize
+    reaches the partitioner without QNN's ``quant_attrs`` (AnnotateQuantAttrs did not see it)."""
+    present = {n.name: n for n in edge_program.graph.nodes if n.op == "placeholder"}
+    lost = sorted(name for name in encoded if name in present and QCOM_QUANT_ATTRS not in present[name].meta)
+    if lost:
+        raise EncodingLostError(
+            f"folded constants {lost} have no QNN encoding (quant_attrs): QNN's to-edge passes were "
+            "built from a program object other than the folded one, so FoldQDQ removed their "
+            "dequantize. Build the passes from the folded program "
+            "(get_to_edge_transform_passes(folded_ep)), or let QnnPartitioner fold the program "
+            "object the passes were built from (to_edge_transform_and_lower(ep, transform_passes, "
+            "partitioner=[qnn.QnnPartitioner(specs)]) folds `ep` in place)."
+        )
+
+
+def _constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
+    """Nodes of `ep`'s top graph computed from parameters, non-mutated buffers and lifted
+    constants only (one pass over the graph)."""
+    sig = ep.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    stored = {
+        s.arg.name
+        for s in sig.input_specs
+        if s.kind in (InputKind.PARAMETER, InputKind.CONSTANT_TENSOR)
+        or (s.kind == InputKind.BUFFER and s.target not in mutated)
+    }
+    constant: set[torch.fx.Node] = set()
+    for n in ep.graph.nodes:
+        if n.op == "placeholder":
+            if n.name in stored:
+                constant.add(n)
+        elif n.op in ("call_function", "get_attr") and all(i in constant for i in n.all_input_nodes):
+            constant.add(n)
+    return constant
+
+
+def _value_bytes(node: torch.fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.numel() * val.element_size()
+    return 0
+
+
+__all__ = ["QnnPartitioner", "kept_whole_ops"]

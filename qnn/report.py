@@ -1,0 +1,67 @@
+"""What `qnn.QnnPartitioner` decided: partitions kept or refused, nodes decomposed on purpose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from folding import Decision, FoldReport
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    """One partition found by QNN's operator-support check.
+
+    Attributes:
+        tag: the delegation tag (``qnn_<id>``) it was lowered under; None when kept on the CPU.
+        nodes: names of its nodes, in graph order.
+        runtime_inputs: its inputs written at run time (user inputs, mutated buffers, values
+            computed outside it), see `qnn.htp_rule`.
+        static_inputs: its inputs that are parameters, buffers or lifted constants.
+        static_input_bytes: bytes of the static inputs it reads.
+        reason: why it was kept on the CPU, or "" when delegated.
+    """
+
+    tag: Optional[str]
+    nodes: tuple[str, ...]
+    runtime_inputs: tuple[str, ...]
+    static_inputs: tuple[str, ...]
+    static_input_bytes: int
+    reason: str = ""
+
+    @property
+    def delegated(self) -> bool:
+        return self.tag is not None
+
+
+@dataclass
+class QnnPartitionReport:
+    """The partitioner's decisions for one edge program.
+
+    Attributes:
+        backend: QNN backend type name (``kHtpBackend`` ...).
+        partitions: every partition QNN's operator-support check found, delegated or refused.
+        decomposed: kept-whole ops (``get_skip_decomp_table``) that were still constant-only
+            after folding (the fold stage declined them, see each decision's reason) and were
+            therefore decomposed, so they cannot reach the CPU undecomposed.
+        fold_report: the fold stage's report, when folding ran for this program.
+        quant_attrs: ``QCOM_QUANT_ATTRS`` per node name, as QNN's to-edge passes left them on the
+            program the partitioner saw (the encodings QNN reads).
+        skip_node_ids: the partitioner's ``skip_node_id_set`` as applied to this program (after
+            translation of names written against the unfolded program).
+    """
+
+    backend: str
+    partitions: list[PartitionRecord] = field(default_factory=list)
+    decomposed: list[Decision] = field(default_factory=list)
+    fold_report: Optional[FoldReport] = None
+    quant_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skip_node_ids: frozenset = frozenset()
+
+    @property
+    def delegated(self) -> list[PartitionRecord]:
+        return [p for p in self.partitions if p.delegated]
+
+    @property
+    def refused(self) -> list[PartitionRecord]:
+        return [p for p in self.partitions if not p.delegated]
