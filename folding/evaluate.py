@@ -13,6 +13,7 @@ from .analysis import Analysis
 from .ops import OpKind, aten_overload, is_uninitialised_allocation, reads_only_metadata
 from .plan import Plan
 from .report import Reason
+from .sizes import is_subclass, storage_pointers
 
 
 class AliasClassFailed(Exception):
@@ -73,7 +74,7 @@ def evaluate(
         if node.op == "placeholder":
             t = placeholder_value(node)
             if isinstance(t, torch.Tensor):
-                caller_storages.add(t.untyped_storage().data_ptr())
+                caller_storages.update(storage_pointers(t))
             env[node] = t
             return t
         if node.op == "get_attr":
@@ -143,6 +144,8 @@ def evaluate(
 def _owned_contiguous(t: torch.Tensor, caller_storages: set[int]) -> torch.Tensor:
     """`t` itself when it already owns contiguous storage, else a contiguous copy."""
     t = t.detach()
+    if is_subclass(t):
+        return t  # stored as the subclass it is (its inner tensors are the bytes)
     if (
         t._base is None
         and t.is_contiguous()

@@ -19,7 +19,7 @@ from .plan import make_plan
 from .quant import describe_encoding
 from .policy import FoldPolicy
 from .report import Decision, FoldReport, Reason
-from .sizes import stored_constant_bytes, stored_tensor, tensor_key
+from .sizes import nbytes, stored_constant_bytes, stored_tensor, tensor_key
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _placeholder_bytes(graph: torch.fx.Graph, program: ExportedProgram) -> dict[
         if t is None:
             continue
         key = tensor_key(t)
-        out[n] = 0 if key in seen else t.nbytes
+        out[n] = 0 if key in seen else nbytes(t)
         seen.add(key)
     return out
 

@@ -31,7 +31,7 @@ from torch.export.graph_signature import (
 
 from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_node_names
 from .report import LiftedConstant
-from .sizes import STORED_KINDS, stored_tensor
+from .sizes import STORED_KINDS, is_subclass, nbytes, stored_tensor
 
 # Provenance copied from a folded node to the placeholder that replaces it.
 _PROVENANCE_KEYS = ("stack_trace", "nn_module_stack")
@@ -251,7 +251,7 @@ def _fresh(base: str, taken: set) -> str:
 def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool) -> LiftedConstant:
     return LiftedConstant(
         placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
-        dtype=str(t.dtype).replace("torch.", ""), nbytes=t.nbytes, reused=reused,
+        dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused,
     )
 
 
@@ -277,11 +277,13 @@ class _Dedup:
         self._by_digest: dict[tuple, object] = {}
         self._last: tuple = (None, ())
         for owner, t in existing.items():
-            if t is not None:
+            if t is not None and not is_subclass(t):
                 self._pending.setdefault(_shape_key(t), []).append((owner, t))
 
     def find(self, t: torch.Tensor) -> Optional[object]:
         """The owner storing the same bytes as `t`; remembers `t`'s digest for `add`."""
+        if is_subclass(t):
+            return None
         key = _shape_key(t)
         for owner, other in self._pending.pop(key, ()):
             self._by_digest.setdefault(key + (_digest(other),), owner)
@@ -289,6 +291,8 @@ class _Dedup:
         return self._by_digest.get(self._last[1])
 
     def add(self, owner: object, t: torch.Tensor) -> None:
+        if is_subclass(t):
+            return
         full_key = self._last[1] if self._last[0] is t else _shape_key(t) + (_digest(t),)
         self._by_digest.setdefault(full_key, owner)
 

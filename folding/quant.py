@@ -10,11 +10,12 @@ integer input is what gets stored.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import torch.fx
 
-from .ops import _cached, packet_name
+from .ops import _cached, aliased_arg_position, mutated_arg_positions, packet_name
 
 # Op packets by dialect-free name (Edge ops resolve to the same names).
 QUANTIZE_OPS = frozenset(
@@ -61,18 +62,44 @@ def is_qparams(target: Any) -> bool:
     return packet_name(target) in QPARAM_OPS
 
 
+# Ops that only move, select, repeat or cast elements (besides every view op, found from its
+# schema): their result is still "the dequantized weight", so storing it would store the
+# weight as floats without its encoding. Arithmetic ops (linear, add, mul ...) make new values
+# that carry no encoding; folding them is ordinary folding.
+DATA_MOVEMENT_OPS = frozenset(
+    {
+        "aten.clone", "aten._to_copy", "aten.to", "aten.contiguous", "aten.cat", "aten.stack",
+        "aten.repeat", "aten.tile", "aten.index_select", "aten.gather", "aten.index",
+        "aten.constant_pad_nd", "aten.flip", "aten.roll", "aten.pixel_shuffle", "aten.pixel_unshuffle",
+        # Edge dialect's copy variants of view ops
+        "aten.permute_copy", "aten.view_copy", "aten.expand_copy", "aten.slice_copy",
+        "aten.select_copy", "aten.unsqueeze_copy", "aten.squeeze_copy", "aten.transpose_copy",
+        "aten.t_copy", "aten.alias_copy", "aten.split_copy", "aten.split_with_sizes_copy",
+        "aten.unbind_copy", "aten._unsafe_view", "aten.unfold_copy",
+        "dim_order_ops._to_dim_order_copy", "dim_order_ops._clone_dim_order",
+    }
+)
+
+
+@_cached
+def moves_data(target: Any) -> bool:
+    """True for view, copy and cast ops (`DATA_MOVEMENT_OPS` plus schema-declared views)."""
+    if target is operator.getitem:
+        return True
+    if packet_name(target) in DATA_MOVEMENT_OPS:
+        return True
+    return aliased_arg_position(target) is not None and not mutated_arg_positions(target)
+
+
 def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
-    """The nodes among `nodes` (graph order) whose float value comes from a dequantize without
-    passing through a quantize or a qparam op: storing any of them would store dequantized
-    floats instead of integers with an encoding. Results that are not floating point are
-    excluded (an argmax of dequantized values stores no float)."""
+    """The nodes among `nodes` (graph order) whose value is a dequantized constant: a dequantize,
+    or a view/copy/cast of one. Storing any of them would store the weight as floats instead of
+    integers with an encoding."""
     dq: set[torch.fx.Node] = set()
     for n in nodes:
         if is_dequantize(n.target):
             dq.add(n)
-        elif is_quantize(n.target) or is_qparams(n.target):
-            continue
-        elif any(i in dq for i in n.all_input_nodes) and _is_float(n):
+        elif moves_data(n.target) and any(i in dq for i in n.all_input_nodes) and _is_float(n):
             dq.add(n)
     return dq
 

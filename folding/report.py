@@ -27,7 +27,7 @@ class Reason(enum.Enum):
     MUTATED_AFTER_RUNTIME_READ = "in-place update of a value that runtime ops read earlier"
     MUTATED_BY_RUNTIME_OP = "value is updated in place by an op that runs at runtime"
     KEEPS_ENCODING = "dequantize of a constant kept so the backend reads its encoding"
-    AFTER_DEQUANTIZE = "float op on a kept dequantize (folding it would store dequantized floats)"
+    AFTER_DEQUANTIZE = "view, copy or cast of a kept dequantize (folding it would store the dequantized weight as floats)"
     MAX_TENSOR_BYTES = "its value is larger than FoldPolicy.max_tensor_bytes"
     GROWTH_BUDGET = "storing it would exceed the program's constant growth budget"
 

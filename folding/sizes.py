@@ -26,9 +26,37 @@ def stored_tensor(
     return value if isinstance(value, torch.Tensor) else None
 
 
+def is_subclass(t: torch.Tensor) -> bool:
+    """A wrapper tensor subclass (torchao's quantized weights): its bytes are its inner tensors'."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return is_traceable_wrapper_subclass(t)
+
+
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding `t`'s bytes (`t` itself, or a subclass's inner tensors, recursively)."""
+    if not is_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    out: list[torch.Tensor] = []
+    for name in names:
+        out.extend(inner_tensors(getattr(t, name)))
+    return out
+
+
 def tensor_key(t: torch.Tensor) -> tuple:
     """Identity of a stored tensor's bytes: tied parameters share one entry."""
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.nbytes, t.dtype)
+    return tuple((p.untyped_storage().data_ptr(), p.storage_offset(), p.nbytes, p.dtype) for p in inner_tensors(t))
+
+
+def storage_pointers(t: torch.Tensor) -> set[int]:
+    """Data pointers of the storages behind `t` (several for a tensor subclass)."""
+    return {p.untyped_storage().data_ptr() for p in inner_tensors(t)}
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """Stored bytes of `t` (a subclass counts its inner tensors)."""
+    return sum(p.nbytes for p in inner_tensors(t))
 
 
 def stored_constant_bytes(program: ExportedProgram) -> int:
@@ -48,7 +76,7 @@ def distinct_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
         key = tensor_key(t)
         if key not in seen:
             seen.add(key)
-            total += t.nbytes
+            total += nbytes(t)
     return total
 
 

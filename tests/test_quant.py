@@ -61,20 +61,22 @@ def intermediate_values(ep, inputs) -> dict[str, object]:
     return {n.name: v for n, v in interp.env.items()}
 
 
+# Element-preserving ops (views, copies, casts): a value reached from a dequantize only through
+# these is still the dequantized weight, as floats.
+_MOVES = {"view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze",
+          "slice", "select", "clone", "_to_copy", "to", "contiguous", "alias", "getitem", "cat", "flatten"}
+
+
 def reads_dequantized_floats(node) -> bool:
-    """Independent check of invariant 4: walking back from `node` through float ops reaches a
-    dequantize before any quantize."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n.op != "call_function":
-            continue
-        seen.add(n)
+    """Independent check of invariant 4: `node` is a dequantize, or reaches one by walking back
+    through element-preserving ops only."""
+    n = node
+    while n.op == "call_function":
         if _is_dq(n):
             return True
-        if _is_q(n):
-            continue
-        stack.extend(n.all_input_nodes)
+        if _base(n) not in _MOVES or not n.all_input_nodes:
+            return False
+        n = n.all_input_nodes[0]
     return False
 
 
@@ -202,3 +204,33 @@ def test_dequantize_read_only_by_folded_ops_is_folded_away():
     # the dequantizes of table and weight fed only the constant-only linear: evaluated and gone
     feeding = [n.name for n in ep.graph.nodes if _is_dq(n) and all(u.name in folded_names for u in n.users)]
     assert feeding and all(name in folded_names for name in feeding)
+
+
+def test_torchao_weight_only_program_folds_constant_linear_and_keeps_runtime_dequantize():
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.t = nn.Linear(32, 32), nn.Linear(32, 32)
+            self.register_buffer("table", torch.randn(4, 32))
+
+        def forward(self, x):
+            return self.l(x + self.t(self.table))
+
+    torch.manual_seed(0)
+    m = M().eval()
+    quantize_(m, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(16)))
+    x = torch.randn(4, 32)
+    ep = torch.export.export(m, (x,))
+    result = fold_constants(ep)
+    assert_valid_program(result.program)
+    assert torch.equal(ep.module()(x), result.program.module()(x))
+    # the runtime linear still reads its weight through dequantize_affine with the block size kept
+    dq = [n for n in result.program.graph.nodes if _is_dq(n)]
+    assert len(dq) == 1 and dq[0].args[1] == [1, 16]
+    assert [u.name for u in dq[0].users] == ["linear_1"]
+    # the constant-only linear(table, dequantize_affine(w)) is folded (its output carries no encoding)
+    assert any(d.node == "linear" and d.folded for d in result.report.decisions)
+    assert stored_constant_bytes(result.program) <= stored_constant_bytes(ep)
