@@ -1,0 +1,167 @@
+"""Helpers for the rule tests: fold a program and check every invariant that holds for any
+folded program (DESIGN.md invariants 1, 2, 3, 5, 6), plus Edge-dialect lowering helpers."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional, Sequence
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+import folding
+from folding import FoldPolicy, Reason
+from tests.invariants import (
+    assert_kept_names,
+    assert_report_bytes_true,
+    assert_valid_program,
+    outputs,
+    run_pte,
+)
+
+# Reasons that mean "this node reads only constants" but does not involve a runtime input.
+_RUNTIME_REASONS = (Reason.RUNTIME_INPUT, Reason.SYMBOLIC)
+
+
+def export(module: torch.nn.Module, inputs: Sequence, **kwargs) -> ExportedProgram:
+    return torch.export.export(module, tuple(inputs), **kwargs)
+
+
+def edge(ep: ExportedProgram) -> ExportedProgram:
+    """The Edge-dialect program `to_edge` makes of `ep` (default EdgeCompileConfig)."""
+    from executorch.exir import to_edge
+
+    return to_edge(ep).exported_program()
+
+
+def edge_pte(edge_program: ExportedProgram) -> bytes:
+    """Serialise an Edge-dialect program to .pte bytes (portable kernels, no partitioner)."""
+    from executorch.exir import EdgeProgramManager
+
+    return EdgeProgramManager({"forward": edge_program}).to_executorch().buffer
+
+
+def assert_close_all(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], atol: float = 1e-5) -> None:
+    expected, got = list(expected), list(got)
+    assert len(expected) == len(got)
+    for x, y in zip(expected, got):
+        assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape, x.dtype, y.dtype)
+        if x.dtype.is_floating_point:
+            torch.testing.assert_close(y, x, atol=atol, rtol=1e-5)
+        else:
+            assert torch.equal(x, y)
+
+
+def assert_edge_pte_matches(edge_program: ExportedProgram, inputs: Sequence, expected: Sequence[torch.Tensor]) -> bytes:
+    buffer = edge_pte(edge_program)
+    assert_close_all(expected, run_pte(buffer, inputs), atol=1e-4)
+    return buffer
+
+
+def reference(ep: ExportedProgram) -> ExportedProgram:
+    """An independent copy of `ep` (own buffers), to compare against programs that share the
+    caller's tensors (running a program mutates its buffers in place)."""
+    return copy.deepcopy(ep)
+
+
+def _depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool]:
+    user_inputs = {
+        s.arg.name for s in program.graph_signature.input_specs
+        if s.kind in (InputKind.USER_INPUT, InputKind.TOKEN, InputKind.CUSTOM_OBJ)
+    }
+    depends: dict[torch.fx.Node, bool] = {}
+    for n in program.graph.nodes:
+        if n.op == "placeholder":
+            depends[n] = n.name in user_inputs
+        else:
+            depends[n] = any(depends.get(i, False) for i in n.all_input_nodes)
+    return depends
+
+
+def check_folded(before: ExportedProgram, result, *, storages_of: Optional[ExportedProgram] = None) -> None:
+    """Every invariant any folded program satisfies, whatever the rules did.
+
+    `storages_of`: the program whose tensors lifted constants must not alias (default `before`).
+    """
+    after, report = result.program, result.report
+    assert_valid_program(after)
+    assert_report_bytes_true(result)
+    assert_kept_names(before, after, report)
+    names = [n.name for n in after.graph.nodes]
+    assert len(names) == len(set(names)), "node names are not unique"
+
+    # One decision per call_function node of the input program, each with a reason.
+    input_calls = [n.name for n in before.graph.nodes if n.op == "call_function"]
+    assert sorted(d.node for d in report.decisions) == sorted(input_calls)
+
+    # Folded nodes are gone; kept nodes are still there.
+    after_names = set(names)
+    for d in report.decisions:
+        if d.folded:
+            assert d.node not in after_names, f"folded {d.node} is still in the graph"
+        else:
+            assert d.node in after_names, f"kept {d.node} is missing"
+
+    # Invariant 3: a kept node reported as reading a runtime input really depends on one, and a
+    # node kept for a constant-only reason really does not.
+    depends = _depends_on_user_input(before)
+    by_name = {n.name: n for n in before.graph.nodes}
+    for d in report.decisions:
+        node = by_name[d.node]
+        if d.reason is Reason.RUNTIME_INPUT:
+            assert depends[node], f"{d.node} is reported RUNTIME_INPUT but reads only constants"
+        elif d.reason not in _RUNTIME_REASONS:
+            assert not depends[node], f"{d.node} reads a runtime input but is reported {d.reason.name}"
+
+    # Lifted constants: named as to_edge keeps them, contiguous, detached, owning their storage.
+    source = storages_of if storages_of is not None else before
+    caller_ptrs = {
+        t.untyped_storage().data_ptr()
+        for t in list(source.state_dict.values()) + list(source.constants.values())
+        if isinstance(t, torch.Tensor)
+    }
+    specs = {s.arg.name: s for s in after.graph_signature.input_specs}
+    for lifted in report.lifted:
+        spec = specs[lifted.placeholder]
+        if lifted.reused:
+            continue
+        assert spec.kind is InputKind.CONSTANT_TENSOR
+        assert lifted.placeholder == "c_" + spec.target, lifted
+        t = after.constants[spec.target]
+        assert t.is_contiguous(), f"{spec.target} is stored non-contiguous"
+        assert not t.requires_grad and t.grad_fn is None, f"{spec.target} is not detached"
+        assert t._base is None and t.untyped_storage().nbytes() == t.nbytes, f"{spec.target} is a view"
+        assert t.untyped_storage().data_ptr() not in caller_ptrs, f"{spec.target} shares the caller's storage"
+        assert tuple(t.shape) == lifted.shape and t.nbytes == lifted.nbytes
+
+
+def fold(ep: ExportedProgram, policy: Optional[FoldPolicy] = None, **kwargs):
+    """`fold_constants` plus `check_folded`."""
+    result = folding.fold_constants(ep, policy, **kwargs)
+    check_folded(ep, result)
+    return result
+
+
+def decision(report, node: str):
+    matches = [d for d in report.decisions if d.node == node]
+    assert len(matches) == 1, f"no single decision for {node}: {matches}"
+    return matches[0]
+
+
+def decisions_for(report, target: str):
+    """Decisions whose op name is `target` (``aten.exp.default``)."""
+    return [d for d in report.decisions if d.target == target]
+
+
+def call_targets(ep: ExportedProgram) -> list[str]:
+    from folding.ops import op_name
+
+    return [op_name(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def assert_same(ref: ExportedProgram, folded: ExportedProgram, inputs: Sequence, atol: float = 1e-5) -> list[torch.Tensor]:
+    """Eager outputs of `folded` match `ref` on `inputs`; returns the reference outputs."""
+    want = outputs(ref, inputs)
+    assert_close_all(want, outputs(folded, inputs), atol=atol)
+    return want
