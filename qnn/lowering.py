@@ -10,6 +10,7 @@ construction of QNN's to-edge passes (DESIGN.md, "Where the stage runs")::
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ def to_edge_transform_and_lower_to_qnn(
         pass_manager = get_qnn_pass_manager_cls(options.backend_options.backend_type)()
         ep = pass_manager.transform_for_export_pipeline(ep)
         if fold_spec is not None:
-            unfolded = EdgeNameMap.snapshot(ep) if skip_node_id_set else None
+            unfolded = EdgeNameMap.snapshot(ep, _pass_factory(pass_manager, name, passes_job, dep_table, qnn_specs,
+                                                              skip_node_id_set, skip_node_op_set, convert_linear_to_conv2d))
             result = fold_constants(ep, fold_spec.policy, inplace=True)
             ep = result.program
             partitioner.record_fold(ep, result.report, unfolded=unfolded)
@@ -120,6 +122,24 @@ def to_edge_transform_and_lower_to_qnn(
         )
     manager.qnn_partitioners = partitioners
     return manager
+
+
+def _pass_factory(pass_manager, name, passes_job, dep_table, qnn_specs, skip_ids, skip_ops, linear_to_conv2d):
+    """Builds the same to-edge passes for another program (the unfolded copy `qnn.names` lowers)."""
+    job = copy.deepcopy(passes_job[name])
+
+    def make(program: ExportedProgram) -> list:
+        return type(pass_manager)().get_to_edge_transform_passes(
+            program,
+            passes_job=copy.deepcopy(job),
+            dep_table=dep_table[name],
+            compiler_specs=qnn_specs[name],
+            skip_node_id_set=skip_ids,
+            skip_node_op_set=skip_ops,
+            convert_linear_to_conv2d=linear_to_conv2d,
+        )
+
+    return make
 
 
 def _per_graph(value: Any, graph_names: List[str]) -> Dict[str, Any]:

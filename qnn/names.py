@@ -1,12 +1,214 @@
-"""Edge node names with and without folding (placeholder, filled in below)."""
+"""Edge node names as they are without folding (DESIGN.md invariant 6, "Traps").
+
+``to_edge`` names Edge nodes from their op and their order (``aten_linear_default``,
+``aten_linear_default_1`` ...), and QNN's to-edge passes rename again when they retrace. Folding
+an earlier node of the same op therefore shifts the names of later ones, and a
+``skip_node_id_set`` written against the unfolded program would silently name other nodes.
+
+`EdgeNameMap` restores the names: it keeps a structural copy of the ATen program from before
+folding (graph copied, tensors shared), and when the partitioner sees the folded Edge program it
+lowers that copy the same way up to partitioning (``to_edge`` with QNN's decomposition table and
+QNN's to-edge passes) to learn the unfolded names, matches nodes of both Edge programs by
+provenance (``meta["from_node"]``: the ATen node each Edge node comes from, the op, and its rank
+among the Edge nodes of that ATen node and op), and renames the folded program's nodes. Folding
+keeps the names of the ATen nodes it does not fold, so the match is exact where the two pipelines
+rewrite a node the same way. Cost: one extra ``to_edge`` + QNN's to-edge passes of the program,
+paid only when folding removed a node.
+"""
 
 from __future__ import annotations
 
+import copy
+import logging
+from collections import defaultdict
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from executorch.backends.qualcomm.partition.utils import filter_fn, get_skip_decomp_table
+from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
+from torch.export import ExportedProgram
+
+from folding.ops import op_name
+
+logger = logging.getLogger(__name__)
+
+Key = Tuple  # (ATen origin node name, op name, rank among that origin's nodes of that op), see node_keys
+PassFactory = Callable[[ExportedProgram], Sequence]
+
+
+def origin(node: torch.fx.Node, graph_id: int) -> Optional[str]:
+    """Name of the node of the graph with ``id(graph) == graph_id`` that `node` was derived
+    from, following ``node.meta["from_node"]`` breadth first; None when there is none."""
+    frontier = list(node.meta.get("from_node") or ())
+    while frontier:
+        nxt = []
+        for source in frontier:
+            if source.graph_id == graph_id:
+                return source.name
+            nxt.extend(source.from_node or ())
+        frontier = nxt
+    return None
+
+
+def node_keys(graph: torch.fx.Graph, graph_id: int) -> Dict[torch.fx.Node, List[Key]]:
+    """Provenance keys of the call_function nodes of `graph`, most specific first.
+
+    A node with an ATen origin in `graph_id` has one key: (origin, op, rank among that origin's
+    nodes of that op). A node a pass created without provenance (QNN's ``I64toI32`` inserts
+    ``_to_copy`` nodes) is keyed through its neighbours: one key per keyed user (that user's key,
+    the argument position, op), then, if it has no keyed user, one per keyed input.
+    """
+    rank: Dict[Tuple, int] = defaultdict(int)
+    keys: Dict[torch.fx.Node, List[Key]] = {}
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    for n in nodes:
+        src = origin(n, graph_id)
+        if src is not None:
+            op = op_name(n.target)
+            keys[n] = [(src, op, rank[(src, op)])]
+            rank[(src, op)] += 1
+    for n in reversed(nodes):  # users before producers: chains of unkeyed nodes resolve
+        if n in keys:
+            continue
+        derived = [
+            (("user",) + keys[u][0], op_name(n.target), u.all_input_nodes.index(n))
+            for u in n.users if u in keys
+        ]
+        if derived:
+            keys[n] = derived
+    for n in nodes:
+        if n in keys:
+            continue
+        op = op_name(n.target)
+        derived = []
+        for i in n.all_input_nodes:
+            if i in keys:
+                anchor = ("input",) + keys[i][0]
+                derived.append((anchor, op, rank[(anchor, op)]))
+                rank[(anchor, op)] += 1
+        if derived:
+            keys[n] = derived
+    return keys
+
+
+def copy_program(program: ExportedProgram) -> ExportedProgram:
+    """An ExportedProgram with a copy of `program`'s graph and signature; tensors are shared."""
+    gm = program.graph_module
+    new_gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=gm.__class__.__name__)
+    new_gm.meta.update(gm.meta)
+    return ExportedProgram(
+        root=new_gm,
+        graph=new_gm.graph,
+        graph_signature=copy.deepcopy(program.graph_signature),
+        state_dict=dict(program.state_dict),
+        range_constraints=copy.copy(program.range_constraints),
+        module_call_graph=copy.deepcopy(program.module_call_graph),
+        constants=dict(program.constants),
+        verifiers=[program.verifier],
+    )
+
+
+class _NamingPartitioner(Partitioner):
+    """Lowers nothing: keeps QNN's ops whole as ``QnnPartitioner`` does and records the node keys
+    and names of the Edge program it is shown."""
+
+    def __init__(self, graph_id: int) -> None:
+        super().__init__()
+        self.graph_id = graph_id
+        self.names: Optional[Dict[Key, str]] = None
+
+    def ops_to_not_decompose(self, ep):
+        if self.names is not None:  # the final sanity check: nothing was meant to be lowered
+            return [], None
+        return get_skip_decomp_table(), filter_fn
+
+    def partition(self, edge_program: ExportedProgram) -> PartitionResult:
+        names: Dict[Key, str] = {}
+        for n, ks in node_keys(edge_program.graph, self.graph_id).items():
+            for k in ks:
+                names.setdefault(k, n.name)
+        self.names = names
+        return PartitionResult(tagged_exported_program=edge_program, partition_tags={})
+
 
 class EdgeNameMap:
-    @classmethod
-    def snapshot(cls, program):
-        return None
+    """The unfolded program's Edge names, for renaming the folded program's Edge nodes.
 
-    def translate(self, names, edge_program):
-        return set(names)
+    Args:
+        unfolded: a structural copy of the ATen program before folding (`copy_program`).
+        make_passes: builds QNN's to-edge passes for a program (bound to it).
+    """
+
+    def __init__(self, unfolded: ExportedProgram, make_passes: PassFactory) -> None:
+        self._unfolded = unfolded
+        self._make_passes = make_passes
+        self._names: Optional[Dict[Key, str]] = None
+
+    @classmethod
+    def snapshot(cls, program: ExportedProgram, make_passes: PassFactory) -> "EdgeNameMap":
+        """Record `program` (before it is folded in place)."""
+        return cls(copy_program(program), make_passes)
+
+    def unfolded_names(self) -> Dict[Key, str]:
+        """Provenance key -> Edge name at partition time, without folding (computed once)."""
+        if self._names is None:
+            program = self._unfolded
+            naming = _NamingPartitioner(id(program.graph))
+            to_edge_transform_and_lower(
+                program,
+                transform_passes=list(self._make_passes(program)),
+                partitioner=[naming],
+                compile_config=qnn_edge_config(),
+            )
+            self._names = naming.names or {}
+            self._unfolded = None  # free the copy
+        return self._names
+
+    def restore(self, edge_program: ExportedProgram, folded_graph_id: int) -> Dict[str, str]:
+        """Rename `edge_program`'s nodes to their unfolded names; returns {old: new} of the
+        nodes renamed. Nodes without a counterpart keep their names unless one is wanted by a
+        matched node, in which case they get a fresh one."""
+        names = self.unfolded_names()
+        wanted: Dict[torch.fx.Node, str] = {}
+        taken: set = set()
+        for n, ks in node_keys(edge_program.graph, folded_graph_id).items():
+            name = next((names[k] for k in ks if k in names and names[k] not in taken), None)
+            if name is not None:
+                taken.add(name)
+                if name != n.name:
+                    wanted[n] = name
+        if not wanted:
+            return {}
+        renamed = rename_nodes(edge_program.graph, wanted)
+        edge_program.graph_module.recompile()
+        logger.info("restored %d unfolded Edge node names", len(renamed))
+        return renamed
+
+
+def rename_nodes(graph: torch.fx.Graph, wanted: Dict[torch.fx.Node, str]) -> Dict[str, str]:
+    """Give each node of `wanted` its name; a node not in `wanted` that holds one of those
+    names is moved to a fresh name. Returns {old name: new name}."""
+    namespace = graph._graph_namespace  # fx has no public rename-to-exact-name API
+    targets = set(wanted.values())
+    movers: List[Tuple[torch.fx.Node, Optional[str]]] = list(wanted.items())
+    movers += [(n, None) for n in graph.nodes if n not in wanted and n.name in targets]
+    old = {n: n.name for n, _ in movers}
+    for n, _ in movers:
+        namespace._used_names.discard(n.name)
+    for n, name in movers:
+        if name is not None:
+            _set_name(n, name)
+    for n, name in movers:
+        if name is None:
+            _set_name(n, namespace.create_name(old[n], None))
+    return {old[n]: n.name for n, _ in movers if old[n] != n.name}
+
+
+def _set_name(node: torch.fx.Node, name: str) -> None:
+    namespace = node.graph._graph_namespace
+    node.name = name
+    namespace._used_names.add(name)
+    namespace._obj_to_name[node] = name
+

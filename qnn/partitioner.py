@@ -36,13 +36,16 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.passes.infra.partitioner import Partition
 
+from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+
 from folding import FoldReport, fold_constants
+from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
 
 from .compile_spec import FoldSpec, split_compile_specs
 from .errors import EncodingLostError
 from .htp_rule import is_runtime_input, partition_inputs, refuses_static_graphs
-from .names import EdgeNameMap
+from .names import EdgeNameMap, origin
 from .report import PartitionRecord, QnnPartitionReport
 
 logger = logging.getLogger(__name__)
@@ -62,9 +65,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
 
     Args:
         compiler_specs: from `qnn.generate_qnn_executorch_compiler_spec` (or executorch's).
-        skip_node_id_set: node names never delegated. Written against the edge program *without*
-            folding; when folding removed nodes, the names are translated to the folded program
-            (`qnn.names`), so they name the same nodes.
+        skip_node_id_set: node names never delegated, as in the Edge program *without* folding:
+            when folding removed nodes, the folded program's Edge nodes get back the names they
+            have without folding (`qnn.names`), so the names mean the same nodes.
         skip_node_op_set: op names (``aten.relu.default``) never delegated.
         skip_mutable_buffer: as executorch's.
 
@@ -83,9 +86,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         qnn_specs, self.fold_spec = split_compile_specs(compiler_specs)
         super().__init__(qnn_specs, skip_node_id_set, skip_node_op_set, skip_mutable_buffer)
         self.reports: list[QnnPartitionReport] = []
-        self._user_skip_node_ids = frozenset(self.skip_node_id_set)
         self._folds: list[_FoldRecord] = []
         self._pending: Optional[QnnPartitionReport] = None
+        self._aten_graph_id: Optional[int] = None
 
     # -- fold stage ------------------------------------------------------------------------
 
@@ -104,20 +107,33 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         program already folded by `qnn.to_edge_transform_and_lower_to_qnn` is returned as is.
         """
         if self.fold_spec is None or any(f.program is exported_program for f in self._folds):
+            self._aten_graph_id = id(exported_program.graph)
             return exported_program
-        unfolded = EdgeNameMap.snapshot(exported_program) if self._user_skip_node_ids else None
+        unfolded = EdgeNameMap.snapshot(exported_program, self.default_to_edge_passes)
         result = fold_constants(exported_program, self.fold_spec.policy, inplace=True)
         self.record_fold(result.program, result.report, unfolded=unfolded)
         return result.program
 
-    def record_fold(self, program: ExportedProgram, report: FoldReport, *, unfolded=None) -> None:
-        """Adopt a fold done outside this partitioner (by the lowering wrapper) for `program`.
+    def default_to_edge_passes(self, program: ExportedProgram) -> list:
+        """QNN's default to-edge passes for this backend, bound to `program`
+        (``get_to_edge_transform_passes`` in _passes/qnn_pass_manager.py)."""
+        return get_qnn_pass_manager_cls(self.backend)().get_to_edge_transform_passes(
+            program,
+            compiler_specs=self.compiler_specs_snapshot,
+            skip_node_id_set=set(self.skip_node_id_set),
+            skip_node_op_set=set(self.skip_node_op_set),
+        )
+
+    def record_fold(
+        self, program: ExportedProgram, report: FoldReport, *, unfolded: Optional[EdgeNameMap] = None
+    ) -> None:
+        """Adopt a fold of `program` (done by this partitioner's hook or by the lowering wrapper).
 
         Args:
             program: the folded ATen program about to be lowered with this partitioner.
             report: its `FoldReport`.
-            unfolded: an `qnn.names.EdgeNameMap` snapshot of the program before folding, used to
-                translate ``skip_node_id_set``; None when there is nothing to translate.
+            unfolded: `EdgeNameMap.snapshot` of the program before folding, to give the folded
+                program's Edge nodes their unfolded names; None keeps ``to_edge``'s names.
         """
         table = kept_whole_ops()
         declined = {d.node: d for d in report.kept_constant_only if d.target in table}
@@ -126,7 +142,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
                 "decomposing %s (%s): constant-only after folding (%s: %s)",
                 d.node, d.target, d.reason.name, d.detail,
             )
-        self._folds.append(_FoldRecord(program, report, declined, _encoded_constants(program, report), unfolded))
+        self._folds.append(
+            _FoldRecord(program, id(program.graph), report, declined, _encoded_constants(program, report), unfolded)
+        )
 
     # -- decomposition ---------------------------------------------------------------------
 
@@ -156,6 +174,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
 
     def partition(self, edge_program: ExportedProgram) -> PartitionResult:
         fold = self._fold_for(edge_program)
+        renamed: dict[str, str] = {}
+        if fold is not None and fold.unfolded is not None and fold.report.folded:
+            renamed = fold.unfolded.restore(edge_program, fold.graph_id)
         report = QnnPartitionReport(
             backend=self.backend.name,
             decomposed=list(fold.declined.values()) if fold else [],
@@ -163,16 +184,27 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             quant_attrs={n.name: dict(n.meta[QCOM_QUANT_ATTRS]) for n in edge_program.graph.nodes
                          if QCOM_QUANT_ATTRS in n.meta},
         )
+        report.renamed = renamed
+        graph_id = fold.graph_id if fold is not None else self._aten_graph_id
+        if graph_id is not None:
+            report.origins = {
+                n.name: src for n in edge_program.graph.nodes
+                if n.op == "call_function" and (src := origin(n, graph_id)) is not None
+            }
+        report.nodes = {
+            n.name: (op_name(n.target), tuple(i.name for i in n.all_input_nodes))
+            for n in edge_program.graph.nodes if n.op == "call_function"
+        }
         if fold is not None:
             _check_encodings(edge_program, fold.encoded)
-        self.skip_node_id_set = self._translated_skip_ids(edge_program, fold)
-        report.skip_node_ids = frozenset(self.skip_node_id_set)
+            gone = sorted(set(self.skip_node_id_set) - set(report.nodes))
+            if gone and fold.report.folded:
+                logger.info("skip_node_id_set names nodes absent after folding: %s", gone)
         self._pending = report
         try:
             result = super().partition(edge_program)
         finally:
             self._pending = None
-            self.skip_node_id_set = set(self._user_skip_node_ids)
         self.reports.append(report)
         return result
 
@@ -226,11 +258,6 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
                 return fold
         return self._folds[-1]
 
-    def _translated_skip_ids(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> set:
-        if not self._user_skip_node_ids or fold is None or fold.unfolded is None:
-            return set(self._user_skip_node_ids)
-        return fold.unfolded.translate(self._user_skip_node_ids, edge_program)
-
 
 class _OperatorSupport(QnnOperatorSupport):
     """QNN's operator-support check (partition/qnn_partitioner.py), except that a node reading
@@ -255,10 +282,11 @@ def _has_unbacked_size(node: torch.fx.Node) -> bool:
 
 
 class _FoldRecord:
-    __slots__ = ("program", "report", "declined", "encoded", "unfolded")
+    __slots__ = ("program", "graph_id", "report", "declined", "encoded", "unfolded")
 
-    def __init__(self, program, report, declined, encoded, unfolded) -> None:
+    def __init__(self, program, graph_id, report, declined, encoded, unfolded) -> None:
         self.program = program
+        self.graph_id = graph_id
         self.report = report
         self.declined = declined
         self.encoded = encoded

@@ -47,8 +47,11 @@ class QnnPartitionReport:
         fold_report: the fold stage's report, when folding ran for this program.
         quant_attrs: ``QCOM_QUANT_ATTRS`` per node name, as QNN's to-edge passes left them on the
             program the partitioner saw (the encodings QNN reads).
-        skip_node_ids: the partitioner's ``skip_node_id_set`` as applied to this program (after
-            translation of names written against the unfolded program).
+        nodes: name -> (op name, input names) of every call_function node the partitioner saw.
+        renamed: {name given by ``to_edge``: unfolded name} of the nodes given back the name
+            they have without folding (`qnn.names`).
+        origins: Edge node name -> name of the ATen node it comes from (``meta["from_node"]``),
+            when the partitioner saw the ATen program (its pre-decomposition hook ran).
     """
 
     backend: str
@@ -56,7 +59,9 @@ class QnnPartitionReport:
     decomposed: list[Decision] = field(default_factory=list)
     fold_report: Optional[FoldReport] = None
     quant_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    skip_node_ids: frozenset = frozenset()
+    nodes: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
 
     @property
     def delegated(self) -> list[PartitionRecord]:

@@ -1,0 +1,183 @@
+"""Building, quantizing and lowering the QNN test programs, and the checks the tests share."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional, Sequence
+
+import torch
+from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
+from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
+from executorch.backends.qualcomm.utils.utils import (
+    generate_gpu_compiler_spec,
+    generate_htp_compiler_spec,
+    qnn_edge_config,
+)
+from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
+from torch.export import ExportedProgram
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+import qnn
+from folding import FoldPolicy
+from folding.ops import op_name
+
+SOC = QcomChipset.SM8650
+STRANDED = "was not decomposed or delegated"
+
+
+def compiler_specs(fold: bool, *, quantized: bool = False, backend: str = "htp",
+                   policy: Optional[FoldPolicy] = None) -> list:
+    """Specs for HTP (fp16, or quantized) or GPU, with our ``fold_constants`` spec when `fold`."""
+    options = (
+        generate_gpu_compiler_spec() if backend == "gpu" else generate_htp_compiler_spec(use_fp16=not quantized)
+    )
+    return qnn.generate_qnn_executorch_compiler_spec(SOC, options, fold_constants=fold, fold_policy=policy)
+
+
+def quantize(module: torch.nn.Module, inputs: tuple, quant_dtype: QuantDtype,
+             block_size_map: Optional[dict] = None) -> torch.fx.GraphModule:
+    """PT2E with executorch's QnnQuantizer: export, prepare, calibrate on `inputs`, convert."""
+    quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=SOC)
+    quantizer.set_default_quant_config(quant_dtype, is_conv_per_channel=True, is_linear_per_channel=True)
+    if block_size_map:
+        quantizer.set_block_size_map(block_size_map)
+    graph_module = torch.export.export(module.eval(), inputs, strict=True).module()
+    prepared = prepare_pt2e(graph_module, quantizer)
+    prepared(*inputs)
+    return convert_pt2e(prepared)
+
+
+def lower_with_wrapper(module, inputs, specs, skip_ops=frozenset(), skip_ids=None) -> EdgeProgramManager:
+    """`qnn.to_edge_transform_and_lower_to_qnn`; returns the lowered manager."""
+    return qnn.to_edge_transform_and_lower_to_qnn(
+        module, inputs, specs, skip_node_op_set=set(skip_ops), skip_node_id_set=skip_ids
+    )
+
+
+def export_for_qnn(module, inputs, backend=QnnExecuTorchBackendType.kHtpBackend) -> ExportedProgram:
+    """torch.export + QNN's export passes (``transform_for_export_pipeline``)."""
+    ep = torch.export.export(module, inputs, strict=True)
+    return get_qnn_pass_manager_cls(backend)().transform_for_export_pipeline(ep)
+
+
+def lower_stock(ep: ExportedProgram, specs, skip_ops=frozenset(), *, passes_from: Optional[ExportedProgram] = None):
+    """The stock flow: QNN's to-edge passes built from `passes_from` (default `ep`), then
+    executorch's ``to_edge_transform_and_lower`` with `qnn.QnnPartitioner`.
+
+    Returns (manager, partitioner)."""
+    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(skip_ops))
+    passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
+        passes_from if passes_from is not None else ep,
+        compiler_specs=partitioner.compiler_specs_snapshot,
+        skip_node_op_set=set(skip_ops),
+    )
+    manager = to_edge_transform_and_lower(
+        ep, transform_passes=passes, partitioner=[partitioner], compile_config=qnn_edge_config()
+    )
+    return manager, partitioner
+
+
+def partitioner_of(manager: EdgeProgramManager) -> "qnn.QnnPartitioner":
+    return manager.qnn_partitioners["forward"]
+
+
+# -- checks ------------------------------------------------------------------------------
+
+
+def assert_no_static_partition(report: "qnn.QnnPartitionReport") -> None:
+    """Every partition found has a runtime input, so none had to stay on the CPU."""
+    assert report.partitions, "no QNN partition at all"
+    assert not report.refused, [p.nodes for p in report.refused]
+    for p in report.delegated:
+        assert p.runtime_inputs, p
+
+
+def assert_kept_whole_ops_gone(manager: EdgeProgramManager) -> None:
+    """No op of QNN's kept-whole table is left on the CPU (it was folded or delegated)."""
+    table = qnn.kept_whole_ops()
+    left = [n.name for n in manager.exported_program().graph.nodes
+            if n.op == "call_function" and op_name(n.target) in table]
+    assert not left, left
+
+
+def assert_stranded_by_htp_rule(error: BaseException, report: "qnn.QnnPartitionReport") -> None:
+    """Fold off: the node the sanity check names sits in a partition the HTP rule refused."""
+    message = str(error)
+    assert STRANDED in message
+    stranded = message.split("Node ", 1)[1].split(" ", 1)[0]
+    refused = {n for p in report.refused for n in p.nodes}
+    assert stranded in refused, (stranded, report.refused)
+
+
+def assert_names_kept(on: "qnn.QnnPartitionReport", off: "qnn.QnnPartitionReport") -> None:
+    """Every Edge node that survives folding has the name it has without folding: the node of
+    that name in the unfolded program computes the same op from inputs of the same names
+    (inputs folded into lifted constants excepted)."""
+    assert on.nodes, "no nodes recorded"
+    for name, (target, inputs) in on.nodes.items():
+        assert name in off.nodes, f"{name} ({target}) does not exist without folding"
+        off_target, off_inputs = off.nodes[name]
+        assert off_target == target, (name, target, off_target)
+        assert len(off_inputs) == len(inputs), (name, inputs, off_inputs)
+        for a, b in zip(inputs, off_inputs):
+            if not a.startswith("c_folded_"):
+                assert a == b, (name, inputs, off_inputs)
+
+
+def assert_encodings_kept(on: "qnn.QnnPartitionReport", off: "qnn.QnnPartitionReport",
+                          unfolded_aten: ExportedProgram) -> int:
+    """Each lifted integer constant carries the encoding QNN reads for the same value without
+    folding. Without folding, QNN's AnnotateQuantAttrs puts the encoding of the quantize that
+    the constant replaces on that quantize's input node; with folding, on the constant itself
+    (read from the dequantize folding kept). Returns the number of constants compared."""
+    aten = {n.name: n for n in unfolded_aten.graph.nodes}
+    off_edge_of = {}
+    for edge_name, aten_name in off.origins.items():
+        off_edge_of.setdefault(aten_name, edge_name)
+    checked = 0
+    for lifted in on.fold_report.lifted:
+        dtype = getattr(torch, lifted.dtype.replace("torch.", ""))
+        if lifted.reused or dtype.is_floating_point or dtype == torch.bool:
+            continue
+        attrs = on.quant_attrs.get(lifted.placeholder)
+        assert attrs is not None, f"{lifted.placeholder} reaches QNN without an encoding"
+        for replaced in lifted.replaces:
+            source = aten[replaced].args[0].name  # the quantize's input, e.g. the folded linear
+            off_name = off_edge_of.get(source)
+            assert off_name is not None, (replaced, source)
+            assert off_name in off.quant_attrs, (off_name, sorted(off.quant_attrs))
+            assert_same_quant_attrs(attrs, off.quant_attrs[off_name])
+            checked += 1
+    return checked
+
+
+def assert_same_quant_attrs(a: dict, b: dict) -> None:
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and torch.equal(x, y), key
+        else:
+            assert x == y, (key, x, y)
+
+
+def assert_same_outputs(unfolded: ExportedProgram, folded: ExportedProgram, inputs: Sequence) -> None:
+    """The folded ATen program computes what the unfolded one does, on real inputs."""
+    want = _as_list(unfolded.module()(*inputs))
+    got = _as_list(folded.module()(*inputs))
+    assert len(want) == len(got)
+    for w, g in zip(want, got):
+        if w.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(g, w)
+
+
+def _as_list(out) -> list:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def deepcopy_program(ep: ExportedProgram) -> ExportedProgram:
+    return copy.deepcopy(ep)

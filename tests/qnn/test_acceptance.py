@@ -1,0 +1,121 @@
+"""Issue 5's acceptance tests: constant-only ops QNN keeps whole, on HTP, fold off vs on.
+
+Fold off must strand the kept-whole op in a partition the HTP rule refuses (lowering fails with
+executorch's "was not decomposed or delegated"); fold on must lower with no partition lacking a
+runtime input, every kept-whole op folded or delegated, and the Edge names of fold off.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .helpers import (
+    STRANDED,
+    assert_kept_whole_ops_gone,
+    assert_names_kept,
+    assert_no_static_partition,
+    assert_same_outputs,
+    assert_stranded_by_htp_rule,
+    compiler_specs,
+    export_for_qnn,
+    lower_with_wrapper,
+    partitioner_of,
+)
+from .models import CASES
+
+import qnn
+
+STRANDING = [name for name in CASES if name != "linear_feeds_add_and_masked_select"]
+
+
+def _lower_off(case, module, inputs):
+    """Fold off through the wrapper; returns (error, partitioner report)."""
+    specs = compiler_specs(False)
+    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(case.skip_ops))
+    ep = export_for_qnn(module, inputs)
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+    from executorch.exir import to_edge_transform_and_lower
+
+    passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
+        ep, compiler_specs=partitioner.compiler_specs_snapshot, skip_node_op_set=set(case.skip_ops)
+    )
+    with pytest.raises(RuntimeError, match=STRANDED) as error:
+        to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner],
+                                    compile_config=qnn_edge_config())
+    return error.value, partitioner.reports[-1]
+
+
+@pytest.mark.parametrize("name", STRANDING)
+def test_fold_off_strands_kept_whole_op_on_htp(name, qnn_sdk_stand_in):
+    case = CASES[name]
+    error, report = _lower_off(case, case.make().eval(), case.inputs())
+    assert_stranded_by_htp_rule(error, report)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fold_on_lowers(name, qnn_sdk_stand_in):
+    case = CASES[name]
+    module, inputs = case.make().eval(), case.inputs()
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True), case.skip_ops)
+    report = partitioner_of(manager).reports[-1]
+    assert_no_static_partition(report)
+    assert_kept_whole_ops_gone(manager)
+    folded = {d.node: d for d in report.fold_report.decisions}
+    kept_whole = qnn.kept_whole_ops()
+    constant_kept_whole = [d for d in folded.values() if d.target in kept_whole and d.reason.constant_only]
+    assert not constant_kept_whole, constant_kept_whole
+    assert any(d.folded and d.target in kept_whole for d in folded.values())
+    assert not report.decomposed
+
+    # the same names as without folding (fold off: the partitioner's view before it fails)
+    off = qnn.QnnPartitioner(compiler_specs(False), skip_node_op_set=set(case.skip_ops))
+    try:
+        qnn_lower_stock_names(module, inputs, off, case.skip_ops)
+    except RuntimeError as error:
+        assert STRANDED in str(error)
+    assert_names_kept(report, off.reports[-1])
+    if name != "linear_feeds_add_and_masked_select":
+        assert report.renamed, "folding shifted no name: the model does not exercise renaming"
+
+
+def qnn_lower_stock_names(module, inputs, partitioner, skip_ops):
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = export_for_qnn(module, inputs)
+    passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
+        ep, compiler_specs=partitioner.compiler_specs_snapshot, skip_node_op_set=set(skip_ops)
+    )
+    return to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner],
+                                       compile_config=qnn_edge_config())
+
+
+def test_masked_select_case_is_not_stranded_without_folding(qnn_sdk_stand_in):
+    """The constant linear feeding ``x + k`` and ``k[mask].sum()`` shares its partition with
+    the runtime add, so the HTP rule does not strand it even without folding; the masked
+    select (data-dependent size) stays on the CPU in both cases."""
+    case = CASES["linear_feeds_add_and_masked_select"]
+    module, inputs = case.make().eval(), case.inputs()
+    manager = lower_with_wrapper(module, inputs, compiler_specs(False), case.skip_ops)
+    report = partitioner_of(manager).reports[-1]
+    assert_no_static_partition(report)
+    assert_kept_whole_ops_gone(manager)
+    summary = qnn.describe_partitions(manager)
+    assert summary.partitions == 1
+    assert summary.cpu_ops == {"aten.index.Tensor": 1, "aten.sum.dim_IntList": 1}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_folded_program_computes_the_same(name):
+    """Folding as the QNN lowering does it (after QNN's export passes) keeps the outputs."""
+    from folding import fold_constants
+
+    case = CASES[name]
+    module, inputs = case.make().eval(), case.inputs()
+    ep = export_for_qnn(module, inputs)
+    folded = fold_constants(ep).program
+    assert_same_outputs(ep, folded, inputs)
+    torch.testing.assert_close(folded.module()(*inputs), module(*inputs))
