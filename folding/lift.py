@@ -256,15 +256,20 @@ def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bo
 
 
 def _clone_op(program: ExportedProgram):
+    """The copy op for a constant output, in the program's dialect: ATen ``clone``; in Edge,
+    ``dim_order_ops._clone_dim_order`` unless the program's verifier was built with
+    ``EdgeCompileConfig(_skip_dim_order=True)`` (executorch/exir/verification/verifier.py)."""
     if getattr(program, "dialect", "ATEN") != "EDGE":
         return torch.ops.aten.clone.default
     from executorch.exir.dialects._ops import ops as exir_ops
 
-    uses_dim_order = any(
-        n.op == "call_function" and "dim_order_ops" in str(getattr(n.target, "__name__", n.target))
-        for n in program.graph.nodes
-    )
-    if uses_dim_order:
+    use_dim_order = True
+    for verifier in program.verifiers:
+        try:
+            use_dim_order = getattr(verifier(), "use_dim_order", use_dim_order)
+        except TypeError:  # a verifier class that needs arguments: keep the executorch default
+            pass
+    if use_dim_order:
         return exir_ops.edge.dim_order_ops._clone_dim_order.default
     return exir_ops.edge.aten.clone.default
 

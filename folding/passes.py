@@ -17,11 +17,13 @@ class FoldConstantsPass(ExportedProgramPassBase):
     """Runs `fold_constants` inside an ``ExportedProgramPassManager`` or as one of
     ``to_edge_transform_and_lower(..., transform_passes=[...])``; ATen or Edge dialect.
 
-    The pass manager works on a shallow copy of the program, so the pass folds in place on
-    that copy. ``self.report`` holds the last run's `FoldReport`.
+    ``ExportedProgramPassManager`` hands the pass a shallow copy that shares the caller's graph
+    module, so the pass never folds in place: it returns a new program, which the manager
+    uses. ``self.report`` holds the last run's `FoldReport`.
 
     ``ensures`` checks the invariants a broken rewrite would violate (signature and placeholders
-    one to one, unique node names, a linted graph) so it fails here, not stages later.
+    one to one, unique node names, a linted graph); it runs on the folded program inside
+    ``call`` so a broken rewrite fails here, not stages later.
 
     Raises:
         FoldInvariantError: from ``ensures``.
@@ -33,8 +35,9 @@ class FoldConstantsPass(ExportedProgramPassBase):
         self.report: Optional[FoldReport] = None
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        result = fold_constants(exported_program, self.policy, inplace=True)
+        result = fold_constants(exported_program, self.policy)
         self.report = result.report
+        self.ensures(result.program)
         return ExportedProgramPassResult(result.program, modified=bool(result.report.folded))
 
     def ensures(self, exported_program: ExportedProgram) -> None:

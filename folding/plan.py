@@ -25,6 +25,7 @@ import torch
 
 from .analysis import Analysis
 from .cuts import choose_cuts, find_regions, node_bytes
+from .ops import packet_name
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .report import Reason
@@ -71,6 +72,7 @@ def make_plan(
     """
     candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
     plan = Plan(candidates)
+    _keep_output_copies(plan)
     _keep_encodings(plan)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before)
     _finish(plan, analysis)
@@ -110,6 +112,25 @@ def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.f
 
 def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
     return any(not plan.folded(u) for u in node.users)
+
+
+# Copies that `lift` itself inserts before outputs that return a stored constant.
+_OUTPUT_COPY_OPS = frozenset({"aten.clone", "dim_order_ops._clone_dim_order"})
+
+
+def _keep_output_copies(plan: Plan) -> None:
+    """A copy of a constant placeholder returned only as an output is how a folded program
+    returns a constant (ExecuTorch cannot return a stored buffer): folding it again would only
+    insert the same copy under a new name, so folding a folded program changes nothing."""
+    for n in plan.candidates:
+        if (
+            packet_name(n.target) in _OUTPUT_COPY_OPS
+            and n.all_input_nodes
+            and n.all_input_nodes[0].op == "placeholder"
+            and n.users
+            and all(u.op == "output" for u in n.users)
+        ):
+            plan.runtime[n] = (Reason.OUTPUT_COPY, "")
 
 
 def _keep_encodings(plan: Plan) -> None:

@@ -28,6 +28,7 @@ class Reason(enum.Enum):
     MUTATED_BY_RUNTIME_OP = "value is updated in place by an op that runs at runtime"
     KEEPS_ENCODING = "dequantize of a constant kept so the backend reads its encoding"
     AFTER_DEQUANTIZE = "view, copy or cast of a kept dequantize (folding it would store the dequantized weight as floats)"
+    OUTPUT_COPY = "copy of a stored constant returned as an output (ExecuTorch cannot return a stored buffer)"
     MAX_TENSOR_BYTES = "its value is larger than FoldPolicy.max_tensor_bytes"
     GROWTH_BUDGET = "storing it would exceed the program's constant growth budget"
 

@@ -109,13 +109,6 @@ def test_folding_twice_gives_identical_programs_and_byte_identical_pte():
     assert pte_a == pte_b
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="not idempotent: re-folding a folded program folds the output clone of a lifted constant "
-    "(report says FOLDED, FoldConstantsPass says modified=True) and re-inserts it under a new name "
-    "(clone_default -> clone_default_1), so the output node names change on every run",
-)
 def test_refolding_a_folded_program_changes_nothing():
     class ConstOut(torch.nn.Module):
         def __init__(self):
@@ -221,13 +214,6 @@ def test_fold_pass_in_exported_program_pass_manager(dialect):
         assert_edge_pte_matches(program, (x,), want)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="FoldConstantsPass folds inplace=True on ExportedProgramPassManager's copy.copy of the program, "
-    "which shares the caller's graph_module/state_dict/constants: the caller's program is rewritten "
-    "while keeping its old signature and fails validate() ('Input spec name p_w does not match ...')",
-)
 def test_fold_pass_in_pass_manager_leaves_callers_program_unchanged():
     from executorch.exir.pass_manager import ExportedProgramPassManager
 

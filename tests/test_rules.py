@@ -47,7 +47,11 @@ class ConstantChainOutput(torch.nn.Module):
 def _assert_constant_outputs_are_clones_of_lifted_constants(program, n_const_outputs):
     out = program.graph.output_node().args[0]
     specs = {s.arg.name: s for s in program.graph_signature.input_specs}
-    const_outs = [a for a in out if all(i.op == "placeholder" for i in a.all_input_nodes) and a.all_input_nodes]
+    const_outs = [
+        a for a in out
+        if a.all_input_nodes
+        and all(i.op == "placeholder" and specs[i.name].kind is not InputKind.USER_INPUT for i in a.all_input_nodes)
+    ]
     assert len(const_outs) == n_const_outputs
     for a in const_outs:
         assert "clone" in str(a.target), f"constant output {a.name} is {a.target}, not a clone"
@@ -93,13 +97,6 @@ class OnlyConstantChainOutput(torch.nn.Module):
         return torch.relu(x), self.w.t().exp()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=SpecViolationError,
-    reason="lift._clone_op picks edge aten.clone when the Edge graph has no dim_order op, but to_edge's "
-    "default (dim-order) verifier rejects aten.clone: fold_constants raises SpecViolationError "
-    "'aten.clone.default ... should not be used in dim_order mode'",
-)
 def test_constant_output_of_edge_program_without_dim_order_ops_folds_and_runs():
     ep = edge(export(OnlyConstantChainOutput(), (torch.randn(4, 4),)))
     result = fold(ep)
