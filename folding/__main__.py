@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .errors import FoldingError
+from .errors import FoldingError, PolicyError
 from .fold import fold_constants
 from .policy import FoldPolicy
+from .sizes import parse_bytes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,8 +28,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip", action="append", default=[], metavar="OP",
         help="op never folded, by name (aten.full.default or aten.full); repeatable",
     )
+    p.add_argument("--max-tensor-bytes", metavar="SIZE", default="16MiB",
+                   help="largest single stored tensor (e.g. 100kB, 16MiB; 'none' for no cap); default 16MiB")
+    p.add_argument("--max-growth", metavar="SIZE|PCT", default="1%",
+                   help="growth budget of stored constant bytes: a size (1MiB) or a percentage of the "
+                        "program's constant bytes (1%%); 'none' for no budget; default 1%% with a 1MiB floor")
+    p.add_argument("--max-growth-bytes", metavar="SIZE", default="1MiB",
+                   help="floor of the growth budget when --max-growth is a percentage; default 1MiB")
+    p.add_argument("--unlimited", action="store_true", help="fold every constant-only value, no size limits")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
     return p
+
+
+def policy_from_args(args: argparse.Namespace) -> FoldPolicy:
+    """The `FoldPolicy` the size options describe.
+
+    Raises:
+        PolicyError: for a size or percentage that does not parse.
+    """
+    skip = frozenset(args.skip)
+    if args.unlimited:
+        return FoldPolicy.unlimited(skip_targets=skip)
+    none = ("none", "off", "inf")
+    cap = None if args.max_tensor_bytes.lower() in none else parse_bytes(args.max_tensor_bytes)
+    growth = args.max_growth.strip()
+    if growth.lower() in none:
+        return FoldPolicy(skip_targets=skip, max_tensor_bytes=cap, max_growth_bytes=None, max_growth_fraction=None)
+    if growth.endswith("%"):
+        try:
+            fraction = float(growth[:-1]) / 100
+        except ValueError:
+            raise PolicyError(f"not a percentage: {growth!r}") from None
+        floor = parse_bytes(args.max_growth_bytes)
+        return FoldPolicy(skip_targets=skip, max_tensor_bytes=cap, max_growth_bytes=floor, max_growth_fraction=fraction)
+    return FoldPolicy(skip_targets=skip, max_tensor_bytes=cap, max_growth_bytes=parse_bytes(growth), max_growth_fraction=None)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -42,7 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: cannot load {args.input}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     try:
-        result = fold_constants(program, FoldPolicy(skip_targets=frozenset(args.skip)))
+        policy = policy_from_args(args)
+        result = fold_constants(program, policy)
     except FoldingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
