@@ -1,0 +1,84 @@
+"""Cost (invariant 9): work per node is constant, and intermediates are freed after last use.
+
+These count work instead of timing it; the timings are in `python -m benchmarks.scale`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn as nn
+
+from benchmarks.synthetic import chain_program
+from folding import fold_constants
+from tests.invariants import assert_valid_program
+
+_SIGNATURE_FILE = "torch/export/graph_signature.py"
+
+
+def _count_signature_calls(fn) -> int:
+    """Calls into torch.export.graph_signature made while `fn` runs (its derived properties,
+    such as ``inputs_to_parameters``, rebuild a dict from every InputSpec on each access)."""
+    count = 0
+
+    def profiler(frame, event, arg):
+        nonlocal count
+        # constructors (one InputSpec per new lifted constant) are writes, not reads
+        if (
+            event == "call"
+            and frame.f_code.co_filename.endswith(_SIGNATURE_FILE)
+            and frame.f_code.co_name not in ("__init__", "__post_init__")
+        ):
+            count += 1
+
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_signature_reads_do_not_grow_with_program_size():
+    small, large = chain_program(20, "EDGE"), chain_program(200, "EDGE")
+    calls_small = _count_signature_calls(lambda: fold_constants(small))
+    calls_large = _count_signature_calls(lambda: fold_constants(large))
+    # a constant number of signature reads per run, not one per node
+    assert 0 < calls_large == calls_small
+
+
+def test_aten_and_edge_chains_fold_with_evaluations_linear_in_size():
+    for dialect in ("ATEN", "EDGE"):
+        runs = {}
+        for layers in (30, 300):
+            ep = chain_program(layers, dialect)
+            result = fold_constants(ep)
+            assert_valid_program(result.program)
+            runs[layers] = result.report
+        # every constant-only op is evaluated exactly once: 6 per layer
+        assert runs[30].evaluated_nodes == 6 * 30 and runs[300].evaluated_nodes == 6 * 300
+
+
+class LargeChain(nn.Module):
+    """Six constant-only ops, each producing a new 4 MiB tensor, read at runtime at the end."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(1024, 1024))
+
+    def forward(self, x):
+        k = self.w
+        for _ in range(3):
+            k = (k * 1.01).exp().tanh()
+        return x + k
+
+
+def test_live_intermediates_stay_within_the_largest_two():
+    x = torch.randn(1024, 1024)
+    ep = torch.export.export(LargeChain().eval(), (x,))
+    result = fold_constants(ep)
+    one = 1024 * 1024 * 4
+    # 9 intermediates of 4 MiB each: at most the input and the output of one op are alive
+    assert 0 < result.report.peak_intermediate_bytes <= 2 * one
+    torch.testing.assert_close(ep.module()(x), result.program.module()(x))
