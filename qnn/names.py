@@ -118,6 +118,7 @@ class _NamingPartitioner(Partitioner):
         super().__init__()
         self.graph_id = graph_id
         self.names: Optional[Dict[Key, str]] = None
+        self.all_names: set = set()
 
     def ops_to_not_decompose(self, ep):
         if self.names is not None:  # the final sanity check: nothing was meant to be lowered
@@ -130,6 +131,7 @@ class _NamingPartitioner(Partitioner):
             for k in ks:
                 names.setdefault(k, n.name)
         self.names = names
+        self.all_names = {n.name for n in edge_program.graph.nodes}
         return PartitionResult(tagged_exported_program=edge_program, partition_tags={})
 
 
@@ -145,6 +147,7 @@ class EdgeNameMap:
         self._unfolded = unfolded
         self._make_passes = make_passes
         self._names: Optional[Dict[Key, str]] = None
+        self._all_names: set = set()
 
     @classmethod
     def snapshot(cls, program: ExportedProgram, make_passes: PassFactory) -> "EdgeNameMap":
@@ -163,22 +166,30 @@ class EdgeNameMap:
                 compile_config=qnn_edge_config(),
             )
             self._names = naming.names or {}
+            self._all_names = naming.all_names
             self._unfolded = None  # free the copy
         return self._names
 
     def restore(self, edge_program: ExportedProgram, folded_graph_id: int) -> Dict[str, str]:
         """Rename `edge_program`'s nodes to their unfolded names; returns {old: new} of the
-        nodes renamed. Nodes without a counterpart keep their names unless one is wanted by a
-        matched node, in which case they get a fresh one."""
+        nodes renamed. A node without a counterpart in the unfolded program (the dequantize
+        kept on a lifted constant, which QNN's FoldQDQ removes without folding) never carries a
+        name the unfolded program gives another node: it gets a fresh one."""
         names = self.unfolded_names()
         wanted: Dict[torch.fx.Node, str] = {}
         taken: set = set()
-        for n, ks in node_keys(edge_program.graph, folded_graph_id).items():
+        keys = node_keys(edge_program.graph, folded_graph_id)
+        for n, ks in keys.items():
             name = next((names[k] for k in ks if k in names and names[k] not in taken), None)
             if name is not None:
                 taken.add(name)
                 if name != n.name:
                     wanted[n] = name
+        used = {n.name for n in edge_program.graph.nodes} | self._all_names | taken
+        for n in edge_program.graph.nodes:
+            if n.op == "call_function" and n not in wanted and n.name not in taken and n.name in self._all_names:
+                wanted[n] = fresh = _fresh_name(n.name, used)
+                used.add(fresh)
         if not wanted:
             return {}
         renamed = rename_nodes(edge_program.graph, wanted)
@@ -204,6 +215,13 @@ def rename_nodes(graph: torch.fx.Graph, wanted: Dict[torch.fx.Node, str]) -> Dic
         if name is None:
             _set_name(n, namespace.create_name(old[n], None))
     return {old[n]: n.name for n, _ in movers if old[n] != n.name}
+
+
+def _fresh_name(name: str, used: set) -> str:
+    i = 1
+    while f"{name}_{i}" in used:
+        i += 1
+    return f"{name}_{i}"
 
 
 def _set_name(node: torch.fx.Node, name: str) -> None:
