@@ -214,8 +214,6 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
         return Reason.EFFECTFUL, ""
     if skip and (op_name(n.target) in skip or packet_name(n.target) in skip):
         return Reason.SKIPPED_TARGET, ""
-    if any(isinstance(a, _SYM_TYPES) and not is_concrete_int(a) for a in _flatten(n.args, n.kwargs)):
-        return Reason.SYMBOLIC, "symbolic argument"
     val = n.meta.get("val")
     if k is OpKind.ASSERTION:
         return (None, "") if analysis.fold_asserts else (Reason.EFFECTFUL, "")
@@ -273,18 +271,6 @@ def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tup
             for m in cls:
                 tainted[m] = verdict
     return tainted
-
-
-def _flatten(args, kwargs):
-    stack = [args, kwargs]
-    while stack:
-        a = stack.pop()
-        if isinstance(a, (list, tuple)):
-            stack.extend(a)
-        elif isinstance(a, dict):
-            stack.extend(a.values())
-        else:
-            yield a
 
 
 def _is_symbolic(val: Any) -> bool:

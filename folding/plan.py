@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from torch.fx.node import map_arg
-
 import torch
 
 from .analysis import Analysis
@@ -101,13 +99,24 @@ def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.f
     canon: dict[torch.fx.Node, torch.fx.Node] = {}
     seen: dict[tuple, torch.fx.Node] = {}
     for n in nodes:
-        key_args = map_arg((n.args, n.kwargs), lambda i: ("node", canon.get(i, i).name))
         try:
-            key = (str(n.target), repr(key_args))
-        except Exception:
-            continue
-        canon[n] = seen.setdefault(key, n)
+            key = (n.target, _freeze(n.args, canon), _freeze(n.kwargs, canon))
+            canon[n] = seen.setdefault(key, n)
+        except TypeError:  # an unhashable argument: the node is its own class
+            canon[n] = n
     return canon
+
+
+def _freeze(value, canon):
+    if isinstance(value, torch.fx.Node):
+        return canon.get(value, value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple(_freeze(v, canon) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v, canon)) for k, v in value.items()))
+    if isinstance(value, float) and value != value:  # NaN != NaN would split equal nodes
+        return ("nan",)
+    return (type(value).__name__, value)
 
 
 def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
