@@ -151,3 +151,19 @@ CASES: dict[str, Case] = {
     "linear_feeds_add_and_masked_select": Case(LinearFeedsAddAndMaskedSelect, _x(4, 16), frozenset()),
     "several_constant_branches": Case(SeveralConstantBranches, _x(4, 16)),
 }
+
+
+class SkipIdShift(torch.nn.Module):
+    """A constant ``mul`` before a runtime one: folding it would rename the runtime
+    ``aten_mul_tensor_1`` to ``aten_mul_tensor`` without name restoration."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        g = _gen(8)
+        self.table = torch.nn.Parameter(torch.randn(4, d, generator=g))
+        self.weight = torch.nn.Parameter(torch.randn(d, d, generator=g) / d**0.5)
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = torch.relu(F.linear(self.table, self.weight) * 2.0)
+        return torch.sigmoid(self.proj(x) * 3.0) + k
