@@ -164,11 +164,21 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         return table, keep_whole
 
     def _declined_nodes(self, ep: ExportedProgram) -> set[torch.fx.Node]:
-        names = {name for f in self._folds for name in f.declined}
-        if not names:
+        """Nodes of `ep` (the functionalized ATen program, or later the Edge program) that come
+        from a kept-whole node the fold stage declined, found by provenance (run_decompositions
+        renames nodes) and still constant-only."""
+        declined = [(f.graph_id, set(f.declined)) for f in self._folds if f.declined]
+        if not declined:
+            return set()
+        table = kept_whole_ops()
+        candidates = [n for n in ep.graph.nodes if n.op == "call_function" and op_name(n.target) in table]
+        if not candidates:
             return set()
         constant = _constant_only(ep)
-        return {n for n in ep.graph.nodes if n.op == "call_function" and n.name in names and n in constant}
+        return {
+            n for n in candidates
+            if n in constant and any(origin(n, graph_id) in names for graph_id, names in declined)
+        }
 
     # -- partitioning ----------------------------------------------------------------------
 
