@@ -140,6 +140,12 @@ def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_byt
             stack.extend(v.all_input_nodes)
         elif v in placeholder_bytes:
             kept_ph.add(v)
+    if region.in_place and runtime:
+        # In-place updates (fill_ through a slice) are not ancestors of the values they change:
+        # a region holding an in-place class is left whole, with every op at runtime.
+        runtime = op_set
+        used_store = set()
+        kept_ph = set(region.placeholders)
     stored_bytes = sum(sizes[v] for v in {canon.get(v, v): v for v in used_store}.values())
     stored_bytes += sum(placeholder_bytes.get(p, 0) for p in kept_ph)
     return RegionPlan(frozenset(used_store), frozenset(runtime), stored_bytes, stored_bytes - region.base_bytes)

@@ -238,3 +238,27 @@ def test_planner_matches_brute_force_on_random_regions(seed):
     got_bytes = stored_constant_bytes(result.program)
     assert (got_ops, got_bytes) == (want_ops, want_bytes), (seed, cap, budget, before)
     assert torch.equal(ep.module()(x), result.program.module()(x))
+
+
+class ShiftedWindowMask(nn.Module):
+    """swin's mask: ``x.new_zeros`` then in-place fills through slices (training IR)."""
+
+    def forward(self, x):
+        m = x.new_zeros(8, 8)
+        m[:4, :4] = 1.0
+        m[4:, 4:] = 2.0
+        return x + m.masked_fill(m != 0, -100.0)
+
+
+def test_in_place_region_declined_by_the_budget_stays_whole_and_correct():
+    x = torch.randn(8, 8)
+    ep = torch.export.export(ShiftedWindowMask().eval(), (x,))
+    strict = fold_constants(ep, FoldPolicy(max_tensor_bytes=None, max_growth_bytes=0, max_growth_fraction=None))
+    assert_valid_program(strict.program)
+    kept = {d.node: d.reason for d in strict.report.decisions}
+    fills = [n for n in kept if n.startswith("fill_")]
+    assert fills and all(kept[n] is Reason.GROWTH_BUDGET for n in fills)  # the fills stay with their mask
+    assert torch.equal(ep.module()(x), strict.program.module()(x))
+    folded = fold_constants(ep, FoldPolicy.unlimited())
+    assert not [d for d in folded.report.kept_constant_only]
+    assert torch.equal(ep.module()(x), folded.program.module()(x))
