@@ -30,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-tensor-bytes", metavar="SIZE", default="16MiB",
                    help="largest single stored tensor (e.g. 100kB, 16MiB; 'none' for no cap); default 16MiB")
-    p.add_argument("--max-growth", metavar="SIZE|PCT", default="1%",
+    p.add_argument("--max-growth", metavar="SIZE|PCT", default="5%",
                    help="growth budget of stored constant bytes: a size (1MiB) or a percentage of the "
-                        "program's constant bytes (1%%); 'none' for no budget; default 1%% with a 1MiB floor")
+                        "program's constant bytes (1%%); 'none' for no budget; default 5%% with a 1MiB floor")
     p.add_argument("--max-growth-bytes", metavar="SIZE", default="1MiB",
                    help="floor of the growth budget when --max-growth is a percentage; default 1MiB")
     p.add_argument("--unlimited", action="store_true", help="fold every constant-only value, no size limits")
