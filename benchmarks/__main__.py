@@ -1,0 +1,140 @@
+"""CLI: ``python -m benchmarks [--quick] [--models ...] [--variants ...] [--backends ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+from . import models, report, runner, variants
+
+
+def _csv(value: str) -> List[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _check(names: List[str], allowed, what: str) -> List[str]:
+    bad = [n for n in names if n not in allowed]
+    if bad:
+        raise SystemExit(f"unknown {what}: {', '.join(bad)} (choose from {', '.join(allowed)})")
+    return names
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parse the command line."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Compare no folding, ExecuTorch constant_prop_pass and fold_constants "
+                    "on real models, for the portable and XNNPACK backends.")
+    p.add_argument("--models", type=_csv, default=None,
+                   help=f"comma-separated subset of: {','.join(models.BUILDERS)} "
+                        f"(default: all; with --quick: {','.join(models.QUICK_MODELS)})")
+    p.add_argument("--variants", type=_csv, default=list(variants.VARIANTS),
+                   help=f"comma-separated subset of: {','.join(variants.VARIANTS)} (default: all)")
+    p.add_argument("--backends", type=_csv, default=list(runner.BACKENDS),
+                   help="comma-separated subset of: portable,xnnpack (default: both)")
+    p.add_argument("--quick", action="store_true",
+                   help="small models and inputs, fewer latency runs (about 3 minutes)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="timed forward() calls per row, median reported (default 10; --quick 3)")
+    p.add_argument("--latency-budget", type=float, default=None, metavar="SECONDS",
+                   help="stop timing a row after this many seconds; rows whose first run is "
+                        "slower report that single cold run (default 3; --quick 1)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="parallel build processes (export/fold/lower); timing is always serial")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: results/<timestamp>[-quick])")
+    p.add_argument("--keep-pte", action="store_true", help="keep the .pte files in OUT/pte")
+    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr (INFO)")
+    args = p.parse_args(argv)
+    if args.models is None:
+        args.models = models.QUICK_MODELS if args.quick else models.DEFAULT_MODELS
+    _check(args.models, list(models.BUILDERS), "model")
+    _check(args.variants, list(variants.VARIANTS), "variant")
+    _check(args.backends, list(runner.BACKENDS), "backend")
+    if args.runs is None:
+        args.runs = 3 if args.quick else 10
+    if args.latency_budget is None:
+        args.latency_budget = 1.0 if args.quick else 3.0
+    if args.out is None:
+        args.out = os.path.join("results", time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else ""))
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the benchmark; print the Markdown table; write JSON, Markdown and PNG to ``--out``."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    import torch
+    from tqdm import tqdm
+
+    torch.set_num_threads(2)
+    os.makedirs(args.out, exist_ok=True)
+    work_dir = os.path.join(args.out, "pte") if args.keep_pte else tempfile.mkdtemp(prefix="bench-pte-")
+    os.makedirs(work_dir, exist_ok=True)
+    n_rows = len(args.models) * len(args.variants) * len(args.backends)
+    bar = tqdm(total=2 * n_rows, desc="build", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def on_step(phase: str, row: runner.Row) -> None:
+        bar.set_description(phase)
+        bar.set_postfix_str(f"{row.model}/{row.variant}/{row.backend}: {row.status[:40]}")
+        bar.update(1)
+
+    start = time.perf_counter()
+    try:
+        rows = runner.run_all(args.models, args.variants, args.backends, args.runs, work_dir,
+                              quick=args.quick, jobs=args.jobs, latency_budget_s=args.latency_budget,
+                              log_path=os.path.join(args.out, "workers.log"), on_step=on_step)
+    finally:
+        bar.close()
+        if not args.keep_pte:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    wall = time.perf_counter() - start
+    meta = {
+        "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
+        "wall_time_s": round(wall, 1),
+        "cpu_time_s": round(_cpu_time(), 1),
+        "quick": args.quick, "runs": args.runs, "latency_budget_s": args.latency_budget,
+        "jobs": args.jobs, "torch": torch.__version__,
+        "executorch": _version("executorch"), "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+    dicts = [r.to_dict() for r in rows]
+    paths = report.write_all(dicts, args.out, meta)
+    print(report.to_markdown(dicts))
+    failed = [r for r in rows if r.status != "ok"]
+    print(f"{len(rows) - len(failed)}/{len(rows)} rows ok, wall time {wall:.0f} s; "
+          f"wrote {', '.join(paths.values())}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _cpu_time() -> float:
+    """User+system CPU seconds of this process and its (reaped) worker processes."""
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
+def _version(dist: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

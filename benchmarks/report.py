@@ -1,0 +1,182 @@
+"""Benchmark output: Markdown table, JSON file and a PNG chart of ``.pte`` size change."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = [
+    ("model", "model"),
+    ("variant", "variant"),
+    ("backend", "backend"),
+    ("status", "status"),
+    ("pte_bytes", ".pte bytes"),
+    ("pte_delta", "Δ .pte vs none"),
+    ("const_bytes", "const bytes"),
+    ("nodes", "nodes aten/edge"),
+    ("const_only_nodes", "const-only nodes left"),
+    ("fold_time_s", "fold s"),
+    ("lower_time_s", "lower s"),
+    ("latency_ms", "latency ms"),
+    ("max_abs_diff", "max abs diff"),
+]
+
+
+def _baseline(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[int]:
+    for r in rows:
+        if (r["model"], r["backend"], r["variant"]) == (row["model"], row["backend"], "none"):
+            return r.get("pte_bytes")
+    return None
+
+
+def pte_change_pct(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[float]:
+    """``.pte`` size change of ``row`` relative to its model/backend ``none`` row, in %."""
+    base = _baseline(rows, row)
+    if not base or row.get("pte_bytes") is None:
+        return None
+    return 100.0 * (row["pte_bytes"] - base) / base
+
+
+def _int(v: Optional[int]) -> str:
+    return "—" if v is None else f"{v:,}"
+
+
+def _float(v: Optional[float], fmt: str) -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def _cell(rows: Sequence[Dict[str, Any]], row: Dict[str, Any], key: str) -> str:
+    if key == "status":
+        return str(row["status"]).replace("|", "\\|").replace("\n", " ")
+    if key in ("pte_bytes", "const_bytes", "const_only_nodes"):
+        return _int(row.get(key))
+    if key == "pte_delta":
+        base, size = _baseline(rows, row), row.get("pte_bytes")
+        if row["variant"] == "none" or base is None or size is None:
+            return "—"
+        return f"{size - base:+,} ({100.0 * (size - base) / base:+.3f}%)"
+    if key == "nodes":
+        return f"{_int(row.get('aten_nodes'))}/{_int(row.get('edge_nodes'))}"
+    if key in ("fold_time_s", "lower_time_s"):
+        return _float(row.get(key), ".2f")
+    if key == "latency_ms":
+        cold = row.get(key) is not None and not row.get("latency_runs")
+        return _float(row.get(key), ".1f") + ("*" if cold else "")
+    if key == "max_abs_diff":
+        return _float(row.get(key), ".2e")
+    return str(row.get(key))
+
+
+def to_markdown(rows: Sequence[Dict[str, Any]]) -> str:
+    """Render result rows (dicts, see ``runner.Row.to_dict``) as a Markdown table.
+
+    A ``*`` after the latency marks a single cold run (``latency_runs == 0``).
+    """
+    lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(rows, row, key) for key, _ in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
+    """Bar chart of ``.pte`` size change (%) vs ``none``, one panel per backend.
+
+    Returns the written path, or ``None`` when there is nothing to plot.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "none"]
+    if not backends or not variants:
+        return None
+    fig, axes = plt.subplots(1, len(backends), figsize=(max(6, 2.2 * len(models)) * len(backends) / 1.5, 4.5),
+                             squeeze=False)
+    width = 0.8 / len(variants)
+    for ax, backend in zip(axes[0], backends):
+        for i, variant in enumerate(variants):
+            xs, ys, fails = [], [], []
+            for j, model in enumerate(models):
+                match = [r for r in rows if (r["model"], r["backend"], r["variant"]) == (model, backend, variant)]
+                x = j + (i - (len(variants) - 1) / 2) * width
+                pct = pte_change_pct(rows, match[0]) if match else None
+                if pct is None:
+                    if match:
+                        fails.append(x)
+                    continue
+                xs.append(x)
+                ys.append(pct)
+            bars = ax.bar(xs, ys, width, label=variant)
+            ax.bar_label(bars, fmt="%+.3f", fontsize=7, padding=2)
+            for x in fails:
+                ax.text(x, 0, "err", ha="center", va="bottom", fontsize=7, color="red")
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, rotation=20, ha="right", fontsize=8)
+        ax.set_title(f"{backend}: .pte size change vs none")
+        ax.set_ylabel("% change (lower is smaller)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]) -> Dict[str, str]:
+    """Write ``results.json``, ``results.md`` and ``pte_size_change.png`` into ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, "results.json"),
+             "md": os.path.join(out_dir, "results.md"),
+             "png": os.path.join(out_dir, "pte_size_change.png")}
+    with open(paths["json"], "w") as f:
+        json.dump({"meta": meta, "rows": list(rows)}, f, indent=2, default=str)
+    with open(paths["md"], "w") as f:
+        f.write(f"# Benchmark results\n\n{_meta_md(meta)}\n{to_markdown(rows)}")
+        errors = [r for r in rows if r.get("traceback")]
+        if errors:
+            f.write("\n## Errors\n")
+            for r in errors:
+                f.write(f"\n### {r['model']} / {r['variant']} / {r['backend']}\n\n```\n{r['traceback']}```\n")
+    try:
+        if plot_pte_change(rows, paths["png"]) is None:
+            del paths["png"]
+    except Exception:  # noqa: BLE001 - a broken chart must not lose the results
+        logger.exception("could not draw the chart")
+        del paths["png"]
+    return paths
+
+
+def _meta_md(meta: Dict[str, Any]) -> str:
+    return "".join(f"- {k}: {v}\n" for k, v in meta.items())
+
+
+def load(path: str) -> List[Dict[str, Any]]:
+    """Read the rows back from a ``results.json``."""
+    with open(path) as f:
+        return json.load(f)["rows"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Re-render ``results.md`` and the chart from an existing ``results.json``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=main.__doc__)
+    p.add_argument("results_json")
+    args = p.parse_args(argv)
+    with open(args.results_json) as f:
+        data = json.load(f)
+    write_all(data["rows"], os.path.dirname(os.path.abspath(args.results_json)), data.get("meta", {}))
+    print(to_markdown(data["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

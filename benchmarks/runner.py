@@ -1,0 +1,360 @@
+"""Export, fold, lower, serialise and run each (model, variant, backend).
+
+The work is split in two phases to fit a small machine:
+
+1. *Build* (parallel, ``jobs`` worker processes): one unit per (model, variant)
+   exports the model, applies the variant, lowers the result for every backend,
+   writes the ``.pte``, loads it in the ExecuTorch runtime and runs it once to
+   compare with eager PyTorch.
+2. *Time* (serial, in this process, nothing else running): median latency of up
+   to ``runs`` timed ``forward`` calls after a warm-up, within a time budget.
+
+Every step is guarded: a failure becomes the row's ``status`` (traceback kept)
+and the run continues; a crashed worker is retried once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.export import ExportedProgram
+
+from . import graph_stats, models, variants
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("portable", "xnnpack")
+
+# Rough relative build cost, used only to start the slowest units first.
+_MODEL_COST = {"swin_v2_t": 10, "vit_b_16": 6, "t5_encoder": 5, "mobilenet_v3_small": 3,
+               "llama": 2, "resnet18": 1}
+
+
+@dataclasses.dataclass
+class Row:
+    """One benchmark result: a (model, variant, backend) triple."""
+
+    model: str
+    variant: str
+    backend: str
+    status: str = "ok"
+    pte_bytes: Optional[int] = None
+    const_bytes: Optional[int] = None        # Edge program right before partitioning
+    aten_const_bytes: Optional[int] = None   # ATen program handed to lowering
+    fold_bytes_before: Optional[int] = None  # from FoldReport (fold_constants only)
+    fold_bytes_after: Optional[int] = None
+    aten_nodes: Optional[int] = None
+    edge_nodes: Optional[int] = None
+    const_only_nodes: Optional[int] = None   # Edge program right before partitioning
+    aten_const_only_nodes: Optional[int] = None
+    export_time_s: Optional[float] = None
+    fold_time_s: Optional[float] = None
+    lower_time_s: Optional[float] = None
+    cold_run_ms: Optional[float] = None      # first forward() in the build worker
+    latency_ms: Optional[float] = None
+    latency_runs: int = 0                    # 0: latency_ms is the cold run
+    max_abs_diff: Optional[float] = None
+    eager_max_abs: Optional[float] = None    # scale of the eager output
+    fold_report: Optional[Dict[str, Any]] = None
+    traceback: Optional[str] = None
+    pte_path: Optional[str] = dataclasses.field(default=None, repr=False)
+    inputs_path: Optional[str] = dataclasses.field(default=None, repr=False)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain-dict form for JSON (without temporary file paths)."""
+        d = dataclasses.asdict(self)
+        d.pop("pte_path")
+        d.pop("inputs_path")
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """Build-phase work item: one model under one variant, lowered for all backends."""
+
+    model: str
+    variant: str
+    backends: Tuple[str, ...]
+    quick: bool
+    work_dir: str
+
+
+def _fail(row: Row, stage: str, exc: BaseException, tb: Optional[str] = None) -> None:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    row.status = f"error ({stage}): {type(exc).__name__}: {first}"[:300]
+    row.traceback = tb or traceback.format_exc()
+    logger.warning("%s/%s/%s failed at %s: %s", row.model, row.variant, row.backend, stage, row.status)
+
+
+def export_model(spec: models.ModelSpec) -> ExportedProgram:
+    """``torch.export.export`` (non-strict) of ``spec.module`` on ``spec.inputs``."""
+    with torch.no_grad():
+        return torch.export.export(spec.module, spec.inputs, strict=False)
+
+
+def _probing_xnnpack_partitioner(stats: Dict[str, int]):
+    """An ``XnnpackPartitioner`` that records graph statistics of the program it partitions."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    partitioner = XnnpackPartitioner()
+    inner = partitioner.partition
+
+    def partition(exported_program: ExportedProgram):
+        stats.update(graph_stats.summarize(exported_program))
+        return inner(exported_program)
+
+    partitioner.partition = partition  # instance attribute shadows the method
+    return partitioner
+
+
+def lower(program: ExportedProgram, backend: str, edge_passes: Sequence[Any] = ()):
+    """Lower ``program`` for ``backend`` with ``to_edge_transform_and_lower``.
+
+    ``edge_passes`` become ``transform_passes`` (run on the Edge program before
+    partitioning).  Returns ``(ExecutorchProgramManager, stats)`` where ``stats``
+    is :func:`graph_stats.summarize` of the Edge program just before partitioning
+    (for ``portable``, which has no partitioner, the final Edge program).
+    """
+    from executorch.exir import to_edge_transform_and_lower
+
+    passes = list(edge_passes) or None
+    stats: Dict[str, int] = {}
+    if backend == "portable":
+        edge = to_edge_transform_and_lower(program, transform_passes=passes)
+        stats = graph_stats.summarize(edge.exported_program())
+    elif backend == "xnnpack":
+        edge = to_edge_transform_and_lower(
+            program, transform_passes=passes, partitioner=[_probing_xnnpack_partitioner(stats)])
+    else:
+        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+    return edge.to_executorch(), stats
+
+
+def _load(path: str, log_path: Optional[str] = None):
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    with _native_stderr_to(log_path):
+        return _load_for_executorch(path)
+
+
+@contextlib.contextmanager
+def _native_stderr_to(log_path: Optional[str]):
+    """Temporarily point file descriptor 2 at ``log_path`` (native-library chatter)."""
+    if not log_path:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(fd)
+        os.close(saved)
+
+
+def _forward(module, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    return module.forward(tuple(inputs))[0]
+
+
+def _max_abs_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    if tuple(got.shape) != tuple(want.shape):
+        raise ValueError(f"output shape {tuple(got.shape)} != eager {tuple(want.shape)}")
+    return float((got.float() - want.float()).abs().max())
+
+
+def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSpec,
+                     expected: torch.Tensor, work_dir: str) -> None:
+    passes = variants.fresh_edge_passes(prepared)
+    try:
+        start = time.perf_counter()
+        et_program, stats = lower(prepared.program, row.backend, passes)
+        buffer = et_program.buffer
+        elapsed = time.perf_counter() - start
+    except Exception as exc:  # noqa: BLE001 - recorded in the row
+        _fail(row, "lower", exc)
+        return
+    del et_program
+    pass_time = sum(getattr(p, "elapsed_s", 0.0) for p in passes)
+    if passes:
+        row.fold_time_s = pass_time
+    row.lower_time_s = elapsed - pass_time
+    row.pte_bytes = len(buffer)
+    row.edge_nodes = stats.get("nodes")
+    row.const_only_nodes = stats.get("const_only_nodes")
+    row.const_bytes = stats.get("const_bytes")
+    row.pte_path = os.path.join(work_dir, f"{row.model}__{row.variant}__{row.backend}.pte")
+    try:
+        with open(row.pte_path, "wb") as f:
+            f.write(buffer)
+        del buffer
+        module = _load(row.pte_path)
+        start = time.perf_counter()
+        out = _forward(module, spec.inputs)
+        row.cold_run_ms = (time.perf_counter() - start) * 1e3
+        row.max_abs_diff = _max_abs_diff(out, expected)
+    except Exception as exc:  # noqa: BLE001
+        _fail(row, "run", exc)
+
+
+def build_unit(unit: Unit) -> List[Row]:
+    """Build phase for one (model, variant): export, fold, lower, run once. Never raises."""
+    rows = [Row(unit.model, unit.variant, b) for b in unit.backends]
+    try:
+        spec = models.build(unit.model, quick=unit.quick)
+        with torch.no_grad():
+            expected = spec.module(*spec.inputs)
+        start = time.perf_counter()
+        ep = export_model(spec)
+        export_time = time.perf_counter() - start
+        inputs_path = os.path.join(unit.work_dir, f"{unit.model}__{unit.variant}.inputs.pt")
+        torch.save(spec.inputs, inputs_path)
+    except Exception as exc:  # noqa: BLE001
+        for row in rows:
+            _fail(row, "export", exc)
+        return rows
+    try:
+        prepared = variants.prepare(unit.variant, ep)
+        aten = graph_stats.summarize(prepared.program)
+    except Exception as exc:  # noqa: BLE001
+        for row in rows:
+            _fail(row, "fold", exc)
+        return rows
+    del ep
+    for row in rows:
+        row.export_time_s = export_time
+        row.inputs_path = inputs_path
+        row.eager_max_abs = float(expected.float().abs().max())
+        row.aten_nodes = aten["nodes"]
+        row.aten_const_only_nodes = aten["const_only_nodes"]
+        row.aten_const_bytes = aten["const_bytes"]
+        row.fold_report = prepared.fold_report
+        rep = prepared.fold_report or {}
+        row.fold_bytes_before = rep.get("constant_bytes_before", rep.get("bytes_before"))
+        row.fold_bytes_after = rep.get("constant_bytes_after", rep.get("bytes_after"))
+        if unit.variant != "constant_prop_pass":
+            row.fold_time_s = prepared.fold_time_s
+        _lower_and_check(row, prepared, spec, expected, unit.work_dir)
+        logger.info("%s/%s/%s built: %s", row.model, row.variant, row.backend, row.status)
+    return rows
+
+
+def measure_latency(row: Row, runs: int, budget_s: float, log_path: Optional[str] = None) -> None:
+    """Time phase for one row: warm-up, then up to ``runs`` timed calls within ``budget_s``.
+
+    When the build worker's cold run already exceeded the budget (slow portable
+    kernels), that cold run is reported instead and ``latency_runs`` stays 0.
+    """
+    if row.status != "ok" or not row.pte_path or row.cold_run_ms is None:
+        return
+    if runs <= 0 or row.cold_run_ms > budget_s * 1e3:
+        row.latency_ms, row.latency_runs = row.cold_run_ms, 0
+        return
+    try:
+        inputs = torch.load(row.inputs_path)
+        module = _load(row.pte_path, log_path)
+        _forward(module, inputs)  # warm-up
+        times: List[float] = []
+        deadline = time.perf_counter() + budget_s
+        while len(times) < runs and (not times or time.perf_counter() < deadline):
+            start = time.perf_counter()
+            module.forward(tuple(inputs))
+            times.append((time.perf_counter() - start) * 1e3)
+        row.latency_ms, row.latency_runs = statistics.median(times), len(times)
+    except Exception as exc:  # noqa: BLE001
+        _fail(row, "latency", exc)
+
+
+def _init_worker(log_path: Optional[str]) -> None:
+    torch.set_num_threads(1)
+    if log_path:  # keep native-library chatter and warnings off the progress display
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s: %(message)s")
+
+
+def _crashed(unit: Unit, exc: BaseException) -> List[Row]:
+    rows = [Row(unit.model, unit.variant, b) for b in unit.backends]
+    for row in rows:
+        _fail(row, "worker", exc, tb="".join(traceback.format_exception(exc)))
+    return rows
+
+
+def _build_all(units: List[Unit], jobs: int, log_path: Optional[str],
+               on_done: Callable[[List[Row]], None]) -> None:
+    if jobs <= 1:
+        for unit in units:
+            on_done(build_unit(unit))
+        return
+    queue = list(units)
+    attempts: Dict[Unit, int] = {}
+    ctx = multiprocessing.get_context("spawn")
+    while queue:
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(log_path,)) as pool:
+            running: Dict[Any, Unit] = {}
+            broken = False
+            while (queue and not broken) or running:
+                while queue and not broken and len(running) < jobs:
+                    unit = queue.pop(0)
+                    running[pool.submit(build_unit, unit)] = unit
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    unit = running.pop(fut)
+                    try:
+                        on_done(fut.result())
+                    except BrokenProcessPool as exc:
+                        broken = True
+                        attempts[unit] = attempts.get(unit, 0) + 1
+                        if attempts[unit] >= 2:
+                            on_done(_crashed(unit, exc))
+                        else:
+                            logger.warning("worker crashed on %s/%s; retrying", unit.model, unit.variant)
+                            queue.insert(0, unit)
+                    except Exception as exc:  # noqa: BLE001
+                        on_done(_crashed(unit, exc))
+
+
+def run_all(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
+            runs: int, work_dir: str, quick: bool = False, jobs: int = 2,
+            latency_budget_s: float = 3.0, log_path: Optional[str] = None,
+            on_step: Callable[[str, Row], None] = lambda phase, row: None) -> List[Row]:
+    """Benchmark every (model, variant, backend); returns all rows, failed ones included.
+
+    ``on_step(phase, row)`` is called once per row after the build phase
+    (``"build"``) and once after the time phase (``"time"``).
+    """
+    order = {(m, v, b): i for i, (m, v, b) in enumerate(
+        (m, v, b) for m in model_names for v in variant_names for b in backends)}
+    units = [Unit(m, v, tuple(backends), quick, work_dir) for m in model_names for v in variant_names]
+    units.sort(key=lambda u: -_MODEL_COST.get(u.model, 1))
+    rows: List[Row] = []
+
+    def done(unit_rows: List[Row]) -> None:
+        for row in unit_rows:
+            rows.append(row)
+            on_step("build", row)
+
+    _build_all(units, jobs, log_path, done)
+    rows.sort(key=lambda r: order[(r.model, r.variant, r.backend)])
+    for row in rows:
+        measure_latency(row, runs, latency_budget_s, log_path)
+        on_step("time", row)
+    return rows
