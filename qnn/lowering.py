@@ -51,6 +51,7 @@ def to_edge_transform_and_lower_to_qnn(
     skip_mutable_buffer: Optional[bool] = False,
     generate_etrecord: Optional[bool] = False,
     convert_linear_to_conv2d: Optional[bool] = False,
+    preserve_edge_names: Optional[bool] = None,
 ) -> EdgeProgramManager:
     """Executorch's ``to_edge_transform_and_lower_to_qnn`` (same arguments) with the fold stage.
 
@@ -61,6 +62,10 @@ def to_edge_transform_and_lower_to_qnn(
 
     Unlike executorch's function this one does not call ``setup_qnn_sdk()`` up front (it may
     download an SDK); QNN's manager registry calls it when it first creates a QNN manager.
+
+    Args:
+        preserve_edge_names: our one extra argument, see `qnn.QnnPartitioner`; the unfolded names
+            are computed with exactly the to-edge passes this call builds.
 
     Returns:
         The lowered ``EdgeProgramManager``; ``.qnn_partitioners`` maps each method name to its
@@ -90,13 +95,17 @@ def to_edge_transform_and_lower_to_qnn(
             skip_node_id_set=skip_node_id_set,
             skip_node_op_set=skip_node_op_set,
             skip_mutable_buffer=skip_mutable_buffer,
+            preserve_edge_names=preserve_edge_names,
         )
         ep = torch.export.export(m, inputs[name], dynamic_shapes=dynamic_shapes[name], strict=True)
         pass_manager = get_qnn_pass_manager_cls(options.backend_options.backend_type)()
         ep = pass_manager.transform_for_export_pipeline(ep)
         if fold_spec is not None:
-            unfolded = EdgeNameMap.snapshot(ep, _pass_factory(pass_manager, name, passes_job, dep_table, qnn_specs,
-                                                              skip_node_id_set, skip_node_op_set, convert_linear_to_conv2d))
+            unfolded = None
+            if partitioner.restores_names:
+                make_passes = _pass_factory(pass_manager, name, passes_job, dep_table, qnn_specs,
+                                            skip_node_id_set, skip_node_op_set, convert_linear_to_conv2d)
+                unfolded = EdgeNameMap.snapshot(ep, make_passes)
             result = fold_constants(ep, fold_spec.policy, inplace=True)
             ep = result.program
             partitioner.record_fold(ep, result.report, unfolded=unfolded)

@@ -13,12 +13,14 @@ provenance (``meta["from_node"]``: the ATen node each Edge node comes from, the 
 among the Edge nodes of that ATen node and op), and renames the folded program's nodes. Folding
 keeps the names of the ATen nodes it does not fold, so the match is exact where the two pipelines
 rewrite a node the same way. Cost: one extra ``to_edge`` + QNN's to-edge passes of the program,
-paid only when folding removed a node.
+paid when names are restored (`qnn.QnnPartitioner`'s ``preserve_edge_names``) and folding
+removed a node.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -29,6 +31,7 @@ from executorch.backends.qualcomm.utils.utils import qnn_edge_config
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, TensorArgument
 
 from folding.ops import op_name
 
@@ -193,6 +196,7 @@ class EdgeNameMap:
         if not wanted:
             return {}
         renamed = rename_nodes(edge_program.graph, wanted)
+        _rename_outputs(edge_program, renamed)
         edge_program.graph_module.recompile()
         logger.info("restored %d unfolded Edge node names", len(renamed))
         return renamed
@@ -215,6 +219,19 @@ def rename_nodes(graph: torch.fx.Graph, wanted: Dict[torch.fx.Node, str]) -> Dic
         if name is None:
             _set_name(n, namespace.create_name(old[n], None))
     return {old[n]: n.name for n, _ in movers if old[n] != n.name}
+
+
+def _rename_outputs(program: ExportedProgram, renamed: Dict[str, str]) -> None:
+    """Output specs name their output nodes: give `program` a signature with the new names."""
+    sig = program.graph_signature
+    outputs = [
+        dataclasses.replace(spec, arg=TensorArgument(name=renamed[spec.arg.name]))
+        if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed
+        else spec
+        for spec in sig.output_specs
+    ]
+    if outputs != list(sig.output_specs):
+        program._graph_signature = ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=outputs)
 
 
 def _fresh_name(name: str, used: set) -> str:

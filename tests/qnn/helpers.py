@@ -49,10 +49,12 @@ def quantize(module: torch.nn.Module, inputs: tuple, quant_dtype: QuantDtype,
     return convert_pt2e(prepared)
 
 
-def lower_with_wrapper(module, inputs, specs, skip_ops=frozenset(), skip_ids=None) -> EdgeProgramManager:
+def lower_with_wrapper(module, inputs, specs, skip_ops=frozenset(), skip_ids=None,
+                       preserve_names=None) -> EdgeProgramManager:
     """`qnn.to_edge_transform_and_lower_to_qnn`; returns the lowered manager."""
     return qnn.to_edge_transform_and_lower_to_qnn(
-        module, inputs, specs, skip_node_op_set=set(skip_ops), skip_node_id_set=skip_ids
+        module, inputs, specs, skip_node_op_set=set(skip_ops), skip_node_id_set=skip_ids,
+        preserve_edge_names=preserve_names,
     )
 
 
@@ -62,12 +64,13 @@ def export_for_qnn(module, inputs, backend=QnnExecuTorchBackendType.kHtpBackend)
     return get_qnn_pass_manager_cls(backend)().transform_for_export_pipeline(ep)
 
 
-def lower_stock(ep: ExportedProgram, specs, skip_ops=frozenset(), *, passes_from: Optional[ExportedProgram] = None):
+def lower_stock(ep: ExportedProgram, specs, skip_ops=frozenset(), *, passes_from: Optional[ExportedProgram] = None,
+                preserve_names=None):
     """The stock flow: QNN's to-edge passes built from `passes_from` (default `ep`), then
     executorch's ``to_edge_transform_and_lower`` with `qnn.QnnPartitioner`.
 
     Returns (manager, partitioner)."""
-    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(skip_ops))
+    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(skip_ops), preserve_edge_names=preserve_names)
     passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
         passes_from if passes_from is not None else ep,
         compiler_specs=partitioner.compiler_specs_snapshot,

@@ -167,3 +167,19 @@ class SkipIdShift(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = torch.relu(F.linear(self.table, self.weight) * 2.0)
         return torch.sigmoid(self.proj(x) * 3.0) + k
+
+
+class RenamedOutput(torch.nn.Module):
+    """A graph output whose Edge name shifts when the constant ``mul`` before it is folded."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        g = _gen(9)
+        self.table = torch.nn.Parameter(torch.randn(4, d, generator=g))
+        self.weight = torch.nn.Parameter(torch.randn(d, d, generator=g) / d**0.5)
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor):
+        k = torch.relu(F.linear(self.table, self.weight) * 2.0)
+        y = self.proj(x)
+        return y * 3.0 + k, y * 5.0

@@ -58,7 +58,7 @@ def test_fold_off_strands_kept_whole_op_on_htp(name, qnn_sdk_stand_in):
 def test_fold_on_lowers(name, qnn_sdk_stand_in):
     case = CASES[name]
     module, inputs = case.make().eval(), case.inputs()
-    manager = lower_with_wrapper(module, inputs, compiler_specs(True), case.skip_ops)
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True), case.skip_ops, preserve_names=True)
     report = partitioner_of(manager).reports[-1]
     assert_no_static_partition(report)
     assert_kept_whole_ops_gone(manager)

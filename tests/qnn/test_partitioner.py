@@ -97,3 +97,24 @@ def test_lowering_is_deterministic(qnn_sdk_stand_in):
         for _ in range(2)
     ]
     assert buffers[0] == buffers[1]
+
+
+def test_names_are_restored_only_when_they_matter(qnn_sdk_stand_in):
+    """Default: to_edge's names unless a skip_node_id_set depends on them (restoring costs a
+    second to_edge of the unfolded program); preserve_edge_names=True always restores."""
+    auto = lower_with_wrapper(SkipIdShift().eval(), _x(4, 16), compiler_specs(True), {RELU})
+    report = partitioner_of(auto).reports[-1]
+    assert report.renamed == {} and "aten_mul_tensor" in report.nodes  # shifted from _1
+    always = lower_with_wrapper(SkipIdShift().eval(), _x(4, 16), compiler_specs(True), {RELU}, preserve_names=True)
+    assert partitioner_of(always).reports[-1].renamed["aten_mul_tensor"] == "aten_mul_tensor_1"
+
+
+def test_renamed_graph_output_keeps_a_valid_signature(qnn_sdk_stand_in):
+    from .models import RenamedOutput
+
+    module, inputs = RenamedOutput().eval(), _x(4, 16)
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True), {RELU}, preserve_names=True)
+    report = partitioner_of(manager).reports[-1]
+    assert report.renamed.get("aten_mul_tensor_1") == "aten_mul_tensor_2"  # the second output
+    manager.exported_program().validate()
+    assert len(manager.exported_program().graph_signature.user_outputs) == 2

@@ -85,7 +85,7 @@ def test_stock_flow_fold_on_keeps_encodings_and_names(quantized, qnn_sdk_stand_i
         _lower_with(off, copy.deepcopy(reference))
 
     ep = copy.deepcopy(reference)
-    manager, partitioner = lower_stock(ep, compiler_specs(True, quantized=True), {RELU})
+    manager, partitioner = lower_stock(ep, compiler_specs(True, quantized=True), {RELU}, preserve_names=True)
     on = partitioner.reports[-1]
     assert_no_static_partition(on)
     assert_kept_whole_ops_gone(manager)
