@@ -35,8 +35,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--models", type=_csv, default=None,
                    help=f"comma-separated subset of: {','.join(models.BUILDERS)} "
                         f"(default: all; with --quick: {','.join(models.QUICK_MODELS)})")
-    p.add_argument("--variants", type=_csv, default=list(variants.VARIANTS),
-                   help=f"comma-separated subset of: {','.join(variants.VARIANTS)} (default: all)")
+    p.add_argument("--variants", type=_csv, default=None,
+                   help=f"comma-separated subset of: {','.join(variants.VARIANTS)} "
+                        f"(default: {','.join(variants.DEFAULT_VARIANTS)}; with --sweep: "
+                        f"{','.join(variants.SWEEP_VARIANTS)})")
+    p.add_argument("--sweep", action="store_true",
+                   help="policy sweep: no folding / no limits / default policy / strict, per model")
+    p.add_argument("--scale", action="store_true",
+                   help="run the scale benchmark instead (python -m benchmarks.scale; see its --help)")
     p.add_argument("--backends", type=_csv, default=list(runner.BACKENDS),
                    help="comma-separated subset of: portable,xnnpack (default: both)")
     p.add_argument("--quick", action="store_true",
@@ -52,7 +58,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="output directory (default: results/<timestamp>[-quick])")
     p.add_argument("--keep-pte", action="store_true", help="keep the .pte files in OUT/pte")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr (INFO)")
-    args = p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    args.scale_argv = rest
+    if rest and not args.scale:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.variants is None:
+        args.variants = variants.SWEEP_VARIANTS if args.sweep else variants.DEFAULT_VARIANTS
     if args.models is None:
         args.models = models.QUICK_MODELS if args.quick else models.DEFAULT_MODELS
     _check(args.models, list(models.BUILDERS), "model")
@@ -63,13 +74,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.latency_budget is None:
         args.latency_budget = 1.0 if args.quick else 3.0
     if args.out is None:
-        args.out = os.path.join("results", time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else ""))
+        suffix = ("-quick" if args.quick else "") + ("-sweep" if args.sweep else "")
+        args.out = os.path.join("results", time.strftime("%Y%m%d-%H%M%S") + suffix)
     return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the benchmark; print the Markdown table; write JSON, Markdown and PNG to ``--out``."""
     args = parse_args(argv)
+    if args.scale:
+        from . import scale
+
+        return scale.main(args.scale_argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     import torch

@@ -165,3 +165,10 @@ def build(name: str, quick: bool = False) -> ModelSpec:
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose from {sorted(BUILDERS)}") from None
     return builder(quick=quick)
+
+
+# 8-bit quantized versions (PT2E, XNNPACKQuantizer): `benchmarks.quantized`.
+from .quantized import BUILDERS as _QUANTIZED  # noqa: E402  (quantized uses this module's names)
+
+BUILDERS.update(_QUANTIZED)
+DEFAULT_MODELS += list(_QUANTIZED)

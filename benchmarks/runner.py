@@ -130,6 +130,9 @@ def lower(program: ExportedProgram, backend: str, edge_passes: Sequence[Any] = (
     """
     from executorch.exir import to_edge_transform_and_lower
 
+    # Registers the out-variants of quantized_decomposed q/dq ops (quantized programs on CPU).
+    import executorch.kernels.quantized  # noqa: F401
+
     passes = list(edge_passes) or None
     stats: Dict[str, int] = {}
     if backend == "portable":
@@ -145,6 +148,8 @@ def lower(program: ExportedProgram, backend: str, edge_passes: Sequence[Any] = (
 
 def _load(path: str, log_path: Optional[str] = None):
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    import executorch.kernels.quantized  # noqa: F401  (quantized q/dq kernels for portable programs)
 
     with _native_stderr_to(log_path):
         return _load_for_executorch(path)
@@ -192,8 +197,8 @@ def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSp
         return
     del et_program
     pass_time = sum(getattr(p, "elapsed_s", 0.0) for p in passes)
-    if passes:
-        row.fold_time_s = pass_time
+    if passes:  # ATen-stage fold time (if any) plus the Edge-stage pass
+        row.fold_time_s = (row.fold_time_s or 0.0) + pass_time
     row.lower_time_s = elapsed - pass_time
     row.pte_bytes = len(buffer)
     row.edge_nodes = stats.get("nodes")

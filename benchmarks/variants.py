@@ -9,7 +9,12 @@ inside ``to_edge_transform_and_lower`` (before any partitioner sees the graph).
   program, passed as a ``transform_passes`` entry of
   ``to_edge_transform_and_lower`` (it needs Edge ops; this is where ExecuTorch
   runs Edge transforms before partitioning).
-* ``fold_constants`` - this project's folder on the ATen program, before lowering.
+* ``fold_constants`` - this project's stage with the default `FoldPolicy`: on the ATen
+  program before lowering (masks, q/dq chains, everything torch.export leaves), and again as a
+  ``FoldConstantsPass`` on the Edge program (what Edge decomposition creates, e.g. the
+  ``permute_copy`` of a ``linear`` weight), both before any partitioner sees the graph.
+* ``fold_unlimited`` / ``fold_strict`` - the same with `FoldPolicy.unlimited()` (no size
+  limits) and `FoldPolicy.strict()` (100 KiB cap, no growth): the policy sweep.
 """
 
 from __future__ import annotations
@@ -70,20 +75,50 @@ def _report_dict(report: Any) -> Dict[str, Any]:
     return {k: v for k, v in vars(report).items() if not k.startswith("_")}
 
 
-def _fold_constants(ep: ExportedProgram) -> Prepared:
-    from folding import fold_constants
+class TimedFoldPass(ExportedProgramPassBase):
+    """``folding.FoldConstantsPass`` on the Edge program, timed like `ConstantPropPass`."""
 
-    start = time.perf_counter()
-    result = fold_constants(ep)
-    elapsed = time.perf_counter() - start
-    return Prepared(result.program, fold_time_s=elapsed, fold_report=_report_dict(result.report))
+    def __init__(self, policy: Any = None) -> None:
+        from folding import FoldConstantsPass
+
+        self.policy = policy
+        self.inner = FoldConstantsPass(policy)
+        self.elapsed_s = 0.0
+
+    def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+        start = time.perf_counter()
+        result = self.inner.call(exported_program)
+        self.elapsed_s += time.perf_counter() - start
+        return result
+
+
+def _folder(policy_name: str) -> Callable[[ExportedProgram], Prepared]:
+    def fold(ep: ExportedProgram) -> Prepared:
+        from folding import FoldPolicy, fold_constants
+
+        policy = getattr(FoldPolicy, policy_name)() if policy_name != "default" else FoldPolicy()
+        start = time.perf_counter()
+        result = fold_constants(ep, policy)
+        elapsed = time.perf_counter() - start
+        return Prepared(
+            result.program,
+            fold_time_s=elapsed,
+            fold_report=_report_dict(result.report),
+            edge_passes=[TimedFoldPass(policy)],
+        )
+
+    return fold
 
 
 VARIANTS: Dict[str, Callable[[ExportedProgram], Prepared]] = {
     "none": _none,
     "constant_prop_pass": _constant_prop_pass,
-    "fold_constants": _fold_constants,
+    "fold_constants": _folder("default"),
+    "fold_unlimited": _folder("unlimited"),
+    "fold_strict": _folder("strict"),
 }
+DEFAULT_VARIANTS = ["none", "constant_prop_pass", "fold_constants"]
+SWEEP_VARIANTS = ["none", "fold_unlimited", "fold_constants", "fold_strict"]
 
 
 def prepare(name: str, ep: ExportedProgram) -> Prepared:
@@ -97,4 +132,4 @@ def prepare(name: str, ep: ExportedProgram) -> Prepared:
 
 def fresh_edge_passes(prepared: Prepared) -> List[ExportedProgramPassBase]:
     """New instances of ``prepared.edge_passes`` (timers reset) for one lowering."""
-    return [type(p)() for p in prepared.edge_passes]
+    return [TimedFoldPass(p.policy) if isinstance(p, TimedFoldPass) else type(p)() for p in prepared.edge_passes]
