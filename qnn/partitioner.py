@@ -17,7 +17,7 @@ Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, s
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional
 
 import torch
 from executorch.backends.qualcomm.partition.qnn_partitioner import (
@@ -42,7 +42,7 @@ from folding import FoldReport, fold_constants
 from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
 
-from .compile_spec import FoldSpec, split_compile_specs
+from .compile_spec import split_compile_specs
 from .errors import EncodingLostError
 from .htp_rule import is_runtime_input, partition_inputs, refuses_static_graphs
 from .names import EdgeNameMap, origin

@@ -9,7 +9,6 @@ import torch
 from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
 from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
 from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
-from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
 from executorch.backends.qualcomm.utils.utils import (
     generate_gpu_compiler_spec,
     generate_htp_compiler_spec,

@@ -11,7 +11,6 @@ from folding import FoldPolicy, Reason
 from .helpers import (
     STRANDED,
     assert_kept_whole_ops_gone,
-    assert_no_static_partition,
     compiler_specs,
     lower_with_wrapper,
     partitioner_of,

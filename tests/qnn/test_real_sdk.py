@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from .helpers import STRANDED, assert_kept_whole_ops_gone, assert_no_static_partition, compiler_specs, \
     lower_with_wrapper, partitioner_of
