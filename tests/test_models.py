@@ -30,7 +30,13 @@ def _fresh_inputs(spec):
     return tuple(out)
 
 
-@pytest.fixture(scope="module", params=sorted(BUILDERS))
+# The float benchmark models. The quantized ones (`*_q8`) are compared in the benchmark; their
+# portable kernels round differently from eager by up to one quantization step, and the
+# quantization rules themselves are pinned bit-exactly in tests/test_quant.py.
+FLOAT_MODELS = sorted(name for name in BUILDERS if not name.endswith("_q8"))
+
+
+@pytest.fixture(scope="module", params=FLOAT_MODELS)
 def folded_model(request):
     spec = build(request.param, quick=True)
     with torch.no_grad():
