@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.export import ExportedProgram
 
-from . import graph_stats, models, variants
+from . import _worker, graph_stats, models, variants
 
 logger = logging.getLogger(__name__)
 
@@ -286,15 +286,6 @@ def measure_latency(row: Row, runs: int, budget_s: float, log_path: Optional[str
         _fail(row, "latency", exc)
 
 
-def _init_worker(log_path: Optional[str]) -> None:
-    torch.set_num_threads(1)
-    if log_path:  # keep native-library chatter and warnings off the progress display
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s: %(message)s")
-
-
 def _crashed(unit: Unit, exc: BaseException) -> List[Row]:
     rows = [Row(unit.model, unit.variant, b) for b in unit.backends]
     for row in rows:
@@ -312,7 +303,7 @@ def _build_all(units: List[Unit], jobs: int, log_path: Optional[str],
     attempts: Dict[Unit, int] = {}
     ctx = multiprocessing.get_context("spawn")
     while queue:
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker.init,
                                  initargs=(log_path,)) as pool:
             running: Dict[Any, Unit] = {}
             broken = False
