@@ -23,7 +23,7 @@ import torch
 
 from .analysis import Analysis
 from .cuts import choose_cuts, find_regions, node_bytes
-from .ops import packet_name
+from .ops import packet_name, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .report import Reason
@@ -72,6 +72,7 @@ def make_plan(
     plan = Plan(candidates)
     _keep_output_copies(plan)
     _keep_encodings(plan)
+    _keep_runtime_shaped_fills(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before)
     _finish(plan, analysis)
     return plan
@@ -156,6 +157,26 @@ def _keep_encodings(plan: Plan) -> None:
         else:
             plan.runtime[n] = (Reason.AFTER_DEQUANTIZE, "")
         work.extend(i for i in n.all_input_nodes if i in dq and i not in plan.runtime)
+
+
+def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
+    """Leave in the graph a fill shaped like a runtime tensor (``full_like(x)``,
+    ``x.new_zeros(...)``, the zero attention bias that SDPA's decomposition builds) whose value
+    only runtime ops read. Storing it costs all its bytes and saves one fill at runtime; kept,
+    it reads a runtime input, so it never forms a constant-only partition. Measured: ViT-B/16's
+    Edge program stores 1,862,832 bytes of zeros that way, T5-small's 524,288."""
+    for n in plan.candidates:
+        if (
+            plan.folded(n)
+            and reads_only_metadata(n.target)
+            and n.args
+            and isinstance(n.args[0], torch.fx.Node)
+            and not analysis.is_constant(n.args[0])
+            and analysis.class_of(n) is None
+            and n.users
+            and not any(plan.folded(u) for u in n.users)
+        ):
+            plan.runtime[n] = (Reason.FILL_OF_RUNTIME_SHAPE, f"shaped like runtime value {n.args[0].name}")
 
 
 def _finish(plan: Plan, analysis: Analysis) -> None:

@@ -29,13 +29,14 @@ class Reason(enum.Enum):
     KEEPS_ENCODING = "dequantize of a constant kept so the backend reads its encoding"
     AFTER_DEQUANTIZE = "view, copy or cast of a kept dequantize (folding it would store the dequantized weight as floats)"
     OUTPUT_COPY = "copy of a stored constant returned as an output (ExecuTorch cannot return a stored buffer)"
+    FILL_OF_RUNTIME_SHAPE = "fill shaped like a runtime tensor, read only by runtime ops (storing it would only save a fill)"
     MAX_TENSOR_BYTES = "its value is larger than FoldPolicy.max_tensor_bytes"
     GROWTH_BUDGET = "storing it would exceed the program's constant growth budget"
 
     @property
     def constant_only(self) -> bool:
         """True when the node reads only constants, i.e. it was a folding candidate."""
-        return self not in (Reason.FOLDED, Reason.CHECKED, Reason.RUNTIME_INPUT)
+        return self not in (Reason.FOLDED, Reason.CHECKED, Reason.RUNTIME_INPUT, Reason.FILL_OF_RUNTIME_SHAPE)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,15 @@ def reference(ep: ExportedProgram) -> ExportedProgram:
     return copy.deepcopy(ep)
 
 
+# Ops that read only the shape/dtype/device of their first argument (aten's `*_like` and
+# `new_*` factories): the fill they return does not depend on that argument's values.
+_SHAPE_ONLY = ("zeros_like", "ones_like", "full_like", "empty_like",
+               "new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided")
+
+
 def _depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool]:
+    from folding.ops import op_name
+
     user_inputs = {
         s.arg.name for s in program.graph_signature.input_specs
         if s.kind in (InputKind.USER_INPUT, InputKind.TOKEN, InputKind.CUSTOM_OBJ)
@@ -75,7 +83,10 @@ def _depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool
         if n.op == "placeholder":
             depends[n] = n.name in user_inputs
         else:
-            depends[n] = any(depends.get(i, False) for i in n.all_input_nodes)
+            inputs = n.all_input_nodes
+            if n.op == "call_function" and op_name(n.target).split(".")[-2] in _SHAPE_ONLY:
+                inputs = [a for a in inputs if a is not n.args[0]]
+            depends[n] = any(depends.get(i, False) for i in inputs)
     return depends
 
 
@@ -111,6 +122,8 @@ def check_folded(before: ExportedProgram, result, *, storages_of: Optional[Expor
         node = by_name[d.node]
         if d.reason is Reason.RUNTIME_INPUT:
             assert depends[node], f"{d.node} is reported RUNTIME_INPUT but reads only constants"
+        elif d.reason is Reason.FILL_OF_RUNTIME_SHAPE:
+            assert depends[node.args[0]], f"{d.node} is reported FILL_OF_RUNTIME_SHAPE but its shape source is constant"
         elif d.reason not in _RUNTIME_REASONS:
             assert not depends[node], f"{d.node} reads a runtime input but is reported {d.reason.name}"
 

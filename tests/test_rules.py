@@ -587,3 +587,40 @@ def test_assert_tensor_metadata_kept_when_fold_asserts_is_off():
     d = decision(result.report, check.name)
     assert not d.folded and d.reason.constant_only
     assert_same(ep, result.program, (torch.randn(2, 4),))
+
+
+class RuntimeShapedFills(torch.nn.Module):
+    """Zero fills shaped like the activation (SDPA's decomposition builds one per attention):
+    one read directly by a runtime op, one that a constant op reads first."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        bias = torch.zeros_like(x)  # read only by the runtime add: stays a fill
+        shifted = torch.ones_like(x) * self.w  # the fill feeds a constant op: folds with it
+        return x + bias, x * shifted
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_fill_of_runtime_shape_read_by_runtime_ops_is_not_stored(dialect):
+    ep = export(RuntimeShapedFills(), (torch.randn(4, 4),))
+    if dialect == "edge":
+        ep = edge(ep)
+    result = fold(ep)
+    (bias, ones) = sorted(
+        decisions_for(result.report, "aten.zeros_like.default") + decisions_for(result.report, "aten.ones_like.default")
+        + decisions_for(result.report, "aten.full_like.default"),
+        key=lambda d: d.reason is not Reason.FILL_OF_RUNTIME_SHAPE,
+    )
+    assert bias.reason is Reason.FILL_OF_RUNTIME_SHAPE and not bias.reason.constant_only
+    assert ones.folded
+    # Only the product w * 1 is stored: 4 x 4 float32.
+    assert result.report.constant_bytes_after == 64
+    x = torch.randn(4, 4)
+    want = assert_same(ep, result.program, (x,))
+    if dialect == "edge":
+        assert_edge_pte_matches(result.program, (x,), want)
+    else:
+        assert_pte_matches(result.program, (x,), expected=want)
