@@ -71,6 +71,12 @@ _SHAPE_ONLY = ("zeros_like", "ones_like", "full_like", "empty_like",
                "new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided")
 
 
+def _packet(name: str) -> str:
+    """``aten.zeros_like.default`` -> ``zeros_like``."""
+    parts = name.split(".")
+    return parts[-2] if len(parts) >= 3 else name
+
+
 def _depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool]:
     from folding.ops import op_name
 
@@ -84,7 +90,7 @@ def _depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool
             depends[n] = n.name in user_inputs
         else:
             inputs = n.all_input_nodes
-            if n.op == "call_function" and op_name(n.target).split(".")[-2] in _SHAPE_ONLY:
+            if n.op == "call_function" and _packet(op_name(n.target)) in _SHAPE_ONLY:
                 inputs = [a for a in inputs if a is not n.args[0]]
             depends[n] = any(depends.get(i, False) for i in inputs)
     return depends
