@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -62,7 +64,26 @@ def fold_constants(
     """
     if not isinstance(program, ExportedProgram):
         raise InvalidProgramError(f"fold_constants expects a torch.export.ExportedProgram, got {type(program).__name__}")
-    policy = policy or FoldPolicy()
+    with _no_cyclic_gc():
+        return _fold(program, policy or FoldPolicy(), inplace)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Pause the cyclic garbage collector while folding. The fold allocates hundreds of
+    thousands of small, acyclic objects (fx nodes, argument tuples); every generation-0 pass
+    walks them, which cost ~30% of the time at 50,000 nodes (`python -m benchmarks.scale`).
+    Tensors are freed by reference counting as before; cycles are collected afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldResult:
     timings: dict[str, float] = {}
     start = time.perf_counter()
     bytes_before = stored_constant_bytes(program)

@@ -83,6 +83,8 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before) 
     if policy.max_tensor_bytes is None and budget is None:
         return
     folded = [n for n in plan.candidates if plan.folded(n) and not analysis.is_check(n)]
+    if _limits_cannot_bind(plan, folded, policy.max_tensor_bytes, budget):
+        return
     fixed = {n for n in folded if analysis.class_of(n) is not None}
     constant_placeholders = set(placeholder_bytes)
     regions = find_regions(folded, plan.folded, constant_placeholders, placeholder_bytes, fixed)
@@ -92,6 +94,25 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before) 
         regions, sizes, placeholder_bytes, _identical_values(folded), policy.max_tensor_bytes, budget, storable
     )
     plan.runtime.update(runtime)
+
+
+def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget) -> bool:
+    """True when storing every sink (each folded value a kept op or the output reads) respects
+    both limits: each within the cap, their sum within the budget. That plan leaves no constant
+    op at runtime and grows the program by at most the sinks' bytes (the placeholders it still
+    reads were counted before folding), so no region is cut; this O(n) check spares the
+    region search on large programs of small constants."""
+    total = 0
+    for n in folded:
+        if not _readers_outside(plan, n):
+            continue
+        if not isinstance(n.meta.get("val"), torch.Tensor):
+            return False  # a sink the planner cannot store: let it decide
+        size = node_bytes(n)
+        if max_tensor_bytes is not None and size > max_tensor_bytes:
+            return False
+        total += size
+    return budget is None or total <= budget
 
 
 def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
