@@ -130,8 +130,69 @@ def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
     return path
 
 
+SWEEP_VARIANTS = ("fold_unlimited", "fold_strict")
+
+
+def plot_sweep(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
+    """Policy sweep chart: per model, ``.pte`` change (%) against constant-only nodes left at
+    runtime (left) and runtime latency against ``.pte`` change (right), one point per variant,
+    for one backend (XNNPACK when present: its latencies are medians of warm runs).
+
+    Returns the written path, or ``None`` when the rows hold no sweep variant.
+    """
+    if not any(r["variant"] in SWEEP_VARIANTS for r in rows):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    backend = "xnnpack" if "xnnpack" in backends else backends[0]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    markers = dict(zip(variants, "osD^vP*X"))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for j, model in enumerate(models):
+        color = f"C{j % 10}"
+        pts = []
+        for variant in variants:
+            match = [r for r in rows if (r["model"], r["backend"], r["variant"]) == (model, backend, variant)]
+            if not match or match[0].get("status") != "ok":
+                continue
+            pct = pte_change_pct(rows, match[0])
+            if pct is None:
+                continue
+            pts.append((variant, pct, match[0].get("const_only_nodes"), match[0].get("latency_ms")))
+        for variant, pct, left_ops, latency in pts:
+            if left_ops is not None:
+                left.scatter(left_ops, pct, color=color, marker=markers[variant])
+            if latency is not None:
+                right.scatter(pct, latency, color=color, marker=markers[variant])
+        line = [(p[2], p[1]) for p in pts if p[2] is not None]
+        if line:
+            left.plot(*zip(*sorted(line)), color=color, linewidth=0.8, label=model)
+    for variant, marker in markers.items():
+        left.scatter([], [], color="gray", marker=marker, label=variant)
+    left.axhline(0, color="black", linewidth=0.6)
+    left.set_xlabel("constant-only nodes left at runtime (Edge)")
+    left.set_ylabel(f"{backend} .pte change vs none (%)")
+    left.set_title("bytes vs constant work left")
+    left.legend(fontsize=7, ncol=2)
+    right.axvline(0, color="black", linewidth=0.6)
+    right.set_xlabel(f"{backend} .pte change vs none (%)")
+    right.set_ylabel("latency ms (median)")
+    right.set_yscale("log")
+    right.set_title("latency vs bytes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]) -> Dict[str, str]:
-    """Write ``results.json``, ``results.md`` and ``pte_size_change.png`` into ``out_dir``."""
+    """Write ``results.json``, ``results.md``, ``pte_size_change.png`` and, for a policy sweep,
+    ``sweep.png`` into ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "results.json"),
              "md": os.path.join(out_dir, "results.md"),
@@ -151,6 +212,12 @@ def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]
     except Exception:  # noqa: BLE001 - a broken chart must not lose the results
         logger.exception("could not draw the chart")
         del paths["png"]
+    try:
+        sweep = plot_sweep(rows, os.path.join(out_dir, "sweep.png"))
+        if sweep is not None:
+            paths["sweep_png"] = sweep
+    except Exception:  # noqa: BLE001
+        logger.exception("could not draw the sweep chart")
     return paths
 
 
