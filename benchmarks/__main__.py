@@ -1,4 +1,8 @@
-"""CLI: ``python -m benchmarks [--quick] [--models ...] [--variants ...] [--backends ...]``."""
+"""CLI: ``python -m benchmarks [--quick] [--models ...] [--variants ...] [--backends ...]``.
+
+``python -m benchmarks --qnn [--models ...] [--quick] [--out DIR]``: the QNN rows instead
+(`benchmarks.qnn_rows`).
+"""
 
 from __future__ import annotations
 
@@ -41,6 +45,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         f"{','.join(variants.SWEEP_VARIANTS)})")
     p.add_argument("--sweep", action="store_true",
                    help="policy sweep: no folding / no limits / default policy / strict, per model")
+    p.add_argument("--qnn", action="store_true",
+                   help="QNN HTP rows instead (fp16 and 8a8w, fold off/on, per model; "
+                        "benchmarks/qnn_rows.py); writes qnn.json and qnn.md")
     p.add_argument("--scale", action="store_true",
                    help="run the scale benchmark instead (python -m benchmarks.scale; see its --help)")
     p.add_argument("--backends", type=_csv, default=list(runner.BACKENDS),
@@ -66,6 +73,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         args.variants = variants.SWEEP_VARIANTS if args.sweep else variants.DEFAULT_VARIANTS
     if args.models is None:
         args.models = models.QUICK_MODELS if args.quick else models.DEFAULT_MODELS
+    if args.qnn:
+        from .qnn_rows import MODELS as qnn_models
+
+        if args.models == models.DEFAULT_MODELS:
+            args.models = qnn_models
+        _check(args.models, qnn_models, "model for --qnn (QNN quantizes the float models itself)")
     _check(args.models, list(models.BUILDERS), "model")
     _check(args.variants, list(variants.VARIANTS), "variant")
     _check(args.backends, list(runner.BACKENDS), "backend")
@@ -74,7 +87,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.latency_budget is None:
         args.latency_budget = 1.0 if args.quick else 3.0
     if args.out is None:
-        suffix = ("-quick" if args.quick else "") + ("-sweep" if args.sweep else "")
+        suffix = ("-quick" if args.quick else "") + ("-sweep" if args.sweep else "") + ("-qnn" if args.qnn else "")
         args.out = os.path.join("results", time.strftime("%Y%m%d-%H%M%S") + suffix)
     return args
 
@@ -88,6 +101,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return scale.main(args.scale_argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.qnn:
+        return _main_qnn(args, argv)
     import torch
     from tqdm import tqdm
 
@@ -113,16 +128,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.keep_pte:
             shutil.rmtree(work_dir, ignore_errors=True)
     wall = time.perf_counter() - start
-    meta = {
-        "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
-        "wall_time_s": round(wall, 1),
-        "cpu_time_s": round(_cpu_time(), 1),
-        "quick": args.quick, "runs": args.runs, "latency_budget_s": args.latency_budget,
-        "jobs": args.jobs, "torch": torch.__version__,
-        "executorch": _version("executorch"), "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
+    meta = dict(_meta(args, argv, wall), runs=args.runs, latency_budget_s=args.latency_budget, jobs=args.jobs)
     dicts = [r.to_dict() for r in rows]
     paths = report.write_all(dicts, args.out, meta)
     print(report.to_markdown(dicts))
@@ -130,6 +136,47 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"{len(rows) - len(failed)}/{len(rows)} rows ok, wall time {wall:.0f} s; "
           f"wrote {', '.join(paths.values())}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _meta(args: argparse.Namespace, argv: Optional[List[str]], wall: float) -> dict:
+    """The run's command, times, versions and machine, for the results' header."""
+    import torch
+
+    return {
+        "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
+        "wall_time_s": round(wall, 1),
+        "cpu_time_s": round(_cpu_time(), 1),
+        "quick": args.quick, "torch": torch.__version__,
+        "executorch": _version("executorch"), "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def _main_qnn(args: argparse.Namespace, argv: Optional[List[str]]) -> int:
+    """``--qnn``: one (model, precision) at a time in a worker process; print the table."""
+    from qnn.sdk_stand_in import real_sdk_root
+
+    from . import qnn_rows
+
+    os.makedirs(args.out, exist_ok=True)
+    sdk_root = real_sdk_root()
+
+    def on_done(row: dict) -> None:
+        print(f"{row['model']}/{row['precision']}/fold {'on' if row['fold'] else 'off'}: "
+              f"{row['status'][:80]} ({row['wall_time_s'] or 0:.0f} s)", file=sys.stderr)
+
+    start = time.perf_counter()
+    rows = qnn_rows.run_all(args.models, quick=args.quick, log_path=os.path.join(args.out, "workers.log"),
+                            on_done=on_done)
+    wall = time.perf_counter() - start
+    meta = dict(_meta(args, argv, wall), soc=qnn_rows.SOC_NAME, qnn_sdk=sdk_root or "absent (stand-in)")
+    paths = qnn_rows.write_all(rows, args.out, meta, sdk_root)
+    print(qnn_rows.to_markdown(rows, sdk_root))
+    ok = sum(r["status"] == "ok" for r in rows)
+    print(f"{ok}/{len(rows)} rows ok, wall time {wall:.0f} s; wrote {', '.join(paths.values())}", file=sys.stderr)
+    # a fold-off row may fail by design (stranded constant-only op); a fold-on failure is a bug
+    return 1 if any(r["fold"] and r["status"] != "ok" for r in rows) else 0
 
 
 def _cpu_time() -> float:

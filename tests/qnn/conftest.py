@@ -1,23 +1,19 @@
-"""The QNN SDK stand-in (the only test double under tests/qnn) and the ``qnn_sdk`` marker.
+"""The QNN SDK stand-in fixture (the only test double under tests/qnn) and the ``qnn_sdk`` marker.
 
 Without the Qualcomm SDK (libQnnHtp.so) only two calls cannot run: the op-support query
 ``QnnManager.IsNodeSupportedByBackend`` and the context compile ``QnnManager.Compile`` in
-preprocess. Executorch's Python creates every ``QnnManager`` it uses in one place,
-``QnnManagerRegistry.get_or_create_qnn_manager``
-(executorch/backends/qualcomm/utils/qnn_manager_lifecycle.py), which both
-``get_current_qnn_manager`` (called by partition/qnn_partitioner.py and qnn_preprocess.py) and
-``QnnManagerContext`` (entered by the lowering wrappers) go through. `qnn_sdk_stand_in` patches
-that one factory to return a `QnnManagerStandIn`; node visitors and their ``define_node``, QNN's
-passes, the quantizer, the partitioner and preprocess's wrapper building and I/O check all run
-for real.
+preprocess. The `qnn_sdk_stand_in` fixture replaces exactly these for one test with
+`qnn.sdk_stand_in.qnn_sdk_stand_in` (which patches ``QnnManagerRegistry.get_or_create_qnn_manager``
+to return a `qnn.sdk_stand_in.QnnManagerStandIn`; see that module for the support rule); node
+visitors and their ``define_node``, QNN's passes, the quantizer, the partitioner and
+preprocess's wrapper building and I/O check all run for real. ``python -m benchmarks --qnn``
+uses the same stand-in.
 
 Tests marked ``qnn_sdk`` need the real SDK and are skipped when ``QNN_SDK_ROOT`` is unset.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import os
 
 import pytest
@@ -37,90 +33,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs the Qualcomm QNN SDK: QNN_SDK_ROOT is unset")
 
 
-def _qnn_op_types() -> frozenset[str]:
-    """Every op type QNN defines, from QNN's own op table (builders/qnn_constants.py)."""
-    from executorch.backends.qualcomm.builders import qnn_constants
-
-    return frozenset(
-        cls.op_name
-        for cls in vars(qnn_constants).values()
-        if dataclasses.is_dataclass(cls) and isinstance(getattr(cls, "op_name", None), str)
-    )
-
-
-class QnnManagerStandIn:
-    """Stands in for ``PyQnnManagerAdaptor.QnnManager`` where the SDK is needed.
-
-    Op support: an op is supported when QNN's node visitor built it (the partitioner asks only
-    after ``define_node`` returned op wrappers) and every wrapper names an op of QNN's op package
-    (``qti.aisw``) that QNN's op table defines. The partitioner itself already refuses nodes
-    without a visitor, ``not_supported_operator`` and ``skip_node_*``.
-
-    Compile: returns a placeholder context binary (a digest of the graph's op wrappers), so a
-    lowered program is deterministic but cannot run on a device.
-
-    Attributes:
-        queries: (op types, answer) per support query, in order.
-        compiled: per compile, the op types of each graph.
-    """
-
-    PLACEHOLDER_PREFIX = b"QNN-SDK-STAND-IN:"
-
-    def __init__(self, backend_type, option: bytes) -> None:
-        from executorch.backends.qualcomm.serialization.qc_schema_serialize import flatbuffer_to_option
-
-        self.backend_type = backend_type
-        self.options = flatbuffer_to_option(option)
-        self.op_types = _qnn_op_types()
-        self.queries: list[tuple[tuple[str, ...], bool]] = []
-        self.compiled: list[list[list[str]]] = []
-        self._graph_names: list[str] = []
-
-    def IsNodeSupportedByBackend(self, op_wrappers) -> bool:  # noqa: N802 (QNN's name)
-        from executorch.backends.qualcomm.builders.qnn_constants import QNN_OP_PACKAGE_NAME_QTI_AISW
-
-        types = tuple(w.GetOpType() for w in op_wrappers)
-        answer = bool(op_wrappers) and all(
-            w.GetPackageName() == QNN_OP_PACKAGE_NAME_QTI_AISW and w.GetOpType() in self.op_types
-            for w in op_wrappers
-        )
-        self.queries.append((types, answer))
-        return answer
-
-    def InitContext(self, graph_names) -> None:  # noqa: N802
-        self._graph_names = list(graph_names)
-
-    def GetGraphNames(self) -> list[str]:  # noqa: N802
-        return list(self._graph_names)
-
-    def IsTensorDump(self) -> bool:  # noqa: N802
-        return bool(self.options.dump_intermediate_outputs)
-
-    def Compile(self, graph_names, op_wrapper_lists) -> bytes:  # noqa: N802
-        graphs = [[w.GetOpType() for w in wrappers] for wrappers in op_wrapper_lists]
-        self.compiled.append(graphs)
-        digest = hashlib.sha256(repr((list(graph_names), [[(w.GetName(), w.GetOpType()) for w in ws]
-                                                          for ws in op_wrapper_lists])).encode()).hexdigest()
-        return self.PLACEHOLDER_PREFIX + digest.encode()
-
-    def DestroyContext(self) -> None:  # noqa: N802
-        self._graph_names = []
-
-    def Destroy(self) -> None:  # noqa: N802
-        pass
-
-
 @pytest.fixture
-def qnn_sdk_stand_in(monkeypatch):
+def qnn_sdk_stand_in():
     """Replace the QNN manager (the two SDK calls) for one test; yields {backend_type: stand-in}."""
-    from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerRegistry
+    from qnn.sdk_stand_in import qnn_sdk_stand_in as stand_in
 
-    managers: dict = {}
-
-    def get_or_create_qnn_manager(self, backend_type, option):
-        if backend_type not in self._registry:
-            self._registry[backend_type] = managers.setdefault(backend_type, QnnManagerStandIn(backend_type, option))
-        return self._registry[backend_type]
-
-    monkeypatch.setattr(QnnManagerRegistry, "get_or_create_qnn_manager", get_or_create_qnn_manager)
-    yield managers
+    with stand_in() as managers:
+        yield managers
