@@ -35,7 +35,8 @@ class Reason(enum.Enum):
 
     @property
     def constant_only(self) -> bool:
-        """True when the node reads only constants, i.e. it was a folding candidate."""
+        """True when the node was kept although it reads only constants. A fill shaped like a
+        runtime tensor (`FILL_OF_RUNTIME_SHAPE`) reads that tensor at runtime, so it is not."""
         return self not in (Reason.FOLDED, Reason.CHECKED, Reason.RUNTIME_INPUT, Reason.FILL_OF_RUNTIME_SHAPE)
 
 
