@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import multiprocessing
 import os
@@ -326,14 +325,6 @@ def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]
     """Write ``qnn.json`` and ``qnn.md`` (table, then the failed rows' tracebacks) into `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "qnn.json"), "md": os.path.join(out_dir, "qnn.md")}
-    with open(paths["json"], "w") as f:
-        json.dump({"meta": meta, "rows": list(rows)}, f, indent=2, default=str)
-    with open(paths["md"], "w") as f:
-        f.write(f"# QNN benchmark rows\n\n{report._meta_md(meta)}\n{to_markdown(rows, sdk_root)}")
-        errors = [r for r in rows if r.get("traceback")]
-        if errors:
-            f.write("\n## Errors\n")
-            for r in errors:
-                fold = "on" if r["fold"] else "off"
-                f.write(f"\n### {r['model']} / {r['precision']} / fold {fold}\n\n```\n{r['traceback']}```\n")
+    report.write_json_and_md(paths["json"], paths["md"], "QNN benchmark rows", to_markdown(rows, sdk_root), rows, meta,
+                             lambda r: f"{r['model']} / {r['precision']} / fold {'on' if r['fold'] else 'off'}")
     return paths

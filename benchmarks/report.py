@@ -197,15 +197,8 @@ def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]
     paths = {"json": os.path.join(out_dir, "results.json"),
              "md": os.path.join(out_dir, "results.md"),
              "png": os.path.join(out_dir, "pte_size_change.png")}
-    with open(paths["json"], "w") as f:
-        json.dump({"meta": meta, "rows": list(rows)}, f, indent=2, default=str)
-    with open(paths["md"], "w") as f:
-        f.write(f"# Benchmark results\n\n{_meta_md(meta)}\n{to_markdown(rows)}")
-        errors = [r for r in rows if r.get("traceback")]
-        if errors:
-            f.write("\n## Errors\n")
-            for r in errors:
-                f.write(f"\n### {r['model']} / {r['variant']} / {r['backend']}\n\n```\n{r['traceback']}```\n")
+    write_json_and_md(paths["json"], paths["md"], "Benchmark results", to_markdown(rows), rows, meta,
+                      lambda r: f"{r['model']} / {r['variant']} / {r['backend']}")
     try:
         if plot_pte_change(rows, paths["png"]) is None:
             del paths["png"]
@@ -219,6 +212,21 @@ def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]
     except Exception:  # noqa: BLE001
         logger.exception("could not draw the sweep chart")
     return paths
+
+
+def write_json_and_md(json_path: str, md_path: str, title: str, table: str,
+                      rows: Sequence[Dict[str, Any]], meta: Dict[str, Any], label) -> None:
+    """Write the rows and run metadata as JSON, and a Markdown file: title, metadata, `table`,
+    then the traceback of every failed row under ``label(row)``."""
+    with open(json_path, "w") as f:
+        json.dump({"meta": meta, "rows": list(rows)}, f, indent=2, default=str)
+    with open(md_path, "w") as f:
+        f.write(f"# {title}\n\n{_meta_md(meta)}\n{table}")
+        errors = [r for r in rows if r.get("traceback")]
+        if errors:
+            f.write("\n## Errors\n")
+            for r in errors:
+                f.write(f"\n### {label(r)}\n\n```\n{r['traceback']}```\n")
 
 
 def _meta_md(meta: Dict[str, Any]) -> str:
