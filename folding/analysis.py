@@ -17,7 +17,7 @@ rooted at a parameter or buffer makes that placeholder a mutated buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 import torch.fx
@@ -27,8 +27,9 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from .ops import (
     OpKind,
     aliased_arg_position,
+    arg_at,
     classify,
-    mutated_arg_positions,
+    written_arg_positions,
     op_name,
     packet_name,
     reads_only_metadata,
@@ -53,6 +54,9 @@ class Analysis:
         specs: InputSpec per placeholder name.
         alias_root: root node of every aliasing op's value (views, in-place ops).
         mutators: per alias root, the in-place ops that update it, in graph order.
+        writes: per op that writes to some of its inputs, those input nodes (schema-declared
+            writes, the known undeclared ones of `ops.written_arg_positions`, and the writes
+            found at fold time, `extra_writes`).
         graph_visits: number of node visits made (for work-counting tests).
     """
 
@@ -63,6 +67,7 @@ class Analysis:
     specs: dict[str, InputSpec]
     alias_root: dict[torch.fx.Node, torch.fx.Node]
     mutators: dict[torch.fx.Node, list[torch.fx.Node]]
+    writes: dict[torch.fx.Node, list[torch.fx.Node]] = field(default_factory=dict)
     fold_asserts: bool = True
     graph_visits: int = 0
     forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
@@ -85,6 +90,7 @@ def analyze(
     signature: ExportGraphSignature,
     policy: FoldPolicy,
     forced: Optional[Mapping[torch.fx.Node, tuple[Reason, str]]] = None,
+    extra_writes: Optional[Mapping[torch.fx.Node, Iterable[torch.fx.Node]]] = None,
 ) -> Analysis:
     """Classify every node of `graph` as constant or kept-with-a-reason.
 
@@ -93,6 +99,8 @@ def analyze(
         signature: its graph signature; read once, never inside a per-node loop.
         policy: supplies ``skip_targets`` and ``fold_asserts``.
         forced: nodes to keep regardless (used after an in-place class failed to evaluate).
+        extra_writes: per op, inputs it was seen writing to at fold time although no rule
+            says it does (a schema without alias annotation); they count as in-place updates.
 
     Returns:
         An `Analysis`. O(nodes + edges) per pass; a second pass runs only when an in-place
@@ -107,9 +115,9 @@ def analyze(
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     kind = {n: classify(n.target) for n in nodes if n.op == "call_function"}
-    alias_root, mutators = _alias_classes(nodes, kind)
+    alias_root, mutators, writes = _alias_classes(nodes, kind, extra_writes or {})
     analysis = Analysis(
-        order, {}, {}, kind, specs, alias_root, mutators, fold_asserts=policy.fold_asserts, forced=forced
+        order, {}, {}, kind, specs, alias_root, mutators, writes, fold_asserts=policy.fold_asserts, forced=forced
     )
 
     while True:
@@ -120,9 +128,10 @@ def analyze(
         analysis.forced.update(tainted)
 
 
-def _alias_classes(nodes, kind):
+def _alias_classes(nodes, kind, extra_writes):
     alias_root: dict[torch.fx.Node, torch.fx.Node] = {}
     mutators: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    writes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for n in nodes:
         if n.op != "call_function":
             continue
@@ -133,23 +142,14 @@ def _alias_classes(nodes, kind):
             continue
         pos = aliased_arg_position(n.target)
         if pos is not None:
-            src = _arg_at(n, pos)
+            src = arg_at(n, pos)
             if isinstance(src, torch.fx.Node):
                 alias_root[n] = alias_root.get(src, src)
-        for p in mutated_arg_positions(n.target):
-            dst = _arg_at(n, p)
-            if isinstance(dst, torch.fx.Node):
-                mutators.setdefault(alias_root.get(dst, dst), []).append(n)
-    return alias_root, mutators
-
-
-def _arg_at(node: torch.fx.Node, position: int) -> Any:
-    if position < len(node.args):
-        return node.args[position]
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and position < len(schema.arguments):
-        return node.kwargs.get(schema.arguments[position].name)
-    return None
+        written = [arg_at(n, p) for p in written_arg_positions(n)] + list(extra_writes.get(n, ()))
+        for dst in dict.fromkeys(d for d in written if isinstance(d, torch.fx.Node)):
+            writes.setdefault(n, []).append(dst)
+            mutators.setdefault(alias_root.get(dst, dst), []).append(n)
+    return alias_root, mutators, writes
 
 
 def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:

@@ -10,10 +10,11 @@ import torch.fx
 from torch.fx.node import map_arg
 
 from .analysis import Analysis
-from .ops import OpKind, aten_overload, is_uninitialised_allocation, reads_only_metadata
+from .ops import OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata
 from .plan import Plan
 from .report import Reason
-from .sizes import is_subclass, storage_pointers
+from .layout import owned_canonical
+from .sizes import storage_pointers
 
 
 class AliasClassFailed(Exception):
@@ -22,6 +23,15 @@ class AliasClassFailed(Exception):
     def __init__(self, root: torch.fx.Node, reason: Reason, detail: str) -> None:
         super().__init__(f"{root.name}: {detail}")
         self.root, self.reason, self.detail = root, reason, detail
+
+
+class UndeclaredWrite(Exception):
+    """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
+    materialised): the write must count as an in-place update and folding rerun."""
+
+    def __init__(self, node: torch.fx.Node, written: torch.fx.Node) -> None:
+        super().__init__(f"{node.name} writes to {written.name}, which its schema does not declare")
+        self.node, self.written = node, written
 
 
 @dataclass
@@ -111,8 +121,9 @@ def evaluate(
             if blocked is not None:
                 keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
             else:
+                guard = _WriteGuard(node, analysis)
+                args, kwargs = map_arg((node.args, node.kwargs), guard.wrap(value_of_for(node)))
                 try:
-                    args, kwargs = map_arg((node.args, node.kwargs), value_of_for(node))
                     # Edge ops are their ATen overloads plus dtype checks; call the ATen op.
                     result = (aten_overload(node.target) or node.target)(*args, **kwargs)
                     out.evaluated += 1
@@ -120,6 +131,7 @@ def evaluate(
                     keep(node, Reason.EVALUATION_ERROR, f"{type(e).__name__}: {e}".strip())
                     result = None
                 else:
+                    guard.check()
                     if analysis.kind[node] is OpKind.ASSERTION:
                         result = None
                     elif not _tensor_like(result):
@@ -137,24 +149,43 @@ def evaluate(
                 value = env.pop(done, None)
                 live_total -= live_bytes.pop(done, 0)
                 if done in plan.materialise and isinstance(value, torch.Tensor):
-                    out.values[done] = _owned_contiguous(value, caller_storages)
+                    out.values[done] = owned_canonical(value, caller_storages)
     return out
 
 
-def _owned_contiguous(t: torch.Tensor, caller_storages: set[int]) -> torch.Tensor:
-    """`t` itself when it already owns contiguous storage, else a contiguous copy."""
-    t = t.detach()
-    if is_subclass(t):
-        return t  # stored as the subclass it is (its inner tensors are the bytes)
-    if (
-        t._base is None
-        and t.is_contiguous()
-        and t.storage_offset() == 0
-        and t.untyped_storage().nbytes() == t.nbytes
-        and t.untyped_storage().data_ptr() not in caller_storages
-    ):
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
+class _WriteGuard:
+    """Hands an op copy-on-write clones (``torch._lazy_clone``) of the inputs it is not known to
+    write to or alias, so an undeclared write can neither reach the caller's tensors nor go
+    unnoticed: a kernel that writes materialises its clone (even one that, like
+    ``batch_norm``'s, writes through the data pointer without bumping the version counter)."""
+
+    def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:
+        self.node = node
+        self.passed_whole = set(analysis.writes.get(node, ()))
+        position = aliased_arg_position(node.target)
+        if position is not None:
+            self.passed_whole.add(arg_at(node, position))
+        self.clones: list[tuple[torch.fx.Node, torch.Tensor]] = []
+
+    def wrap(self, lookup: Callable[[torch.fx.Node], object]) -> Callable[[torch.fx.Node], object]:
+        def guarded(n: torch.fx.Node) -> object:
+            value = lookup(n)
+            if n in self.passed_whole or type(value) is not torch.Tensor or value.device.type != "cpu":
+                return value
+            clone = torch._lazy_clone(value)
+            if torch._C._is_cow_tensor(clone):
+                self.clones.append((n, clone))
+                return clone
+            return value
+
+        return guarded
+
+    def check(self) -> None:
+        """Raises:
+        UndeclaredWrite: the op wrote to one of its cloned inputs."""
+        for n, clone in self.clones:
+            if not torch._C._is_cow_tensor(clone):
+                raise UndeclaredWrite(self.node, n)
 
 
 def _tensor_like(value: object) -> bool:

@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 
 from .analysis import analyze
 from .errors import InvalidProgramError
-from .evaluate import AliasClassFailed, evaluate
+from .evaluate import AliasClassFailed, UndeclaredWrite, evaluate
 from .lift import lift
 from .ops import op_name
 from .plan import make_plan
@@ -94,9 +94,10 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
 
     placeholder_bytes = _placeholder_bytes(gm.graph, program)
     forced: dict = {}
+    extra_writes: dict = {}
     while True:
         t0 = time.perf_counter()
-        analysis = analyze(gm.graph, program.graph_signature, policy, forced)
+        analysis = analyze(gm.graph, program.graph_signature, policy, forced, extra_writes)
         plan = make_plan(analysis, policy, placeholder_bytes, bytes_before)
         t1 = time.perf_counter()
         try:
@@ -114,6 +115,12 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
                 if root is failure.root:
                     forced[n] = (failure.reason, failure.detail)
             forced[failure.root] = (failure.reason, failure.detail)
+            continue
+        except UndeclaredWrite as write:
+            # The op updates that input in place: rerun with the write known, so the input's
+            # class (or buffer) is no longer constant after it. Each rerun adds one write.
+            logger.info("%s", write)
+            extra_writes.setdefault(write.node, set()).add(write.written)
             continue
         t2 = time.perf_counter()
         break

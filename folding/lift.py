@@ -29,7 +29,9 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_node_names
+from .layout import has_canonical_layout, raw_bytes
+from .errors import FoldInvariantError
+from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names
 from .report import LiftedConstant
 from .sizes import STORED_KINDS, is_subclass, nbytes, stored_tensor
 
@@ -81,8 +83,8 @@ def lift(
         when the program is next validated, e.g. by ``to_edge_transform_and_lower``.)
     """
     graph = program.graph
-    state_dict = program.state_dict if inplace else dict(program.state_dict)
-    constants = program.constants if inplace else dict(program.constants)
+    state_dict = dict(program.state_dict)  # new dicts even in place: the caller's change only
+    constants = dict(program.constants)  # once the folded program has passed its checks
     specs = {s.arg.name: s for s in program.graph_signature.input_specs if hasattr(s.arg, "name")}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     record = Lifting()
@@ -114,16 +116,23 @@ def lift(
             record.lifted_as[node.name] = hit.name
         target_of[node] = hit
 
-    # 2. Placeholders that lose every reader are dropped.
+    # 2. Placeholders that no surviving node reads are dropped, unless an output spec names
+    # their target (a buffer written but never read: after functionalization its placeholder
+    # has no users, and the mutation output still names it).
+    named_by_outputs = {s.target for s in program.graph_signature.output_specs if s.target is not None}
+
     def survives(p: torch.fx.Node) -> bool:
         spec = specs.get(p.name)
-        if spec is None or spec.kind not in STORED_KINDS or p in reused:
+        if spec is None or spec.kind not in STORED_KINDS or p in reused or spec.target in named_by_outputs:
             return True
         return any(u not in folded for u in p.users)
 
     # 3. Copy the graph.
     new_graph = torch.fx.Graph()
     new_graph._codegen = copy.deepcopy(graph._codegen)
+    # Every existing name is reserved before anything is created, so a new node never takes
+    # one; copies then get their original names back (see `copy_keeping_name`).
+    new_graph._graph_namespace._used_names.update(taken)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     fake_mode = detect_fake_mode([p.meta.get("val") for p in placeholders]) or FakeTensorMode()
     anchor = next((p for p in placeholders if specs.get(p.name) is not None and specs[p.name].kind == InputKind.USER_INPUT), None)
@@ -131,7 +140,7 @@ def lift(
 
     def emit_new_constants() -> None:
         for c in new_constants:
-            ph = new_graph.create_node("placeholder", c.name, name=c.name)
+            ph = keep_name(new_graph.create_node("placeholder", c.name, name=c.name), c.name)
             ph.meta["val"] = _fake_value(c.source, c.value, fake_mode)
             for key in _PROVENANCE_KEYS:
                 if key in c.source.meta:
@@ -145,7 +154,7 @@ def lift(
         if p is anchor:
             emit_new_constants()
         if survives(p):
-            env[p] = new_graph.node_copy(p, env.__getitem__)
+            env[p] = copy_keeping_name(new_graph, p, env.__getitem__)
             new_specs.append(specs[p.name])
         else:
             record.removed.append(p.name)
@@ -168,7 +177,7 @@ def lift(
                     if a not in clones:
                         clone_op = clone_op or _clone_op(program)
                         name = _fresh(f"{a.name}_clone", taken)
-                        c = new_graph.create_node("call_function", clone_op, (lookup(a),), name=name)
+                        c = keep_name(new_graph.create_node("call_function", clone_op, (lookup(a),), name=name), name)
                         c.meta["val"] = lookup(a).meta["val"]
                         for key in _PROVENANCE_KEYS:
                             if key in a.meta:
@@ -178,10 +187,10 @@ def lift(
                     output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
             mapped = [clones.get(a, None) or torch.fx.map_arg(a, lookup) for a in flat]
             out_args = type(node.args[0])(mapped) if isinstance(node.args[0], (list, tuple)) else mapped[0]
-            env[node] = new_graph.output(out_args, type_expr=node.type)
+            env[node] = keep_name(new_graph.output(out_args, type_expr=node.type), node.name)
             env[node].meta = copy.copy(node.meta)
             continue
-        env[node] = new_graph.node_copy(node, lookup)
+        env[node] = copy_keeping_name(new_graph, node, lookup)
 
     # 4. Stored dicts, signature, program.
     removed_targets -= {s.target for s in new_specs}  # tied names still read elsewhere
@@ -197,17 +206,35 @@ def lift(
     new_gm = torch.fx.GraphModule(program.graph_module, new_graph, class_name=program.graph_module.__class__.__name__)
     new_gm.meta.update(program.graph_module.meta)
     reserve_node_names(new_gm)
-    result = program if inplace else copy.copy(program)
+    result = copy.copy(program)
     result._graph_module = new_gm
     result._graph_signature = signature
     result._state_dict = state_dict
     result._constants = constants
-    if not inplace:
-        result._range_constraints = copy.deepcopy(program.range_constraints)
-        result._module_call_graph = copy.deepcopy(program.module_call_graph)
-    new_graph.lint()
-    _verify_exported_program_signature(result)
+    result._range_constraints = copy.deepcopy(program.range_constraints)
+    result._module_call_graph = copy.deepcopy(program.module_call_graph)
+    _check(result)
+    if inplace:  # only a program that passed the checks replaces the caller's
+        program.__dict__.update(result.__dict__)
+        result = program
     return result, record
+
+
+def _check(program: ExportedProgram) -> None:
+    """Graph lint and torch's signature verifier on the rewritten program.
+
+    Raises:
+        FoldInvariantError: the rewrite broke the program (a bug of this package); the message
+            names the offending node or spec.
+    """
+    try:
+        program.graph.lint()
+        _verify_exported_program_signature(program)
+    except Exception as e:
+        raise FoldInvariantError(
+            f"folding produced an invalid program (a bug in the folding stage, please report it): "
+            f"{type(e).__name__}: {e}"
+        ) from e
 
 
 class _Lookup:
@@ -231,7 +258,7 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
         isinstance(val, torch.Tensor)
         and val.dtype == value.dtype
         and tuple(val.shape) == tuple(value.shape)
-        and val.is_contiguous()
+        and has_canonical_layout(val)
         and getattr(val, "fake_mode", None) is fake_mode
     ):
         return val
@@ -307,5 +334,4 @@ def _shape_key(t: torch.Tensor) -> tuple:
 
 
 def _digest(t: torch.Tensor) -> str:
-    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.blake2b(memoryview(raw), digest_size=20).hexdigest()
+    return hashlib.blake2b(raw_bytes(t), digest_size=20).hexdigest()

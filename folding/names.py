@@ -28,6 +28,25 @@ def reserve_node_names(graph_module: torch.fx.GraphModule) -> None:
                 used.add(node.name)
 
 
+def keep_name(node: torch.fx.Node, name: str) -> torch.fx.Node:
+    """Give `node` exactly `name` and record it in its graph's namespace.
+
+    fx's namespace renames a name that shadows a Python builtin or keyword (``input`` becomes
+    ``input_1``) or is already used; torch.export keeps such names (``nn.Sequential``'s
+    argument is ``input``) and its signature refers to them, so a rebuilt graph sets them back
+    the way torch.export itself does (torch/export/_trace.py ``_rename_constants_nodes``).
+    """
+    if node.name != name:
+        node.graph._graph_namespace._rename_object(node, name)
+        node.name = name
+    return node
+
+
+def copy_keeping_name(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform) -> torch.fx.Node:
+    """``graph.node_copy(node, arg_transform)`` with `node`'s own name (see `keep_name`)."""
+    return keep_name(graph.node_copy(node, arg_transform), node.name)
+
+
 def lifted_constant_target(node_name: str, taken: Container[str]) -> str:
     """A deterministic, unique ``constants`` key for the folded value of `node_name`.
 

@@ -161,6 +161,52 @@ def mutated_arg_positions(target: Any) -> tuple[int, ...]:
     )
 
 
+# Ops that write to arguments their schema does not mark as mutable (no ``(a!)``), with the
+# flag argument that turns the write on: in torch 2.14's training IR, ``batch_norm(...,
+# training=True)`` updates ``running_mean``/``running_var`` in place (its CompositeImplicit
+# kernel calls ``_batch_norm_with_update``), ``instance_norm(..., use_input_stats=True)`` and
+# the native/cudnn/miopen kernels likewise. {packet name: (flag position, written positions)}.
+# Found by running each op of torch.ops.aten whose schema has a ``running_*`` argument on
+# copy-on-write inputs (tests/test_mutation.py pins each one). Writes no table lists are caught
+# at fold time (`folding.evaluate`: an input's copy-on-write clone was materialised).
+_UNDECLARED_WRITES: dict[str, tuple[int, tuple[int, ...]]] = {
+    "aten.batch_norm": (5, (3, 4)),
+    "aten.instance_norm": (5, (3, 4)),
+    "aten.native_batch_norm": (5, (3, 4)),
+    "aten._batch_norm_impl_index": (5, (3, 4)),
+    "aten.cudnn_batch_norm": (5, (3, 4)),
+    "aten.miopen_batch_norm": (5, (3, 4)),
+}
+
+
+def arg_at(node, position: int) -> Any:
+    """The argument at schema `position` of `node`, positional or keyword (None when absent)."""
+    if position < len(node.args):
+        return node.args[position]
+    overload = aten_overload(node.target)
+    schema = overload._schema if overload is not None else None
+    if schema is not None and position < len(schema.arguments):
+        return node.kwargs.get(schema.arguments[position].name)
+    return None
+
+
+def written_arg_positions(node) -> tuple[int, ...]:
+    """Positions of the schema arguments `node`'s op writes to: those its schema marks
+    mutable (`mutated_arg_positions`) plus the undeclared writes of `_UNDECLARED_WRITES` when
+    the flag that enables them is not literally False."""
+    declared = mutated_arg_positions(node.target)
+    rule = _UNDECLARED_WRITES.get(packet_name(node.target))
+    if rule is None:
+        return declared
+    flag_position, positions = rule
+    schema = aten_overload(node.target)._schema
+    if flag_position < len(node.args):
+        flag = node.args[flag_position]
+    else:
+        flag = node.kwargs.get(schema.arguments[flag_position].name, schema.arguments[flag_position].default_value)
+    return declared if flag is False else tuple(sorted(set(declared) | set(positions)))
+
+
 @_cached
 def aliased_arg_position(target: Any) -> Optional[int]:
     """Position of the argument the op's output aliases (views and in-place ops), or None."""

@@ -74,6 +74,7 @@ def make_plan(
     _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before)
+    _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
     return plan
 
@@ -200,6 +201,17 @@ def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
             plan.runtime[n] = (Reason.FILL_OF_RUNTIME_SHAPE, f"shaped like runtime value {n.args[0].name}")
 
 
+def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:
+    """A check (``_assert_tensor_metadata`` …) is evaluated at fold time only when every value it
+    reads is folded: a value that stays at runtime may be updated in place by a runtime op
+    before the check reads it, so the check stays with it."""
+    for n in plan.candidates:
+        if analysis.is_check(n) and plan.folded(n):
+            kept = next((i for i in n.all_input_nodes if i in plan.runtime), None)
+            if kept is not None:
+                plan.runtime[n] = (Reason.DEPENDS_ON_KEPT, f"{kept.name}: {plan.runtime[kept][0].name}")
+
+
 def _finish(plan: Plan, analysis: Analysis) -> None:
     """Derive `evaluated`, `materialise` and `release` from `candidates` and `runtime`."""
     needed: set[torch.fx.Node] = set()
@@ -213,8 +225,9 @@ def _finish(plan: Plan, analysis: Analysis) -> None:
     position = {n: i for i, n in enumerate(plan.evaluated)}
     last_update: dict[torch.fx.Node, int] = {}
     for root, muts in analysis.mutators.items():
-        if root in position:
-            last_update[root] = max(position[m] for m in muts if m in position)
+        updates = [position[m] for m in muts if m in position]
+        if root in position and updates:
+            last_update[root] = max(updates)
     for n in plan.evaluated:
         last = position[n]
         for u in n.users:

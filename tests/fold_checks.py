@@ -96,6 +96,24 @@ def _depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool
     return depends
 
 
+def _mutated_buffers(program: ExportedProgram) -> set[torch.fx.Node]:
+    """Buffer placeholders the program writes: named by a mutation output, or the written
+    argument of an in-place op (torch 2.14's training IR lists no mutation for those)."""
+    targets = {s.target for s in program.graph_signature.output_specs if s.target is not None}
+    specs = {s.arg.name: s for s in program.graph_signature.input_specs}
+    out = set()
+    for n in program.graph.nodes:
+        if n.op != "placeholder" or n.name not in specs:
+            continue
+        written_by_op = any(
+            getattr(u.target, "_schema", None) is not None and u.target._schema.is_mutable and u.args and u.args[0] is n
+            for u in n.users
+        )
+        if specs[n.name].target in targets or written_by_op:
+            out.add(n)
+    return out
+
+
 def check_folded(before: ExportedProgram, result, *, storages_of: Optional[ExportedProgram] = None) -> None:
     """Every invariant any folded program satisfies, whatever the rules did.
 
@@ -123,13 +141,15 @@ def check_folded(before: ExportedProgram, result, *, storages_of: Optional[Expor
     # Invariant 3: a kept node reported as reading a runtime input really depends on one, and a
     # node kept for a constant-only reason really does not.
     depends = _depends_on_user_input(before)
+    runtime_state = _mutated_buffers(before)
     by_name = {n.name: n for n in before.graph.nodes}
     for d in report.decisions:
         node = by_name[d.node]
         if d.reason is Reason.RUNTIME_INPUT:
             assert depends[node], f"{d.node} is reported RUNTIME_INPUT but reads only constants"
         elif d.reason is Reason.FILL_OF_RUNTIME_SHAPE:
-            assert depends[node.args[0]], f"{d.node} is reported FILL_OF_RUNTIME_SHAPE but its shape source is constant"
+            src = node.args[0]
+            assert depends[src] or src in runtime_state, f"{d.node} is reported FILL_OF_RUNTIME_SHAPE but its shape source is constant"
         elif d.reason not in _RUNTIME_REASONS:
             assert not depends[node], f"{d.node} reads a runtime input but is reported {d.reason.name}"
 

@@ -22,11 +22,13 @@ def assert_valid_program(ep: ExportedProgram) -> None:
     names = [n.name for n in ep.graph.nodes]
     assert len(names) == len(set(names)), "node names are not unique"
     referenced = set()
+    written = {s.target for s in ep.graph_signature.output_specs if s.target is not None}
     for p, s in zip(placeholders, specs):
         if s.kind in STORED_KINDS:
             t = stored_tensor(s, ep.state_dict, ep.constants)
             assert t is not None, f"{s.target} of {p.name} is not stored"
-            assert p.users, f"stored placeholder {p.name} has no user"
+            # a buffer the program overwrites without reading it has no user, after functionalization
+            assert p.users or s.target in written, f"stored placeholder {p.name} has no user"
             referenced.add(s.target)
     for key, value in {**ep.state_dict, **ep.constants}.items():
         if isinstance(value, torch.Tensor):

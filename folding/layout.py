@@ -1,0 +1,68 @@
+"""The layout of stored tensors: contiguous strides exactly, size-1 dimensions included.
+
+``Tensor.is_contiguous()`` ignores the strides of size-1 dimensions, so a tensor of shape
+``(1, 1, 1, 3)`` with strides ``(1, 3, 3, 3)`` (``w.permute(3, 2, 1, 0) * 2``) or of shape
+``(1, 1)`` with strides ``(2, 2)`` (``p.select(2, 1).clone()``) passes it, while
+
+- ExecuTorch derives a tensor's dim order from its strides
+  (executorch/exir/tensor.py ``dim_order_from_stride``): those strides give ``[3, 0, 1, 2]``,
+  which ``to_executorch`` cannot map to a memory format, and XNNPACK then fails to resize;
+- ``view(torch.uint8)`` on a flattened view of it fails (``self.stride(-1) must be 1``).
+
+A stored tensor therefore has exactly the strides ``torch.empty(shape)`` would have.
+"""
+
+from __future__ import annotations
+
+from typing import Container
+
+import torch
+from torch._prims_common import make_contiguous_strides_for
+
+from .sizes import is_subclass
+
+
+def has_canonical_layout(t: torch.Tensor) -> bool:
+    """True when `t`'s strides are exactly the contiguous strides of its shape."""
+    return tuple(t.stride()) == tuple(make_contiguous_strides_for(t.shape))
+
+
+def owned_canonical(t: torch.Tensor, foreign_storages: Container[int] = ()) -> torch.Tensor:
+    """`t`, detached, as a tensor that owns its whole storage in the canonical layout.
+
+    Returns `t` itself (detached) when it already is one and its storage is not in
+    `foreign_storages` (data pointers of the caller's tensors), else a canonical copy. A
+    tensor subclass (torchao's quantized weights) is returned as it is: its inner tensors are
+    its bytes.
+    """
+    t = t.detach()
+    if is_subclass(t):
+        return t
+    if (
+        t._base is None
+        and has_canonical_layout(t)
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.nbytes
+        and t.untyped_storage().data_ptr() not in foreign_storages
+    ):
+        return t
+    return canonical_copy(t)
+
+
+def canonical_copy(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor with `t`'s values in the canonical layout (``clone`` keeps a size-1
+    dimension's stride; ``empty`` + ``copy_`` does not)."""
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """`t`'s values as bytes in canonical (row-major) order; copies only when `t` is not
+    already laid out that way."""
+    if not (has_canonical_layout(t) and t.device.type == "cpu"):
+        t = canonical_copy(t.detach().cpu())
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())

@@ -1,0 +1,368 @@
+"""Programs nobody here wrote: the fault kinds of issue 10 and their siblings.
+
+1. names the rebuilt graph cannot keep (builtins, ``_1`` suffixes, clashes with op names);
+2. in-place writes an op's schema does not declare (``batch_norm(training=True)``);
+3. buffers written but never read (functionalized programs);
+each pinned by the issue's example and by variants of the same kind, in eager, through the
+command line and as a ``.pte``.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import folding
+from folding import FoldPolicy, Reason
+from tests.fold_checks import (
+    assert_close_all,
+    decision,
+    edge,
+    edge_pte,
+    export,
+    fold,
+    reference,
+)
+from tests.invariants import (
+    assert_snapshot_equal,
+    assert_valid_program,
+    outputs,
+    run_pte,
+    state_snapshot,
+)
+
+
+# 1. Names ------------------------------------------------------------------------------------
+
+
+def test_sequential_input_name_survives_and_caller_is_untouched():
+    ep = export(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), (torch.randn(2, 8),))
+    assert "input" in [n.name for n in ep.graph.nodes]
+    before = state_snapshot(ep)
+    result = fold(ep)
+    assert_snapshot_equal(before, state_snapshot(ep))
+    assert [n.name for n in result.program.graph.nodes] == [n.name for n in ep.graph.nodes]
+    x = torch.randn(2, 8)
+    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+
+
+def test_sequential_folds_in_place_and_edge():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    for ep in (export(model, (x,)), edge(export(model, (x,)))):
+        ref = reference(ep)
+        result = folding.fold_constants(ep, inplace=True)
+        assert result.program is ep
+        assert_valid_program(ep)
+        assert_close_all(outputs(ref, (x,)), outputs(ep, (x,)))
+
+
+def test_sequential_through_the_command_line(tmp_path):
+    ep = export(nn.Sequential(nn.Linear(8, 8)).eval(), (torch.randn(2, 8),))
+    src, dst = tmp_path / "seq.pt2", tmp_path / "seq_folded.pt2"
+    torch.export.save(ep, src)
+    run = subprocess.run([sys.executable, "-m", "folding", str(src), "-o", str(dst)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    folded = torch.export.load(dst)
+    assert "input" in [n.name for n in folded.graph.nodes]
+    x = torch.randn(2, 8)
+    assert_close_all(outputs(ep, (x,)), outputs(folded, (x,)))
+
+
+# Argument names fx's namespace would rename: builtins, names of ops the graph also uses, names
+# with the suffix fx itself adds.
+_NAME_POOL = ["input", "sum", "id", "type", "list", "min", "t_1", "mul", "mul_1", "add", "output_1", "permute", "x_1"]
+
+
+def _module_with_args(names: list[str]) -> nn.Module:
+    """A module whose forward takes arguments called `names` and mixes them with constants."""
+    args = ", ".join(names)
+    body = " + ".join(f"{n} * (self.w.t() * {i + 1}.0).sum()" for i, n in enumerate(names))
+    src = f"def forward(self, {args}):\n    return ({body}) @ (self.w.t() * 2.0)\n"
+    scope: dict = {}
+    exec(src, scope)  # noqa: S102 - a forward with argument names chosen by the test
+    cls = type("Named", (nn.Module,), {"forward": scope["forward"]})
+    m = cls()
+    m.w = nn.Parameter(torch.randn(4, 4))
+    return m
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.sampled_from(_NAME_POOL), min_size=1, max_size=4, unique=True), st.booleans())
+def test_any_exported_name_survives_folding(names, to_edge_first):
+    inputs = tuple(torch.randn(2, 4) for _ in names)
+    ep = export(_module_with_args(names).eval(), inputs)
+    if to_edge_first:
+        ep = edge(ep)
+    ref = reference(ep)
+    result = fold(ep)
+    folded_names = {n.name for n in result.program.graph.nodes}
+    for n in ep.graph.nodes:
+        if n.op == "placeholder" and n.name not in result.report.removed_placeholders:
+            assert n.name in folded_names
+    assert_close_all(outputs(ref, inputs), outputs(result.program, inputs))
+
+
+def test_nothing_to_fold_returns_the_same_names_and_graph():
+    class Plain(nn.Module):
+        def forward(self, input, t_1):
+            return input * t_1 + input
+
+    ep = export(Plain(), (torch.randn(3), torch.randn(3)))
+    result = fold(ep)
+    assert not result.report.folded
+    assert str(result.program.graph) == str(ep.graph)
+    assert result.program.graph_signature.input_specs == ep.graph_signature.input_specs
+
+
+# 2. Undeclared in-place writes ---------------------------------------------------------------
+
+
+class TrainingBatchNorm(nn.Module):
+    """The issue's example: batch_norm(training=True) updates its running stats in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm", torch.ones(3))
+        self.register_buffer("rv", torch.ones(3))
+
+    def forward(self, x):
+        y = F.batch_norm(x, self.rm, self.rv, training=True, momentum=0.5)
+        return y, self.rm * 2.0
+
+
+class TrainingInstanceNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm", torch.zeros(3))
+        self.register_buffer("rv", torch.ones(3))
+
+    def forward(self, x):
+        y = F.instance_norm(x, self.rm, self.rv, use_input_stats=True, momentum=0.3)
+        return y, self.rv.sqrt() + self.rm
+
+
+class ConstantBatchNorm(nn.Module):
+    """Every input of the training batch_norm is constant: evaluating it would update the
+    buffer, so it and every later reader of the buffer stay."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("c", torch.randn(4, 3))
+        self.register_buffer("rm", torch.zeros(3))
+        self.register_buffer("rv", torch.ones(3))
+
+    def forward(self, x):
+        y = F.batch_norm(self.c, self.rm, self.rv, training=True, momentum=0.5)
+        return x + y, self.rm * 2.0
+
+
+@pytest.mark.parametrize("module, shape", [
+    (TrainingBatchNorm, (4, 3)), (TrainingInstanceNorm, (2, 3, 5)), (ConstantBatchNorm, (4, 3)),
+])
+def test_running_stats_written_by_norms_are_not_constant(module, shape):
+    torch.manual_seed(0)
+    model = module()
+    eager = copy.deepcopy(model)
+    inputs = [(torch.randn(shape),), (torch.randn(shape),)]
+    ep = export(model, inputs[0])
+    before = state_snapshot(ep)
+    result = fold(ep)
+    assert_snapshot_equal(before, state_snapshot(ep))  # evaluation never wrote the caller's buffers
+    folded = result.program.module()
+    for args in inputs:  # the running stats evolve over two calls exactly as in eager
+        assert_close_all(eager(*args), folded(*args))
+    for d in result.report.decisions:
+        if d.target in ("aten.mul.Tensor", "aten.sqrt.default"):
+            assert d.reason is Reason.READS_MUTATED_BUFFER, d
+
+
+def test_undeclared_norm_writes_table_matches_the_kernels():
+    """Every aten op with running-stat arguments, a training flag and no declared write either
+    writes them with the flag on (copy-on-write clone materialised), and then is in
+    `ops._UNDECLARED_WRITES` and leaves them alone with the flag off, or never writes them."""
+    from folding.ops import _UNDECLARED_WRITES
+
+    x = torch.randn(4, 3, 5)
+    checked = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket) or "default" not in packet.overloads():
+            continue
+        schema = packet.default._schema
+        arg_names = [a.name for a in schema.arguments]
+        if schema.is_mutable or arg_names[3:6] not in (
+            ["running_mean", "running_var", "training"], ["running_mean", "running_var", "use_input_stats"],
+        ):
+            continue
+        written = {}
+        for flag in (True, False):
+            rm, rv = torch._lazy_clone(torch.zeros(3)), torch._lazy_clone(torch.ones(3))
+            extra = [False] if len(schema.arguments) > 8 else []
+            try:
+                packet.default(x, torch.ones(3), torch.zeros(3), rm, rv, flag, 0.1, 1e-5, *extra)
+            except (RuntimeError, NotImplementedError):  # a CUDA/ROCm-only kernel
+                break
+            written[flag] = not torch._C._is_cow_tensor(rm) or not torch._C._is_cow_tensor(rv)
+        if not written:
+            continue
+        checked.append(name)
+        if written[True]:
+            assert f"aten.{name}" in _UNDECLARED_WRITES, f"aten.{name} writes its running stats: {schema}"
+            assert not written[False], name
+    assert {"batch_norm", "instance_norm", "native_batch_norm"} <= set(checked)
+
+
+# An op whose schema declares no write but whose kernel writes its first argument: the kind of
+# fault no table can list in advance, caught at fold time by the copy-on-write check.
+_lib = torch.library.Library("fold_test", "DEF")
+_lib.define("sneaky_bump(Tensor state, Tensor x) -> Tensor")
+
+
+def _sneaky_bump(state, x):
+    state.add_(1.0)  # undeclared: the schema says `Tensor state`, not `Tensor(a!) state`
+    return x + state
+
+
+_lib.impl("sneaky_bump", _sneaky_bump, "CompositeExplicitAutograd")
+_lib.impl("sneaky_bump", lambda state, x: torch.empty_like(x), "Meta")
+
+
+class SneakyWriter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.zeros(3))
+        self.register_buffer("c", torch.arange(3.0))
+
+    def forward(self, x):
+        y = torch.ops.fold_test.sneaky_bump(self.state, self.c)  # constant inputs only
+        return x + y, self.state * 10.0
+
+
+def test_a_write_no_rule_knows_is_caught_when_evaluated():
+    inputs = [(torch.randn(3),), (torch.randn(3),)]
+    eager = SneakyWriter()
+    ep = export(SneakyWriter(), inputs[0])
+    before = state_snapshot(ep)
+    result = fold(ep)
+    assert_snapshot_equal(before, state_snapshot(ep))
+    folded = result.program.module()
+    for args in inputs:
+        assert_close_all(eager(*args), folded(*args))
+    assert decision(result.report, "mul").reason is Reason.READS_MUTATED_BUFFER
+
+
+def test_undeclared_write_to_a_folded_temporary_keeps_only_what_it_must():
+    """The written value is a constant temporary, read before and after the write: both reads
+    see the value eager sees."""
+
+    class M(nn.Module):
+        def forward(self, x):
+            t = torch.arange(3.0) * 2.0
+            before = t * 1.0
+            y = torch.ops.fold_test.sneaky_bump(t, t)
+            return x + before, x + y, x + t
+
+    x = torch.randn(3)
+    ep = export(M(), (x,))
+    result = fold(ep)
+    assert_close_all(M()(x), outputs(result.program, (x,)))
+
+
+# 3. Buffers written but never read ----------------------------------------------------------
+
+
+class Reset(nn.Module):
+    """The issue's example: the state is overwritten from an input and never read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.zeros(3))
+
+    def forward(self, x):
+        self.state.copy_(x)
+        return x * 2
+
+
+class OverwriteThenRead(nn.Module):
+    """Issue 11's kind 6: overwritten from a runtime value, then read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mb", torch.zeros(3))
+        self.w = nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x):
+        self.mb.copy_(x.mean(0))
+        return x * self.mb + self.w.t().sum(0)
+
+
+class ZeroReset(nn.Module):
+    """Reset to a constant: after functionalization the new value is a constant-only fill that
+    the mutation output names."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.ones(2, 3))
+        self.register_buffer("steps", torch.zeros(1))
+
+    def forward(self, x):
+        self.cache.zero_()
+        self.steps.fill_(3.0)
+        return x + 1
+
+
+class KVCacheWrite(nn.Module):
+    """A cache written at a fixed slot from an input, with a constant-only mask next to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 4, 3))
+        self.register_buffer("unused_state", torch.zeros(2))
+
+    def forward(self, x):
+        self.k[:, 1] = x
+        self.unused_state.copy_(x[:, :2].sum(0))
+        mask = torch.triu(torch.full((4, 4), float("-inf")), diagonal=1)
+        return self.k.sum(-1) + mask[1:2]
+
+
+def _dialects(model, x):
+    fresh = lambda: copy.deepcopy(model)  # noqa: E731 - export may run the model's forward
+    return {
+        "edge": edge(export(fresh(), (x,))),
+        "aten_functional": export(fresh(), (x,)).run_decompositions({}),
+        "training": export(fresh(), (x,)),
+    }
+
+
+@pytest.mark.parametrize("module, shape", [
+    (Reset, (3,)), (OverwriteThenRead, (2, 3)), (ZeroReset, (2, 3)), (KVCacheWrite, (1, 3)),
+])
+def test_buffers_written_without_reads_survive(module, shape):
+    torch.manual_seed(0)
+    model = module()
+    calls = [torch.randn(shape), torch.randn(shape)]
+    for dialect, ep in _dialects(model, calls[0]).items():
+        result = fold(ep)
+        targets = {s.target for s in result.program.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"}
+        assert targets == {s.target for s in ep.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"}
+        for target in targets:
+            assert target in result.program.state_dict or target in result.program.constants, (dialect, target)
+        eager, folded = copy.deepcopy(model), result.program.module()
+        for x in calls:  # the buffers evolve alike over two calls
+            assert_close_all([eager(x)], [folded(x)])
+        for name, buf in eager.named_buffers():
+            torch.testing.assert_close(folded.get_buffer(name), buf)
+        if dialect == "edge":
+            pte_eager = copy.deepcopy(model)
+            buffer = edge_pte(result.program)
+            for x in calls[:1]:
+                assert_close_all([pte_eager(x)], run_pte(buffer, (x,)), atol=1e-5)
