@@ -1,0 +1,94 @@
+"""A few fast models of the model zoo (``python -m benchmarks --zoo``, benchmarks/zoo), with the
+zoo's own per-row checks (`benchmarks.zoo.verdict`), plus the checks themselves on rows that
+must fail them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.zoo import compare, pool, verdict
+from benchmarks.zoo.models import build, zoo_names
+from benchmarks.zoo.run import new_row, run_model
+
+# Fold stage only (export, fold ATen and Edge with both folders, run, compare): a few seconds each.
+# gpt2: tied embeddings, causal mask, an integer output (argmax ids, compared exactly);
+# t5: encoder-decoder, relative-position buckets (integer arithmetic on constants);
+# swin (HF): shifted-window attention masks built from constants.
+FOLD_MODELS = ["hf/gpt2", "hf/t5", "hf/swin"]
+
+
+def test_zoo_has_the_issue_minimums():
+    names = zoo_names()
+    assert len(names) >= 40
+    assert sum(n.startswith("tv/") for n in names) >= 25
+    assert any(n.startswith("tvseg/") for n in names)
+    assert sum(n.startswith("hf/") for n in names) >= 15
+    assert "tv/vit_h_14" not in names and "tv/regnet_y_128gf" not in names  # the size filter
+
+
+@pytest.mark.parametrize("name", FOLD_MODELS)
+def test_fold_rows_pass(name):
+    torch.set_num_threads(1)
+    row = run_model(name, steps=("aten", "edge"))
+    assert row["export_ok"], row["tracebacks"]
+    assert verdict.problems(row, "fold_constants") == [], row["tracebacks"]
+    for dialect in ("aten", "edge"):
+        cell = row[dialect]["fold_constants"]
+        assert cell["ok"] and cell["match"] and cell["const_only_nodes"] == 0, cell
+    assert verdict.status(row) == "ok"
+
+
+def test_full_row_gpt2():
+    """Every step on one model: folded .pte runs and matches where the unfolded one runs, and
+    QNN HTP fp16 with folding lowers with no input-less partition (SDK stand-in)."""
+    torch.set_num_threads(1)
+    row = run_model("hf/gpt2", xnnpack_variants=("none", "fold_constants"))
+    assert verdict.problems(row) == [], row["tracebacks"]
+    none, folded = row["xnnpack"]["none"], row["xnnpack"]["fold_constants"]
+    assert none["runs"] and folded["runs"] and folded["match"], row["xnnpack"]
+    assert folded["const_only_nodes"] == 0 < none["const_only_nodes"]
+    assert folded["pte_bytes"] < none["pte_bytes"]  # the folded causal mask is smaller than its ops
+    assert row["qnn"]["status"] == "ok" and row["qnn"]["static_partitions"] == 0
+    assert not row["qnn"]["not_decomposed_or_delegated"]
+
+
+def test_compare_is_exact_for_integers_and_scaled_for_floats():
+    x = torch.tensor([100.0, -3.0])
+    assert compare.compare((x + 5e-4,), (x,)).match is False
+    assert compare.compare((x + 5e-4,), (x,), compare.PTE_TOL).match is True  # 1e-3 + 1e-3 * 100
+    ids = torch.tensor([[1, 2, 3]])
+    result = compare.compare((x, ids + torch.tensor([[0, 0, 1]])), (x, ids))
+    assert not result.match and result.ints_equal is False and "1/3 elements differ" in result.detail
+    assert not compare.compare((x.double(),), (x,)).match  # dtype differs
+
+
+def test_verdict_flags_fold_crash_mismatch_and_pte_regression():
+    row = new_row("m")
+    row.update(export_ok=True, steps=["build", "export", "aten", "edge", "xnnpack"])
+    good = {"ok": True, "match": True}
+    row["aten"] = {"fold_constants": {"ok": False, "error": "fold: KeyError: x"}, "constant_prop_pass": good}
+    row["edge"] = {"fold_constants": {"ok": True, "match": False, "detail": "output 0"}, "constant_prop_pass": good}
+    row["xnnpack"] = {"none": {"runs": True, "match": True}, "fold_constants": {"runs": False, "error": "run: E"},
+                      "constant_prop_pass": {"runs": True, "match": True}}
+    found = verdict.problems(row)
+    assert found == ["aten crash (fold: KeyError: x)", "edge mismatch (output 0)", "pte fails (run: E)"]
+    assert verdict.problems(row, "constant_prop_pass") == []
+    assert verdict.status(row).startswith("FAIL: aten crash")
+    s = verdict.summary([row])
+    assert (s["fc_crashes"], s["fc_mismatches"], s["fc_pte_runs"], s["cpp_pte_runs"]) == (1, 1, 0, 1)
+    row["export_ok"] = False
+    assert verdict.status(row) == "export failed (not ours)" and verdict.problems(row) == []
+
+
+def test_worker_timeout_loses_only_the_row():
+    row = pool.run_one("hf/gpt2", timeout_s=0.5)
+    assert row["worker_error"].startswith("timeout after 0 s") and row["model"] == "hf/gpt2"
+    assert verdict.status(row).startswith("FAIL: timeout")
+
+
+def test_models_are_seeded():
+    a, b = build("hf/gpt2"), build("hf/gpt2")
+    assert torch.equal(a.inputs[0], b.inputs[0])
+    with torch.no_grad():
+        assert torch.equal(a.module(*a.inputs)[0], b.module(*b.inputs)[0])
