@@ -217,9 +217,10 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     val = n.meta.get("val")
     if k is OpKind.ASSERTION:
         return (None, "") if analysis.fold_asserts else (Reason.EFFECTFUL, "")
-    if _is_symbolic(val):
-        return Reason.SYMBOLIC, "symbolic shape"
-    if "val" in n.meta and not _tensor_like(val):
+    # Every input is constant here, so a symbolic value can only be data-dependent (an unbacked
+    # symbol: ``item()`` of a constant, ``nonzero`` of a constant): evaluating it gives the
+    # concrete value, which `lift` substitutes for the symbol.
+    if "val" in n.meta and not (_tensor_like(val) or is_scalar(val)):
         return Reason.NOT_A_TENSOR, type(val).__name__
     return None, ""
 
@@ -281,6 +282,11 @@ def _is_symbolic(val: Any) -> bool:
     if isinstance(val, (list, tuple)):
         return any(_is_symbolic(v) for v in val)
     return False
+
+
+def is_scalar(val: Any) -> bool:
+    """A Python or symbolic scalar (the value of ``item()``, ``sym_size``, ``operator.ge`` …)."""
+    return isinstance(val, (int, float, bool) + _SYM_TYPES)
 
 
 def _tensor_like(val: Any) -> bool:

@@ -15,6 +15,7 @@ from .plan import Plan
 from .report import Reason
 from .layout import owned_canonical
 from .sizes import storage_pointers
+from .symbols import bindings
 
 
 class AliasClassFailed(Exception):
@@ -38,17 +39,19 @@ class UndeclaredWrite(Exception):
 class Evaluation:
     """Attributes:
     values: the stored tensor of every materialised node: detached, contiguous, owning its
-        storage (never a view of a caller's tensor).
+        storage (never a view of a caller's tensor); or, for a scalar, its Python value.
     kept: nodes planned as folded that had to stay, with reason and detail (an op that raised,
         a result that is not a tensor, or a reader of such a node).
     evaluated: number of ops run.
     peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
+    symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2), see `symbols`.
     """
 
     values: dict[torch.fx.Node, torch.Tensor] = field(default_factory=dict)
     kept: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
     evaluated: int = 0
     peak_intermediate_bytes: int = 0
+    symbols: dict = field(default_factory=dict)
 
 
 def evaluate(
@@ -132,8 +135,11 @@ def evaluate(
                     result = None
                 else:
                     guard.check()
+                    out.symbols.update(bindings(node, result))
                     if analysis.kind[node] is OpKind.ASSERTION:
                         result = None
+                    elif isinstance(result, (int, float, bool)):
+                        env[node] = result  # a scalar: never stored; `lift` inlines it into readers
                     elif not _tensor_like(result):
                         keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
                         result = None
@@ -150,6 +156,8 @@ def evaluate(
                 live_total -= live_bytes.pop(done, 0)
                 if done in plan.materialise and isinstance(value, torch.Tensor):
                     out.values[done] = owned_canonical(value, caller_storages)
+                elif done in plan.materialise and isinstance(value, (int, float, bool)):
+                    out.values[done] = value
     return out
 
 

@@ -130,7 +130,9 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
     folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
     considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
-    new_program, lifting = lift(program, folded, evaluation.values, constant_placeholders, inplace=inplace)
+    new_program, lifting = lift(
+        program, folded, evaluation.values, constant_placeholders, inplace=inplace, bound=evaluation.symbols
+    )
     decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
     timings["lift"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - start

@@ -20,6 +20,7 @@ import torch.fx
 from torch._export.verifier import _verify_exported_program_signature
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import has_free_symbols
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
     ExportGraphSignature,
@@ -31,6 +32,7 @@ from torch.export.graph_signature import (
 
 from .layout import has_canonical_layout, raw_bytes
 from .errors import FoldInvariantError
+from .symbols import drop_bound_ranges, refresh_meta
 from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names
 from .report import LiftedConstant
 from .sizes import STORED_KINDS, is_subclass, nbytes, stored_tensor
@@ -65,6 +67,7 @@ def lift(
     constant_placeholders: set[torch.fx.Node],
     *,
     inplace: bool,
+    bound: Optional[dict] = None,
 ) -> tuple[ExportedProgram, Lifting]:
     """Build the folded program.
 
@@ -74,6 +77,8 @@ def lift(
         values: stored tensors (contiguous, owning their storage) of the folded nodes that a
             surviving node or the output reads.
         constant_placeholders: placeholders whose stored tensors never change (dedup candidates).
+        bound: data-dependent symbols that evaluation fixed (``u0`` -> 2): substituted in the
+            metadata of the nodes left in the program, their range constraints dropped.
         inplace: update `program` itself instead of returning a new ExportedProgram that shares
             the unchanged tensors.
 
@@ -94,12 +99,15 @@ def lift(
     dedup = _Dedup(
         {p: stored_tensor(specs[p.name], state_dict, constants) for p in placeholders if p in constant_placeholders}
     )
-    target_of: dict[torch.fx.Node, object] = {}  # folded node -> original placeholder or _NewConstant
+    target_of: dict[torch.fx.Node, object] = {}  # folded node -> placeholder, _NewConstant or _Literal
     new_constants: list[_NewConstant] = []
     reused: dict[torch.fx.Node, list[str]] = {}
     for node in graph.nodes:
         value = values.get(node) if node in folded else None
         if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):  # a scalar: written into the ops that read it
+            target_of[node] = _Literal(value)
             continue
         hit = dedup.find(value)
         if hit is None:
@@ -202,6 +210,8 @@ def lift(
     for p, names in reused.items():
         record.lifted.append(_row(p.name, specs[p.name].target, names, stored_tensor(specs[p.name], state_dict, constants), reused=True))
 
+    bound = bound or {}
+    refresh_meta(new_graph, bound, fake_mode)
     signature = ExportGraphSignature(input_specs=new_specs, output_specs=output_specs)
     new_gm = torch.fx.GraphModule(program.graph_module, new_graph, class_name=program.graph_module.__class__.__name__)
     new_gm.meta.update(program.graph_module.meta)
@@ -211,7 +221,7 @@ def lift(
     result._graph_signature = signature
     result._state_dict = state_dict
     result._constants = constants
-    result._range_constraints = copy.deepcopy(program.range_constraints)
+    result._range_constraints = drop_bound_ranges(copy.deepcopy(program.range_constraints), bound, new_graph)
     result._module_call_graph = copy.deepcopy(program.module_call_graph)
     _check(result)
     if inplace:  # only a program that passed the checks replaces the caller's
@@ -237,6 +247,13 @@ def _check(program: ExportedProgram) -> None:
         ) from e
 
 
+@dataclass(frozen=True)
+class _Literal:
+    """A folded scalar, passed to its readers as a literal argument."""
+
+    value: object
+
+
 class _Lookup:
     """Maps an original node to its copy, or a folded node to the placeholder holding its value."""
 
@@ -247,6 +264,8 @@ class _Lookup:
         if n in self.env:
             return self.env[n]
         hit = self.target_of[n]
+        if isinstance(hit, _Literal):
+            return hit.value
         return self.env[hit.source] if isinstance(hit, _NewConstant) else self.env[hit]
 
 
@@ -256,6 +275,7 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
     val = source.meta.get("val")
     if (
         isinstance(val, torch.Tensor)
+        and not has_free_symbols(val)
         and val.dtype == value.dtype
         and tuple(val.shape) == tuple(value.shape)
         and has_canonical_layout(val)

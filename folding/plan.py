@@ -21,7 +21,7 @@ import torch.fx
 
 import torch
 
-from .analysis import Analysis
+from .analysis import Analysis, is_scalar
 from .cuts import choose_cuts, find_regions, node_bytes
 from .ops import packet_name, reads_only_metadata
 from .policy import FoldPolicy
@@ -71,6 +71,7 @@ def make_plan(
     candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
     plan = Plan(candidates)
     _keep_output_copies(plan)
+    _keep_scalar_outputs(plan)
     _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before)
@@ -90,7 +91,10 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before) 
     constant_placeholders = set(placeholder_bytes)
     regions = find_regions(folded, plan.folded, constant_placeholders, placeholder_bytes, fixed)
     sizes = {n: node_bytes(n) for r in regions for n in r.ops}
-    storable = {n for r in regions for n in r.ops if isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor)}
+    storable = {
+        n for r in regions for n in r.ops
+        if isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor) or is_scalar(n.meta.get("val"))
+    }  # a scalar "stored" costs 0 bytes: it is inlined into its readers
     runtime, _ = choose_cuts(
         regions, sizes, placeholder_bytes, _identical_values(folded), policy.max_tensor_bytes, budget, storable
     )
@@ -107,7 +111,10 @@ def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget) -> bool:
     for n in folded:
         if not _readers_outside(plan, n):
             continue
-        if not isinstance(n.meta.get("val"), torch.Tensor):
+        val = n.meta.get("val")
+        if is_scalar(val):
+            continue  # inlined into its readers: stores nothing
+        if not isinstance(val, torch.Tensor):
             return False  # a sink the planner cannot store: let it decide
         size = node_bytes(n)
         if max_tensor_bytes is not None and size > max_tensor_bytes:
@@ -163,6 +170,15 @@ def _keep_output_copies(plan: Plan) -> None:
             and all(u.op == "output" for u in n.users)
         ):
             plan.runtime[n] = (Reason.OUTPUT_COPY, "")
+
+
+def _keep_scalar_outputs(plan: Plan) -> None:
+    """A scalar (``item()`` of a constant) is folded by writing its value into the ops that read
+    it; the graph output cannot hold a literal, so a scalar the output returns stays an op."""
+    for n in plan.candidates:
+        if not isinstance(n.meta.get("val"), torch.Tensor) and any(u.op == "output" for u in n.users):
+            if is_scalar(n.meta.get("val")):
+                plan.runtime[n] = (Reason.NOT_A_TENSOR, "a scalar returned as an output")
 
 
 def _keep_encodings(plan: Plan) -> None:

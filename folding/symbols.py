@@ -1,0 +1,102 @@
+"""Data-dependent symbols that folding resolves: ``item()`` of a constant, ``nonzero`` of one.
+
+torch.export gives such a value an unbacked symbol (``u0``): ``table[idx]`` with a 0-d integer
+buffer ``idx`` exports as ``item`` + ``select.int(table, 0, u0)``, and until ``u0`` has a value
+the program cannot lower (``GuardOnDataDependentSymNode``). Folding evaluates the value; this
+module binds each symbol to what evaluation gave, recomputes the ``meta["val"]`` of the nodes
+left in the program that mention a bound symbol, and drops the bound symbols' range
+constraints.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, Mapping
+
+import sympy
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_symbols
+from torch.utils._sympy.symbol import SymT, symbol_is_type
+from torch.fx.node import map_arg
+
+logger = logging.getLogger(__name__)
+
+
+def bindings(node: torch.fx.Node, value: Any) -> dict[sympy.Symbol, Any]:
+    """The symbols of `node`'s ``meta["val"]`` that `value` (its folded value) fixes."""
+    val = node.meta.get("val")
+    out: dict[sympy.Symbol, Any] = {}
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and isinstance(value, (int, float, bool)):
+        if isinstance(val.node.expr, sympy.Symbol):
+            out[val.node.expr] = value
+    elif isinstance(val, torch.Tensor) and isinstance(value, torch.Tensor) and val.dim() == value.dim():
+        for dim, size in zip(val.shape, value.shape):
+            if isinstance(dim, torch.SymInt) and isinstance(dim.node.expr, sympy.Symbol):
+                out[dim.node.expr] = int(size)
+    return out
+
+
+_UNBACKED = (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)
+
+
+def _symbols_of(val: Any) -> set:
+    if isinstance(val, (list, tuple)):
+        return set().union(*(_symbols_of(v) for v in val)) if val else set()
+    if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return free_symbols(val)
+    return set()
+
+
+def _is_unbacked(symbol) -> bool:
+    return symbol_is_type(symbol, _UNBACKED)
+
+
+def refresh_meta(graph: torch.fx.Graph, symbols: Mapping[sympy.Symbol, Any], fake_mode) -> int:
+    """When folding fixed some data-dependent symbols, recompute in graph order the
+    ``meta["val"]`` of every call_function node that mentions a data-dependent symbol (a bound
+    one, or one derived from it such as the length of ``x[:u0]``), from its arguments' (already
+    refreshed) values under `fake_mode`. A node that still defines a data-dependent symbol of
+    its own (``unbacked_bindings``: ``item()`` of a runtime tensor) keeps its value; one that no
+    longer does (``x[:u0]`` once ``u0`` is 3) loses its bindings. Returns the number of nodes
+    refreshed; a node whose op cannot run on fake tensors keeps its value."""
+    if not symbols:
+        return 0
+    refreshed = 0
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if not any(_is_unbacked(s) for s in _symbols_of(node.meta.get("val"))):
+            continue
+        args, kwargs = map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+        try:
+            with fake_mode:
+                if node.target is operator.getitem:
+                    new = args[0][args[1]]
+                else:
+                    new = node.target(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the value is metadata; the verifier has the last word
+            logger.info("cannot recompute meta of %s: %s", node.name, e)
+            continue
+        if node.meta.get("unbacked_bindings"):
+            if any(_is_unbacked(s) for s in _symbols_of(new)):
+                continue  # still data-dependent at runtime: keep the symbols export gave it
+            del node.meta["unbacked_bindings"]
+        node.meta["val"] = new
+        refreshed += 1
+    return refreshed
+
+
+def drop_bound_ranges(range_constraints: dict, symbols: Mapping[sympy.Symbol, Any], graph: torch.fx.Graph) -> dict:
+    """`range_constraints` without the entries of bound symbols, nor of data-dependent
+    (unbacked) symbols that no node of `graph` mentions any more."""
+    mentioned: set = set()
+    for node in graph.nodes:
+        mentioned |= _symbols_of(node.meta.get("val"))
+
+    def dead(key) -> bool:
+        syms = getattr(key, "free_symbols", set())
+        return bool(syms & symbols.keys()) or bool(syms) and all(_is_unbacked(s) and s not in mentioned for s in syms)
+
+    return {k: v for k, v in range_constraints.items() if not dead(k)}
