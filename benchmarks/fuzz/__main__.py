@@ -1,0 +1,67 @@
+"""``python -m benchmarks.fuzz --n 10000 [--seed S] [--jobs N] [--out summary.json]``.
+
+Prints per-kind failure counts and one shrunk, standalone reproducer per kind; writes the JSON
+summary (cases, discarded, ok, failures per kind with seeds and reproducers, wall time).
+``--case SEED`` checks one case (with every stage) and prints its program and outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fuzz", description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=1000, help="cases to run (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--out", default=None, help="write the JSON summary here")
+    p.add_argument("--edge-fraction", type=float, default=0.2,
+                   help="cases that also fold and serialise the Edge program (default 0.2)")
+    p.add_argument("--pte-fraction", type=float, default=0.05,
+                   help="cases lowered and run on portable and XNNPACK (default 0.05)")
+    p.add_argument("--time-limit", type=float, default=None, help="stop starting cases after this many seconds")
+    p.add_argument("--shrink-time", type=float, default=60.0, help="seconds to shrink each failure kind (0: off)")
+    p.add_argument("--case", type=int, default=None, help="check only this case seed, with every stage")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    from .campaign import Config, run
+    from .check import Options, check
+    from .generate import generate
+    from .program import module_source
+    from .reproduce import reproducer
+
+    if args.case is not None:
+        program = generate(args.case)
+        outcome = check(program, Options(edge=True, pte=True))
+        print(module_source(program))
+        print(outcome.status, outcome.kind, outcome.message, *outcome.notes, sep="\n")
+        if outcome.status == "failure":
+            print(reproducer(program, outcome))
+        return 1 if outcome.status == "failure" else 0
+
+    def progress(done: int, total: int, outcome) -> None:
+        if outcome.status == "failure" or done % 50 == 0:
+            print(f"[{done}/{total}] {outcome.status} {outcome.kind}", file=sys.stderr, flush=True)
+
+    summary = run(Config(n=args.n, seed=args.seed, jobs=args.jobs, edge_fraction=args.edge_fraction,
+                         pte_fraction=args.pte_fraction, time_limit=args.time_limit, shrink_time=args.shrink_time),
+                  progress)
+    print(summary.text())
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary.to_dict(), f, indent=1, default=str)
+    return 1 if summary.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,460 @@
+"""The checks for one generated program: `check(program, options)` -> `Outcome`.
+
+Stages, in order (each stops the case at its first failure):
+
+1. build and run eagerly (a generator bug if this fails), export (``discarded`` if it fails);
+2. ATen: fold with the case's policy (success, or a typed `FoldingError`), then the caller's
+   program is unchanged, the folded program validates, the report's byte totals are true, the
+   policy's limits hold, folding twice gives the same program, outputs equal eager (two calls,
+   so mutated buffers are compared too; a second batch size when the batch is dynamic);
+3. Edge (a fraction of cases): the same on ``to_edge(ep)``, plus the serialised .pte: folding
+   twice gives the same bytes, the growth budget holds in the .pte's constant bytes, the
+   report's byte total equals what is serialised, and the .pte matches eager;
+4. .pte (a fraction of cases): the folded ATen program lowers, runs and matches for the
+   portable runtime and XNNPACK.
+
+A difference is blamed on folding only when the unfolded program does not show it too: an
+output that differs from eager is a failure only if it also differs from the unfolded program,
+and a lowering error only if the unfolded program lowers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from . import lower
+from .program import Program, execute, export_source, module_source
+
+Fold = Callable  # (ExportedProgram, FoldPolicy, inplace=False) -> FoldResult
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one case.
+
+    Attributes:
+        status: ``ok``, ``discarded`` (export or quantization failed: not a test of folding)
+            or ``failure``.
+        kind: for failures, ``stage: check`` or ``stage: ExceptionType: normalised message``;
+            for discards, why.
+        message: the full message (exception text, or what differed).
+        stage: the stage that failed (``aten``, ``edge``, ``pte-portable`` …).
+        notes: what was skipped and why, and typed `FoldingError`s raised (allowed).
+        check: the check or step that failed (``wrong-output``, ``fold``, ``lower`` …); the
+            reproducer ends with it (`reproduce.reproducer`).
+    """
+
+    status: str
+    kind: str = ""
+    message: str = ""
+    stage: str = ""
+    notes: tuple[str, ...] = ()
+    check: str = ""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to run for a case.
+
+    Attributes:
+        edge: fold the Edge program too and serialise it.
+        pte: lower the folded ATen program for portable and XNNPACK and run it.
+        until: stop after this stage (``aten``, ``edge``, ``pte``), used while shrinking.
+        fold: the function under test (``folding.fold_constants`` by default).
+    """
+
+    edge: bool = False
+    pte: bool = False
+    until: Optional[str] = None
+    fold: Optional[Fold] = None
+
+
+class Failure(Exception):
+    """A check failed: `kind` classifies it, `check` names the check for the reproducer."""
+
+    def __init__(self, stage: str, kind: str, message: str, check: str) -> None:
+        super().__init__(message)
+        self.stage, self.kind, self.message, self.check = stage, kind, message, check
+
+
+class Discard(Exception):
+    pass
+
+
+def normalise(message: str) -> str:
+    """A message's first line without the parts that vary between programs (names, numbers,
+    shapes), so the same bug from different programs gets the same kind."""
+    line = next((ln.strip() for ln in str(message).splitlines() if ln.strip()), "")
+    line = re.sub(r"0x[0-9a-fA-F]+", "0x…", line)
+    line = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", line)
+    line = re.sub(r"\b[a-z_][a-z0-9_]*_\d+\b|\b[a-z]+\d+\b", "<name>", line)
+    line = re.sub(r"\d+", "N", line)
+    return line[:120]
+
+
+def exception_kind(stage: str, step: str, exc: BaseException) -> Failure:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return Failure(stage, f"{stage}: {step}: {type(exc).__name__}: {normalise(str(exc))}", text, step)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Silence torch's loggers and warnings while a case runs (a failed export logs a traceback
+    per op); restored afterwards."""
+    loggers = [logging.getLogger(n) for n in ("torch", "executorch", "folding", "torchao")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
+# -- comparisons ---------------------------------------------------------------------------------
+
+_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1.6e-2)}
+_PTE_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+
+
+def difference(want: Sequence[torch.Tensor], got: Sequence[torch.Tensor], tol=_TOL) -> Optional[str]:
+    """None when `got` matches `want` (floats within tolerance, NaN where NaN; integers and
+    bools exactly), else what differs."""
+    if len(want) != len(got):
+        return f"{len(got)} outputs, expected {len(want)}"
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w.dtype != g.dtype or w.shape != g.shape:
+            return f"output {i}: {g.dtype} {tuple(g.shape)}, expected {w.dtype} {tuple(w.shape)}"
+        if w.dtype.is_floating_point:
+            atol, rtol = tol.get(w.dtype, (1e-5, 1e-5))
+            if not torch.allclose(g.float(), w.float(), atol=atol, rtol=rtol, equal_nan=True):
+                diff = (g.float() - w.float()).abs().nan_to_num(float("inf")).max().item()
+                return f"output {i} ({w.dtype} {tuple(w.shape)}): max abs difference {diff:.3g}"
+        elif not torch.equal(g, w):
+            return f"output {i} ({w.dtype} {tuple(w.shape)}): values differ"
+    return None
+
+
+def run_twice(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Two calls (mutated buffers carry over), each after seeding the RNG (random ops)."""
+    out = []
+    with torch.no_grad():
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            result = module(*inputs)
+            result = result if isinstance(result, (tuple, list)) else (result,)
+            out.append([t.detach().clone() for t in result])
+    return out
+
+
+# -- programs as values ----------------------------------------------------------------------------
+
+
+def fingerprint(ep) -> tuple:
+    """Everything that defines a program: graph, signature, stored tensors (by value)."""
+    def tensors(d):
+        return {k: (v.dtype, tuple(v.shape), v.detach().clone()) for k, v in d.items() if isinstance(v, torch.Tensor)}
+
+    return (
+        str(ep.graph),
+        [(s.kind, getattr(s.arg, "name", None), s.target) for s in ep.graph_signature.input_specs],
+        [(s.kind, getattr(s.arg, "name", None), s.target) for s in ep.graph_signature.output_specs],
+        tensors(ep.state_dict),
+        tensors(ep.constants),
+    )
+
+
+def same_fingerprint(a: tuple, b: tuple) -> Optional[str]:
+    for label, x, y in (("graph", a[0], b[0]), ("input specs", a[1], b[1]), ("output specs", a[2], b[2])):
+        if x != y:
+            return f"{label} differ"
+    for label, x, y in (("state_dict", a[3], b[3]), ("constants", a[4], b[4])):
+        if x.keys() != y.keys():
+            return f"{label} keys differ: {sorted(set(x) ^ set(y))}"
+        for k in x:
+            (dx, sx, tx), (dy, sy, ty) = x[k], y[k]
+            if dx != dy or sx != sy or not same_bits(tx, ty):
+                return f"{label}[{k!r}] differs"
+    return None
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit equality (NaN equals the same NaN; `torch.equal` says NaN != NaN)."""
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def verifier_problem(ep) -> Optional[str]:
+    """DESIGN.md invariant 2 (what `tests/invariants.assert_valid_program` checks), as a message."""
+    from folding.sizes import STORED_KINDS, stored_tensor
+    from torch.export.graph_signature import InputKind
+
+    try:
+        ep.validate()
+        ep.graph.lint()
+    except Exception as exc:  # the verifier's own error types vary
+        return f"{type(exc).__name__}: {exc}"
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    specs = ep.graph_signature.input_specs
+    if [p.name for p in placeholders] != [getattr(s.arg, "name", None) for s in specs]:
+        return "placeholders and InputSpecs differ"
+    names = [n.name for n in ep.graph.nodes]
+    if len(names) != len(set(names)):
+        return "node names are not unique"
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    referenced = set()
+    for p, s in zip(placeholders, specs):
+        if s.kind in STORED_KINDS:
+            if stored_tensor(s, ep.state_dict, ep.constants) is None:
+                return f"{s.target} of {p.name} is not stored"
+            if not p.users and not (s.kind is InputKind.BUFFER and s.target in mutated):
+                return f"stored placeholder {p.name} has no user"
+            referenced.add(s.target)
+    for key, value in {**ep.state_dict, **ep.constants}.items():
+        if isinstance(value, torch.Tensor) and key not in referenced:
+            return f"stored tensor {key} is read by no placeholder"
+    return None
+
+
+# -- the case ----------------------------------------------------------------------------------------
+
+
+class Case:
+    """One program going through the stages; each `stage_*` method raises `Failure`/`Discard`."""
+
+    def __init__(self, program: Program, options: Options) -> None:
+        import folding
+
+        self.p = program
+        self.options = options
+        self.fold_fn = options.fold or folding.fold_constants
+        self.policy = program.policy.to_policy()
+        self.notes: list[str] = []
+        self.mutated = program.mutated_buffers
+
+    # 1. build, eager, export
+    def stage_build(self) -> None:
+        self.ns = execute(module_source(self.p))
+        try:
+            model = self.ns["M"]().eval()
+            inputs = self.ns["make_inputs"]()
+            run_twice(model, inputs)
+        except Exception as exc:
+            raise Failure("generate", f"generate: eager: {type(exc).__name__}: {normalise(str(exc))}", str(exc), "eager")
+        try:
+            execute("import copy\n" + export_source(self.p), self.ns)
+        except Exception as exc:
+            what = "quantize/export" if self.p.quantize else "export"
+            raise Discard(f"{what}: {type(exc).__name__}: {normalise(str(exc))}")
+        self.ep, self.inputs = self.ns["ep"], self.ns["inputs"]
+        self.eager = run_twice(self._reference(), self.inputs)
+        if self.p.dynamic_batch:
+            self.inputs5 = self.ns["make_inputs"](5)
+            self.eager5 = run_twice(self._reference(), self.inputs5)
+
+    def _reference(self) -> torch.nn.Module:
+        """A fresh eager model (buffers at their initial values)."""
+        if self.p.quantize:
+            return self.ns["reference"]  # used once: quantized cases have a static batch
+        return self.ns["M"]().eval()
+
+    @staticmethod
+    def _run(ep, inputs) -> list:
+        """Two calls of `ep` as a module, on copies of its buffers: the module's buffers are
+        the program's own tensors (shared with the caller's program where unchanged)."""
+        module = ep.module()
+        for m in module.modules():
+            for name, b in list(m._buffers.items()):
+                if b is not None:
+                    m._buffers[name] = b.clone()
+        return run_twice(module, inputs)
+
+    def _unfolded(self, inputs) -> Callable[[], Optional[list]]:
+        """The unfolded program's outputs, computed only when needed (a folded output differs
+        from eager)."""
+        def outputs():
+            try:
+                return self._run(self.ep, inputs)
+            except Exception:
+                return None
+        return outputs
+
+    # 2./3. fold a program and check it
+    def fold_and_check(self, stage: str, ep) -> Optional[object]:
+        before = fingerprint(ep)
+        try:
+            result = self.fold_fn(ep, self.policy, inplace=False)
+        except Exception as exc:
+            import folding
+
+            if isinstance(exc, folding.FoldingError):
+                self.notes.append(f"{stage}: typed {type(exc).__name__}: {normalise(str(exc))}")
+                return None
+            raise exception_kind(stage, "fold", exc)
+        self._check(stage, "caller-changed", same_fingerprint(before, fingerprint(ep)))
+        folded = result.program
+        self._check(stage, "verifier", verifier_problem(folded))
+        self._check_bytes(stage, result)
+        try:
+            again = self.fold_fn(ep, self.policy, inplace=False)
+        except Exception as exc:
+            raise exception_kind(stage, "second fold", exc)
+        self._check(stage, "nondeterministic", same_fingerprint(fingerprint(folded), fingerprint(again.program)))
+        self._check_outputs(stage, folded)
+        return result
+
+    def _check(self, stage: str, check: str, problem: Optional[str]) -> None:
+        if problem:
+            raise Failure(stage, f"{stage}: {check}", problem, check)
+
+    def _check_bytes(self, stage: str, result) -> None:
+        from folding.sizes import stored_constant_bytes
+
+        report = result.report
+        real = stored_constant_bytes(result.program)
+        self._check(stage, "report-bytes", None if report.constant_bytes_after == real else
+                    f"report says {report.constant_bytes_after} bytes stored, the program stores {real}")
+        budget = self.policy.growth_budget(report.constant_bytes_before)
+        growth = report.constant_bytes_after - report.constant_bytes_before
+        if budget is not None and growth > budget:
+            raise Failure(stage, f"{stage}: policy-growth", f"grew {growth} bytes, budget {budget}", "policy-growth")
+        cap = self.policy.max_tensor_bytes
+        big = [c for c in report.lifted if not c.reused and cap is not None and c.nbytes > cap]
+        self._check(stage, "policy-max-tensor-bytes", big and f"{big[0].target}: {big[0].nbytes} bytes > {cap}")
+
+    def _check_outputs(self, stage: str, folded) -> None:
+        try:
+            got = self._run(folded, self.inputs)
+        except Exception as exc:
+            raise exception_kind(stage, "run folded", exc)
+        problem = self._blame(got, self.eager, self._unfolded(self.inputs))
+        self._check(stage, "wrong-output", problem)
+        if self.p.dynamic_batch:
+            try:
+                got5 = self._run(folded, self.inputs5)
+            except Exception as exc:
+                raise exception_kind(stage, "run folded at batch 5", exc)
+            self._check(stage, "wrong-output-dynamic", self._blame(got5, self.eager5, self._unfolded(self.inputs5)))
+
+    @staticmethod
+    def _blame(got, eager, unfolded: Callable[[], Optional[list]], tol=_TOL) -> Optional[str]:
+        """What differs from eager, if the unfolded program (`unfolded()`, its outputs or None)
+        does not differ the same way."""
+        problem = next((d for w, g in zip(eager, got) if (d := difference(w, g, tol))), None)
+        if problem is None:
+            return None
+        reference = unfolded()
+        if reference is not None and all(difference(w, g, tol) is None for w, g in zip(reference, got)):
+            return None  # export changed the result, not folding
+        return problem
+
+    def stage_aten(self) -> None:
+        self.aten_result = self.fold_and_check("aten", self.ep)
+
+    # 3. Edge
+    def stage_edge(self) -> None:
+        try:
+            edge = lower.to_edge_program(self.ep)
+        except Exception as exc:
+            self.notes.append(f"edge: skipped, to_edge failed on the unfolded program: {type(exc).__name__}")
+            return
+        result = self.fold_and_check("edge", edge)
+        if result is None:
+            return
+        try:
+            before = lower.edge_pte(edge, self.mutated)
+        except Exception as exc:
+            self.notes.append(f"edge: .pte checks skipped, the unfolded Edge program does not serialise: {type(exc).__name__}")
+            return
+        try:
+            first = lower.edge_pte(result.program, self.mutated)
+        except Exception as exc:
+            raise exception_kind("edge", "to_executorch", exc)
+        second = lower.edge_pte(self.fold_fn(edge, self.policy, inplace=False).program, self.mutated)
+        self._check("edge", "pte-nondeterministic", None if first == second else
+                    f".pte bytes differ ({len(first)} vs {len(second)} bytes)")
+        report = result.report
+        ser_before, ser_after = lower.constant_bytes(before), lower.constant_bytes(first)
+        budget = self.policy.growth_budget(report.constant_bytes_before)
+        if budget is not None and ser_after - ser_before > budget:
+            raise Failure("edge", "edge: policy-growth-serialized",
+                          f".pte constant bytes grew {ser_after - ser_before} ({ser_before} -> {ser_after}), budget {budget}",
+                          "policy-growth-serialized")
+        stored = report.constant_bytes_after - lower.mutated_buffer_bytes(result.program)
+        self._check("edge", "size-accounting", None if stored == ser_after else
+                    f"report: {stored} constant bytes stored (without mutated buffers); .pte: {ser_after}")
+        if not self.p.has_random:
+            self._run_pte("edge", first, lambda: before)
+
+    def _run_pte(self, stage: str, buffer: bytes, unfolded_buffer: Callable[[], bytes]) -> None:
+        calls = [self.inputs, self.inputs]
+        try:
+            got = lower.run_pte(buffer, calls)
+        except Exception as exc:
+            try:
+                lower.run_pte(unfolded_buffer(), calls)
+            except Exception:
+                self.notes.append(f"{stage}: .pte run skipped, the unfolded .pte fails too")
+                return
+            raise exception_kind(stage, "run .pte", exc)
+        def unfolded():
+            try:
+                return lower.run_pte(unfolded_buffer(), calls)
+            except Exception:
+                return got  # the unfolded .pte fails: nothing to blame on folding
+
+        self._check(stage, "wrong-output-pte", self._blame(got, self.eager, unfolded, _PTE_TOL))
+
+    # 4. .pte on portable and XNNPACK
+    def stage_pte(self) -> None:
+        if self.aten_result is None:
+            return
+        folded = self.aten_result.program
+        for backend in ("portable", "xnnpack"):
+            stage = f"pte-{backend}"
+            try:
+                buffer = lower.lower_pte(folded, backend, self.mutated)
+            except Exception as exc:
+                try:
+                    lower.lower_pte(self.ep, backend, self.mutated)
+                except Exception:
+                    self.notes.append(f"{stage}: skipped, the unfolded program does not lower either")
+                    continue
+                raise exception_kind(stage, "lower", exc)
+            if not self.p.has_random:
+                self._run_pte(stage, buffer, lambda b=backend: lower.lower_pte(self.ep, b, self.mutated))
+
+
+STAGES = ("aten", "edge", "pte")
+
+
+def check(program: Program, options: Options = Options()) -> Outcome:
+    """Run every check that `options` selects on `program`; never raises."""
+    case = Case(program, options)
+    with quiet():
+        try:
+            case.stage_build()
+            for stage in STAGES:
+                if stage == "aten" or getattr(options, stage):
+                    getattr(case, f"stage_{stage}")()
+                if options.until == stage:
+                    break
+        except Discard as d:
+            return Outcome("discarded", str(d), notes=tuple(case.notes))
+        except Failure as f:
+            return Outcome("failure", f.kind, f.message, f.stage, tuple(case.notes), f.check)
+        except Exception as exc:  # a bug in the fuzzer itself: report it as such
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            return Outcome("failure", f"fuzzer: {type(exc).__name__}: {normalise(str(exc))}", text, "fuzzer",
+                           tuple(case.notes), "fuzzer")
+    return Outcome("ok", notes=tuple(case.notes))

@@ -1,0 +1,599 @@
+"""Op families: each proposes a few op records that fit the values the program already has.
+
+A proposer reads the program being grown (`generate.Gen`: values with their example tensors at
+two batch sizes) and returns a `Proposal`, or None when nothing fits. It does not need to be
+right: `Gen.commit` runs the proposal and drops it when it raises, so proposers aim for ops that
+usually run, not for exact type rules. Dims that depend on the batch size are never indexed,
+sliced or permuted, so every kept program can be exported with a dynamic batch dim.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .generate import DTYPES, Gen, Proposal, Rejected, Value, dtype_src, init_expr, shape_src
+
+SIZES = (1, 1, 2, 3, 4, 5)  # size-1 dims are common on purpose (layouts, dim orders, broadcasting)
+
+
+# -- shapes ------------------------------------------------------------------------------------
+
+
+def rand_shape(g: Gen, max_rank: int = 4) -> tuple:
+    return tuple(g.rng.choice(SIZES) for _ in range(g.rng.randint(0, max_rank)))
+
+
+def related_shape(g: Gen, v: Value) -> tuple:
+    """A static shape that broadcasts against `v` (trailing dims, some set to 1, some dropped)."""
+    static = set(v.static_dims)
+    shape = [s if d in static else 1 for d, s in enumerate(v.ex.shape)]
+    shape = [1 if g.rng.random() < 0.25 else s for s in shape]
+    drop = g.rng.choice([0, 0, 1, len(shape)]) if shape else 0
+    shape = shape[drop:]
+    # a leading dim that is dynamic in `v` stays 1 here
+    return tuple(shape)
+
+
+def broadcastable(a: Value, b: Value) -> bool:
+    try:
+        for x, y in zip(a.examples, b.examples):
+            if torch.broadcast_shapes(x.shape, y.shape) != x.shape:
+                return False
+    except RuntimeError:
+        return False
+    return True
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def factor(g: Gen, n: int) -> tuple:
+    """A random shape with `n` elements, often with size-1 dims."""
+    out = []
+    while n > 1 and len(out) < 3:
+        divisors = [d for d in range(2, n + 1) if n % d == 0]
+        d = g.rng.choice(divisors)
+        out.append(d)
+        n //= d
+    if n > 1:
+        out.append(n)
+    for _ in range(g.rng.choice([0, 0, 1, 2])):
+        out.insert(g.rng.randint(0, len(out)), 1)
+    g.rng.shuffle(out)
+    return tuple(out)
+
+
+def _float(v: Value) -> bool:
+    return v.is_float
+
+
+def _static_dim(g: Gen, v: Value, min_size: int = 1) -> Optional[int]:
+    dims = [d for d in v.static_dims if v.ex.shape[d] >= min_size]
+    if not dims:
+        return None
+    d = g.rng.choice(dims)
+    return d - v.ex.dim() if g.rng.random() < 0.3 else d
+
+
+def _one(family: str, expr: str, *inputs: str) -> Proposal:
+    return Proposal(family, [(expr, tuple(inputs))])
+
+
+# -- elementwise math --------------------------------------------------------------------------
+
+FLOAT_UNARY = (
+    "torch.exp($0)", "$0.tanh()", "torch.sigmoid($0)", "F.relu($0)", "$0.abs()", "-$0", "$0.abs().sqrt()",
+    "torch.log1p($0.abs())", "$0.sin()", "$0.clamp(-0.5, 0.5)", "$0 * 2.0", "$0 + 1.5", "$0.floor()", "$0.round()",
+    "torch.sign($0)", "$0 ** 2", "torch.erf($0)", "F.gelu($0)", "F.silu($0)", "1.0 / ($0.abs() + 1.0)",
+    "F.hardtanh($0)", "F.softplus($0)", "F.leaky_relu($0, 0.1)", "$0.rsqrt()", "torch.log($0)", "$0 - $0.mean()",
+    "$0.sqrt()", "$0.reciprocal()", "torch.nan_to_num($0)", "$0.isnan()", "$0 > 0.1",
+)
+INT_UNARY = ("$0 // 2", "$0 % 3", "$0 * 3", "$0 + 1", "$0.abs()", "-$0", "$0 & 5", "torch.bitwise_not($0)",
+             "$0.clamp(-2, 2)", "$0 ** 2", "$0 > 0", "$0 == 1", "$0.sign()")
+BOOL_UNARY = ("~$0", "$0.logical_not()", "$0 & $0.flip(-1)", "$0.any(-1)", "$0.all()", "$0.int() * 2")
+
+
+def elementwise(g: Gen) -> Optional[Proposal]:
+    name = g.pick_any_kind()
+    v = g.v(name)
+    table = FLOAT_UNARY if v.is_float else BOOL_UNARY if v.ex.dtype == torch.bool else INT_UNARY
+    return _one("elementwise", g.rng.choice(table), name)
+
+
+FLOAT_BINARY = ("$0 + $1", "$0 - $1", "$0 * $1", "$0 / $1", "torch.maximum($0, $1)", "torch.minimum($0, $1)",
+                "torch.where($0 > $1, $0, $1)", "$0 > $1", "$0 == $1", "torch.atan2($0, $1)", "$0 * 0.5 + $1",
+                "torch.lerp($0, $1, 0.25)", "$0 + 2 * $1", "torch.logical_and($0 > 0, $1 > 0)")
+INT_BINARY = ("$0 + $1", "$0 - $1", "$0 * $1", "torch.maximum($0, $1)", "$0 > $1", "$0 | $1", "$0 ^ $1", "$0 / $1")
+BOOL_BINARY = ("$0 & $1", "$0 | $1", "$0 ^ $1", "$0 == $1", "torch.where($0, $1, False)")
+
+
+def binary(g: Gen) -> Optional[Proposal]:
+    a = g.pick_any_kind()
+    va = g.v(a)
+    b = None
+    if g.rng.random() < 0.7:
+        b = g.pick_any_kind(lambda v: broadcastable(va, v) and (v.ex.dtype == va.ex.dtype or g.rng.random() < 0.2))
+    if b is None:
+        dtype = va.ex.dtype if g.rng.random() < 0.8 else g.rng.choice(DTYPES)
+        b = g.random_state(related_shape(g, va), dtype, g.rng.choice(["parameter", "buffer", "constant"]))
+    dtype = va.ex.dtype
+    table = FLOAT_BINARY if dtype.is_floating_point else BOOL_BINARY if dtype == torch.bool else INT_BINARY
+    expr = g.rng.choice(table)
+    return _one("elementwise", expr, a, b) if g.rng.random() < 0.8 else _one("elementwise", expr, b, a)
+
+
+def reduce(g: Gen) -> Optional[Proposal]:
+    name = g.pick_any_kind(lambda v: v.ex.dtype != torch.bool)
+    if name is None:
+        return None
+    v = g.v(name)
+    d = _static_dim(g, v)
+    if d is None:
+        return _one("reduce", g.rng.choice(["$0.sum()", "$0.float().mean()", "$0.amax()"]), name)
+    kd = g.rng.choice([True, False])
+    table = [f"$0.sum({d}, keepdim={kd})", f"$0.mean({d}, keepdim={kd})", f"$0.amax({d})", f"$0.amin({d}, keepdim={kd})",
+             f"$0.argmax({d})", f"torch.softmax($0, {d})", f"F.log_softmax($0, {d})", f"$0.cumsum({d})",
+             f"$0.var({d}, correction=0)", f"torch.logsumexp($0, {d})", f"$0.norm(dim={d})", f"$0.prod({d})",
+             f"$0.max({d}).values", f"$0.sort({d}).values", f"$0.topk(1, {d}).indices", f"torch.cummax($0, {d}).values",
+             "$0.sum()", "$0.float().mean()"]
+    return _one("reduce", g.rng.choice(table), name)
+
+
+# -- casts -------------------------------------------------------------------------------------
+
+
+def cast(g: Gen) -> Optional[Proposal]:
+    name = g.pick_any_kind()
+    v = g.v(name)
+    target = g.rng.choice([t for t in DTYPES if t != v.ex.dtype])
+    if v.is_float and not target.is_floating_point and target != torch.bool:
+        # float -> int of NaN/inf/out-of-range values is undefined behaviour: clamp first
+        low = 0 if target == torch.uint8 else -100
+        high = 100
+        finite = bool(torch.isfinite(v.ex).all()) and v.kind == "const" and float(v.ex.abs().max()) < 100
+        expr = f"$0.to({dtype_src(target)})" if finite and g.rng.random() < 0.5 else \
+            f"torch.nan_to_num($0, 0.0).clamp({low}, {high}).to({dtype_src(target)})"
+        return _one("cast", expr, name)
+    short = {torch.float16: "$0.half()", torch.bfloat16: "$0.bfloat16()", torch.float32: "$0.float()",
+             torch.int64: "$0.long()", torch.int32: "$0.int()", torch.bool: "$0.bool()"}
+    choices = [f"$0.to({dtype_src(target)})", f"$0.type({dtype_src(target)})"]
+    if target in short:
+        choices.append(short[target])
+    if v.is_float and v.ex.dtype == torch.float32:
+        choices.append(f"$0.to({dtype_src(g.rng.choice([torch.float16, torch.bfloat16]))}).float()")
+    return _one("cast", g.rng.choice(choices), name)
+
+
+# -- views and layout --------------------------------------------------------------------------
+
+
+def view(g: Gen) -> Optional[Proposal]:
+    name = g.pick_any_kind()
+    v = g.v(name)
+    shape, r, st = tuple(v.ex.shape), v.ex.dim(), v.static_dims
+    rng = g.rng
+    options: list[str] = []
+    if len(st) >= 2:
+        perm = list(range(r))
+        moved = st[:]
+        rng.shuffle(moved)
+        for d, m in zip(st, moved):
+            perm[d] = m
+        options.append(f"$0.permute({', '.join(map(str, perm))})")
+        i, j = rng.sample(st, 2)
+        options += [f"$0.transpose({i}, {j})", f"$0.movedim({i}, {j})", f"torch.diagonal($0, 0, {i}, {j})"]
+    if r == 2 and not v.dynamic:
+        options += ["$0.t()", "$0.mT", "$0.tril()", "$0.triu(1)"]
+    options.append(f"$0.unsqueeze({rng.randint(-r - 1, r)})")
+    ones = [d for d in st if shape[d] == 1]
+    if ones:
+        options.append(f"$0.squeeze({rng.choice(ones)})")
+        sizes = [str(rng.choice([2, 3, 4])) if d in ones else "-1" for d in range(r)]
+        options.append(f"$0.expand({', '.join(sizes)})")
+    if r:
+        options.append(f"$0.expand({rng.choice([2, 3])}, {', '.join(['-1'] * r)})")
+    d = _static_dim(g, v)
+    if d is not None:
+        n = shape[d]
+        i = rng.randrange(-n, n)
+        options += [f"$0.select({d}, {i})", f"$0.flip({d})", f"$0.roll({rng.randint(1, 3)}, {d})",
+                    f"$0.unbind({d})[{i}]", f"torch.cat([$0, $0], dim={d})",
+                    f"$0.repeat({', '.join('2' if k == d % r else '1' for k in range(r))})"]
+        if v.ex.dtype != torch.bool:
+            options.append(f"torch.stack([$0, $0 * 2], dim={rng.randint(0, r)})")
+        if n >= 2:
+            start = rng.randrange(0, n - 1)
+            stop = rng.randrange(start + 1, n + 1)
+            step = rng.choice([1, 1, 2])
+            index = ":, " * (d % r) + f"{start}:{stop}:{step}"
+            options += [f"$0[{index}]", f"$0.narrow({d}, {start}, {stop - start})",
+                        f"$0.chunk(2, {d})[{rng.randint(0, 1)}]", f"$0.split(1, {d})[{rng.randrange(n)}]",
+                        f"$0.unfold({d}, {rng.randint(1, n)}, {rng.randint(1, 2)})"]
+        partner = g.pick(lambda u: u.ex.dim() == r and u.ex.dtype == v.ex.dtype and all(
+            a.shape[k] == b.shape[k] for a, b in zip(u.examples, v.examples) for k in range(r) if k != d % r),
+            exclude=(name,))
+        if partner:
+            return _one("view", f"torch.cat([$0, $1], dim={d})", name, partner)
+    if not v.dynamic and r:
+        options += [f"$0.reshape({', '.join(map(str, factor(g, numel(shape)) or (1,)))})", "$0.view(-1)",
+                    "$0.flatten()", "$0.squeeze()"]
+    elif st == list(range(1, r)) and r >= 2:
+        rest = factor(g, numel(shape[1:]))
+        options += [f"$0.reshape($0.shape[0], {', '.join(map(str, rest or (1,)))})", "$0.flatten(1)"]
+    options += ["$0.contiguous()", "$0.clone()"]
+    if r == 4:
+        options.append("$0.contiguous(memory_format=torch.channels_last)")
+    if r and v.ex.dtype != torch.bool:
+        options.append(f"F.pad($0, ({rng.randint(0, 2)}, {rng.randint(0, 2)}))")
+    return _one("view", rng.choice(options), name)
+
+
+# -- indexing and scatter ----------------------------------------------------------------------
+
+
+def _index_state(g: Gen, n: int, k: int, unique: bool = False) -> str:
+    """A stored 1-D int64 index into a dim of size `n` (unique entries when `unique`)."""
+    seed = g.seed()
+    if unique:
+        k = min(k, n)
+        init = f"torch.randperm({n}, generator=_g({seed}))[:{k}]"
+    else:
+        init = f"torch.randint(0, {n}, ({k},), generator=_g({seed}))"
+    return g.new_state(init, g.rng.choice(["buffer", "constant"]), "i")
+
+
+def _existing_index(g: Gen, n: int) -> Optional[str]:
+    return g.pick(lambda u: u.ex.dtype == torch.int64 and u.ex.dim() == 1 and not u.dynamic
+                  and bool((u.ex >= 0).all()) and bool((u.ex < n).all()) and u.kind == "const")
+
+
+def index(g: Gen) -> Optional[Proposal]:
+    name = g.pick_any_kind(lambda u: bool(u.static_dims))
+    if name is None:
+        return None
+    v = g.v(name)
+    rng = g.rng
+    d = _static_dim(g, v)
+    n = v.ex.shape[d]
+    r = v.ex.dim()
+    pre = ":, " * (d % r)
+    choice = rng.randrange(10)
+    if choice == 0:
+        idx = _existing_index(g, n) or _index_state(g, n, rng.randint(1, 4))
+        return _one("index", f"torch.index_select($0, {d}, $1)", name, idx)
+    if choice == 1:
+        idx = _existing_index(g, n) or _index_state(g, n, rng.randint(1, 4))
+        return _one("index", f"$0[{pre}$1]", name, idx)
+    if choice in (2, 3):
+        # gather / scatter with an index shaped like the value (dynamic dims expanded)
+        k = rng.randint(1, n)
+        ishape = [1 if dd not in v.static_dims else (k if dd == d % r else s) for dd, s in enumerate(v.ex.shape)]
+        idx = g.new_state(f"torch.randint(0, {n}, {shape_src(tuple(ishape))}, generator=_g({g.seed()}))", "buffer", "i")
+        exp = ", ".join(f"$0.shape[{dd}]" if dd not in v.static_dims else "-1" for dd in range(r))
+        ix = f"$1.expand({exp})" if v.dynamic else "$1"
+        src = f"$0.narrow({d}, 0, {k})"
+        table = [f"torch.gather($0, {d}, {ix})", f"$0.scatter_add({d}, {ix}, {src})",
+                 f"$0.scatter({d}, {ix}, 2.0)", f"$0.scatter_reduce({d}, {ix}, {src}, 'amax')"]
+        return _one("index", rng.choice(table), name, idx)
+    if choice == 4:
+        idx = _index_state(g, n, rng.randint(1, n), unique=True)
+        table = [f"$0.index_add({d}, $1, $0.index_select({d}, $1))", f"$0.index_copy({d}, $1, $0.index_select({d}, $1) * 2)",
+                 f"$0.index_fill({d}, $1, 1)"]
+        if d % r == 0:
+            table.append("$0.index_put(($1,), $0[$1] * 2)")
+            table.append("$0.index_put(($1,), $0[$1], accumulate=True)")
+        return _one("index", rng.choice(table), name, idx)
+    if choice == 5:
+        mask = g.pick_any_kind(lambda u: u.ex.dtype == torch.bool and broadcastable(v, u))
+        if mask is None:
+            mask = g.random_state(related_shape(g, v), torch.bool, "buffer")
+        val = rng.choice(["0", "1", "-1"]) if not v.is_float else rng.choice(["0.5", "-1.0", "float('-inf')"])
+        table = [f"$0.masked_fill($1, {val})", f"torch.where($1, $0, {val})", f"torch.where($1, {val}, $0)"]
+        return _one("index", rng.choice(table), name, mask)
+    if choice == 6:
+        # embedding: a 2-D float table read at int ids (the runtime ids input when it fits)
+        table = g.pick(lambda u: u.is_float and u.ex.dim() == 2 and not u.dynamic)
+        if table is None:
+            table = g.random_state((rng.choice([8, 10]), rng.choice([2, 4])), torch.float32)
+        rows = g.v(table).ex.shape[0]
+        ids = g.pick(lambda u: u.ex.dtype == torch.int64 and u.ex.numel() > 0 and bool((u.ex >= 0).all())
+                     and bool((u.ex < rows).all()) and u.ex.dim() <= 2)
+        ids = ids or _index_state(g, rows, rng.randint(1, 5))
+        return _one("index", "F.embedding($1, $0)", table, ids)
+    if choice == 7:
+        # a 0-d int buffer used as an index (exports as item() + an unbacked symbol)
+        k = g.new_state(f"torch.tensor({rng.randrange(n)})", "buffer", "k")
+        return _one("index", f"$0[{pre}$1]", name, k)
+    if choice == 8:
+        idx = g.new_state(f"torch.randint(0, {v.ex.numel()}, ({rng.randint(1, 4)},), generator=_g({g.seed()}))",
+                          "buffer", "i")
+        return _one("index", "torch.take($0, $1)", name, idx) if not v.dynamic else None
+    return _one("index", f"$0[{pre}{rng.randrange(-n, n)}]", name)
+
+
+# -- norms -------------------------------------------------------------------------------------
+
+
+def _param_or_computed(g: Gen, shape: tuple, positive: bool = False) -> tuple[str, Optional[str]]:
+    """A weight argument: ``None``, a stored tensor, or a constant expression of one."""
+    u = g.rng.random()
+    if u < 0.2:
+        return "None", None
+    s = g.random_state(shape, torch.float32, "parameter", "pos" if positive else None)
+    if u < 0.6:
+        return "${}", s
+    return g.rng.choice(["(${} * 2.0)", "${}.exp()", "(${}.abs() + 0.5)"]), s
+
+
+def _args(parts: list[tuple[str, Optional[str]]], first: int = 1) -> tuple[list[str], list[str]]:
+    """Number the `${}` slots of `parts` from `first`; returns (rendered args, their inputs)."""
+    args, inputs = [], []
+    for text, state in parts:
+        if state is None:
+            args.append(text)
+        else:
+            args.append(text.replace("${}", f"${first + len(inputs)}"))
+            inputs.append(state)
+    return args, inputs
+
+
+def norm(g: Gen) -> Optional[Proposal]:
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 2)
+    if name is None:
+        return None
+    v = g.v(name)
+    shape, r = tuple(v.ex.shape), v.ex.dim()
+    rng = g.rng
+    channels_static = 1 in v.static_dims
+    choice = rng.randrange(6)
+    if choice == 0 and r - 1 in v.static_dims:
+        k = 2 if r - 2 in v.static_dims and r > 2 and rng.random() < 0.3 else 1
+        ns = shape[-k:]
+        (w, b), inputs = _args([_param_or_computed(g, ns), _param_or_computed(g, ns)])
+        fn = rng.choice([f"F.layer_norm($0, {ns}, {w}, {b}, eps=1e-5)", f"F.rms_norm($0, {ns}, {w}, eps=1e-5)"])
+        return _one("norm", fn, name, *inputs)
+    if choice in (1, 2) and channels_static:
+        c = shape[1]
+        mean = g.random_state((c,), torch.float32, "buffer")
+        var = g.random_state((c,), torch.float32, "buffer", "pos")
+        (w, b), inputs = _args([_param_or_computed(g, (c,), True), _param_or_computed(g, (c,))], first=3)
+        training = choice == 2 and rng.random() < 0.5
+        proposal = _one("norm", f"F.batch_norm($0, $1, $2, {w}, {b}, training={training}, momentum=0.1, eps=1e-5)",
+                        name, mean, var, *inputs)
+        if training:
+            proposal.mutates = (mean, var)
+        return proposal
+    if choice == 3 and channels_static and r >= 3:
+        c = shape[1]
+        groups = rng.choice([gg for gg in range(1, c + 1) if c % gg == 0])
+        (w, b), inputs = _args([_param_or_computed(g, (c,)), _param_or_computed(g, (c,))])
+        return _one("norm", f"F.group_norm($0, {groups}, {w}, {b})", name, *inputs)
+    if choice == 4 and channels_static and r >= 3:
+        c = shape[1]
+        mean = g.random_state((c,), torch.float32, "buffer")
+        var = g.random_state((c,), torch.float32, "buffer", "pos")
+        proposal = _one("norm", "F.instance_norm($0, $1, $2, use_input_stats=True, momentum=0.1)", name, mean, var)
+        proposal.mutates = (mean, var)
+        return proposal
+    return _one("norm", f"F.normalize($0, dim={rng.randrange(-r, r)})", name)
+
+
+# -- convs, linears and pools with computed weights --------------------------------------------
+
+_WEIGHT_FORMS = ("plain", "scaled", "permuted", "bn_fold", "cat", "flip")
+
+
+def _computed_weight(g: Gen, shape: tuple) -> tuple[list[tuple[str, tuple]], str]:
+    """Steps computing a weight of `shape` from stored tensors (a constant region to fold)."""
+    form = g.rng.choice(_WEIGHT_FORMS)
+    r = len(shape)
+    if form == "permuted":
+        perm = list(range(r))
+        g.rng.shuffle(perm)
+        stored = tuple(shape[p] for p in perm)  # stored[i] = shape[perm[i]]
+        inverse = [perm.index(i) for i in range(r)]
+        w = g.random_state(stored, torch.float32)
+        return [(f"$0.permute({', '.join(map(str, inverse))})", (w,))], "@0"
+    if form == "bn_fold":
+        w = g.random_state(shape, torch.float32)
+        gamma = g.random_state((shape[0],), torch.float32, "parameter", "pos")
+        var = g.random_state((shape[0],), torch.float32, "buffer", "pos")
+        view = ", ".join(["-1"] + ["1"] * (r - 1))
+        return [(f"$0 * ($1 / ($2 + 1e-5).sqrt()).reshape({view})", (w, gamma, var))], "@0"
+    if form == "cat" and shape[0] >= 2:
+        half = shape[0] // 2
+        a = g.random_state((half,) + shape[1:], torch.float32)
+        b = g.random_state((shape[0] - half,) + shape[1:], torch.float32)
+        return [("torch.cat([$0, $1], 0)", (a, b))], "@0"
+    w = g.random_state(shape, torch.float32)
+    if form == "plain":
+        return [], w
+    expr = {"scaled": "$0 * 0.5", "flip": "$0.flip(-1)"}.get(form, "$0.tanh()")
+    return [(expr, (w,))], "@0"
+
+
+def conv(g: Gen) -> Optional[Proposal]:
+    rng = g.rng
+    choice = rng.randrange(4)
+    if choice == 0:
+        # linear (or matmul) with a computed weight
+        name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.dim() - 1 in u.static_dims)
+        if name is None:
+            return None
+        k = g.v(name).ex.shape[-1]
+        n = rng.choice([1, 2, 4, 8])
+        if rng.random() < 0.3:
+            steps, w = _computed_weight(g, (k, n))
+            return Proposal("conv", steps + [(f"torch.matmul($0, $1)", (name, w))])
+        steps, w = _computed_weight(g, (n, k))
+        bias = rng.random() < 0.6
+        inputs = (name, w) + ((g.random_state((n,), torch.float32),) if bias else ())
+        return Proposal("conv", steps + [("F.linear($0, $1, $2)" if bias else "F.linear($0, $1)", inputs)])
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() in (3, 4) and 1 in u.static_dims)
+    if name is None:
+        return None
+    v = g.v(name)
+    r = v.ex.dim()
+    if choice == 3 and r == 4:
+        pool = rng.choice(["F.avg_pool2d($0, 2, ceil_mode=True)", "F.max_pool2d($0, 2, ceil_mode=True)",
+                           "F.adaptive_avg_pool2d($0, 1)", "F.interpolate($0, scale_factor=2, mode='nearest')"])
+        return _one("conv", pool, name)
+    c = v.ex.shape[1]
+    spatial = tuple(v.ex.shape[2:])
+    ksize = rng.choice([1, 1, 3]) if min(spatial) >= 3 else 1
+    groups = c if rng.random() < 0.25 else 1
+    cout = groups * rng.choice([1, 2]) if groups > 1 else rng.choice([1, 2, 4])
+    kshape = (cout, c // groups) + (ksize,) * (r - 2)
+    steps, w = _computed_weight(g, kshape)
+    bias = "None"
+    inputs = [name, w]
+    if rng.random() < 0.5:
+        inputs.append(g.random_state((cout,), torch.float32))
+        bias = "$2" if rng.random() < 0.5 else "$2 * 0.1"
+    fn = "F.conv2d" if r == 4 else "F.conv1d"
+    pad = rng.choice([0, ksize // 2])
+    stride = rng.choice([1, 1, 2])
+    return Proposal("conv", steps + [(f"{fn}($0, $1, {bias}, stride={stride}, padding={pad}, groups={groups})",
+                                      tuple(inputs))])
+
+
+def attention(g: Gen) -> Optional[Proposal]:
+    """Scaled dot-product attention with a constant (folded) mask."""
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() in (3, 4)
+                           and {u.ex.dim() - 1, u.ex.dim() - 2} <= set(u.static_dims))
+    if name is None:
+        return None
+    length = g.v(name).ex.shape[-2]
+    mask = g.rng.choice([f"torch.ones({length}, {length}).tril().bool()",
+                         f"torch.full(({length}, {length}), float('-inf')).triu(1)"])
+    sdpa = "F.scaled_dot_product_attention($0, $0 * 0.5, $0, attn_mask=$1)"
+    return Proposal("attention", [(mask, ()), (sdpa, (name, "@0"))])
+
+
+# -- in-place ops on temporaries ---------------------------------------------------------------
+
+
+def inplace(g: Gen) -> Optional[Proposal]:
+    name = g.pick(lambda u: u.temp and u.ex.stride() and min(u.ex.stride()) > 0)
+    if name is None:
+        return None
+    v = g.v(name)
+    rng = g.rng
+    if v.is_float:
+        table = ["$0.add_(1.0)", "$0.mul_(2.0)", "$0.relu_()", "$0.clamp_(-1.0, 1.0)", "$0.fill_(0.25)", "$0.zero_()",
+                 "$0.exp_()", "$0.neg_()", "$0.tanh_()", "$0.sigmoid_()"]
+    elif v.ex.dtype == torch.bool:
+        table = ["$0.logical_not_()", "$0.fill_(True)"]
+    else:
+        table = ["$0.add_(1)", "$0.mul_(2)", "$0.fill_(3)", "$0.zero_()", "$0.clamp_(-2, 2)", "$0.bitwise_xor_(3)"]
+    d = _static_dim(g, v)
+    if d is not None and rng.random() < 0.3:
+        return _one("inplace", f"$0.narrow({d}, 0, 1)." + rng.choice(table)[3:], name)
+    other = g.pick_any_kind(lambda u: broadcastable(v, u) and u.ex.dtype == v.ex.dtype, exclude=(name,))
+    if other is not None and rng.random() < 0.4:
+        ops = ["$0.copy_($1)"] + (["$0.sub_($1)", "$0.add_($1, alpha=0.5)"] if v.ex.dtype != torch.bool else [])
+        return _one("inplace", rng.choice(ops), name, other)
+    return _one("inplace", rng.choice(table), name)
+
+
+# -- constants from factories ------------------------------------------------------------------
+
+
+def factory(g: Gen) -> Optional[Proposal]:
+    rng = g.rng
+    shape = rand_shape(g, 3)
+    s = shape_src(shape)
+    n = rng.randint(1, 8)
+    table = [
+        f"torch.arange({n})", f"torch.arange({n}, dtype=torch.float32)", f"torch.arange(1, {n + 4}, 2)",
+        f"torch.linspace(-1.0, 1.0, {n})", f"torch.full({s}, {rng.choice([0.5, -2.0, 3.0])})",
+        f"torch.full({s}, {rng.randint(-3, 3)}, dtype=torch.int64)", f"torch.ones({s})", f"torch.zeros({s}, dtype=torch.int32)",
+        f"torch.eye({n})", f"torch.ones({n}, {n}).tril()", f"torch.empty({s}).fill_(1.5)",
+        f"torch.tensor({[round(rng.uniform(-2, 2), 2) for _ in range(n)]})", f"torch.tensor({[rng.randint(-3, 3) for _ in range(n)]})",
+    ]
+    if rng.random() < 0.4:
+        name = g.pick()
+        like = ["torch.zeros_like($0)", "torch.ones_like($0)", "torch.full_like($0, 2)", f"$0.new_ones({s})",
+                f"$0.new_zeros({s})"]
+        return _one("factory", rng.choice(like), name)
+    return Proposal("factory", [(rng.choice(table), ())])
+
+
+# -- mutated buffers ---------------------------------------------------------------------------
+
+
+def mutation(g: Gen) -> Optional[Proposal]:
+    rng = g.rng
+    choice = rng.randrange(4)
+    if choice == 0:
+        counter = g.new_state("torch.tensor(0)", "buffer", "n")
+        p = _one("mutation", "$0.add_(1)", counter)
+        p.mutates = (counter,)
+        return p
+    src = g.pick(lambda u: u.is_float and u.ex.dtype == torch.float32)
+    if src is None:
+        return None
+    v = g.v(src)
+    src_expr = "$1"
+    target_shape = tuple(v.ex.shape)
+    if v.dynamic:
+        if v.static_dims != list(range(1, v.ex.dim())):
+            return None
+        src_expr = rng.choice(["$1.mean(0)", "$1.sum(0)", "$1[0]", "$1.amax(0)"])
+        target_shape = target_shape[1:]
+    existing = g.pick(lambda u: u.state == "buffer" and u.is_float and tuple(u.ex.shape) == target_shape
+                      and u.ex.dtype == torch.float32)
+    buf = existing if existing and rng.random() < 0.5 else g.random_state(target_shape, torch.float32, "buffer")
+    table = [f"$0.copy_({src_expr})", f"$0.add_({src_expr})", f"$0.mul_(0.9).add_({src_expr}, alpha=0.1)",
+             f"$0.lerp_({src_expr}, 0.5)"]
+    p = _one("mutation", rng.choice(table), buf, src)
+    p.mutates = (buf,)
+    return p
+
+
+# -- random ops --------------------------------------------------------------------------------
+
+
+def random_op(g: Gen) -> Optional[Proposal]:
+    rng = g.rng
+    s = shape_src(rand_shape(g, 3))
+    name = g.pick(lambda u: u.is_float and u.ex.dtype == torch.float32)
+    table = [f"torch.randn({s})", f"torch.randint(0, 5, {s})", f"torch.bernoulli(torch.full({s}, 0.5))",
+             f"torch.randperm({rng.randint(1, 6)})", f"torch.rand({s})"]
+    if name is not None and rng.random() < 0.6:
+        return _one("random", rng.choice(["torch.rand_like($0)", "F.dropout($0, 0.5, training=True)",
+                                          "$0 + torch.randn_like($0) * 0.01"]), name)
+    return Proposal("random", [(rng.choice(table), ())])
+
+
+FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
+    "elementwise": elementwise,
+    "binary": binary,
+    "reduce": reduce,
+    "cast": cast,
+    "view": view,
+    "index": index,
+    "norm": norm,
+    "conv": conv,
+    "attention": attention,
+    "inplace": inplace,
+    "factory": factory,
+    "mutation": mutation,
+    "random": random_op,
+}
+
+_WEIGHTS = {"elementwise": 12, "binary": 14, "reduce": 6, "cast": 8, "view": 16, "index": 8, "norm": 4, "conv": 6,
+            "attention": 1, "inplace": 6, "factory": 5, "mutation": 3, "random": 2}
+# no norms: a batch_norm makes torchao's convert_pt2e export ~100 conv-bn patterns (~100 s)
+_QUANT_WEIGHTS = {**_WEIGHTS, "conv": 24, "binary": 18, "random": 0, "mutation": 1, "norm": 0}
+
+
+def weights(quantize: bool) -> dict[str, float]:
+    """Relative frequency of each family (quantized cases favour what the quantizer annotates)."""
+    return _QUANT_WEIGHTS if quantize else _WEIGHTS

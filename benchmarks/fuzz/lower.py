@@ -1,0 +1,107 @@
+"""ExecuTorch lowering, serialisation and runtime helpers for the fuzzer (portable and XNNPACK).
+
+The same steps as `tests/invariants.py`, kept here because benchmarks do not import tests.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional, Sequence
+
+import torch
+from torch.export import ExportedProgram
+
+
+def backend_config(mutated_buffers: Sequence[str]):
+    """Serialise the initial value of mutated buffers (by default ExecuTorch leaves them
+    uninitialised), so a .pte's first call sees the same state as eager."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    if not mutated_buffers:
+        return None
+    return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(list(mutated_buffers))])
+
+
+def private_copy(ep: ExportedProgram) -> ExportedProgram:
+    """A deep copy of `ep` (lowering passes may rewrite what they are given), or `ep` itself
+    when it holds tensors that cannot be deep-copied (non-leaf tensors of converted PT2E models)."""
+    try:
+        return copy.deepcopy(ep)
+    except RuntimeError:
+        return ep
+
+
+def to_edge_program(ep: ExportedProgram) -> ExportedProgram:
+    """The Edge-dialect program `to_edge` makes of `ep` (default config)."""
+    from executorch.exir import to_edge
+
+    return to_edge(ep).exported_program()
+
+
+def edge_pte(edge_program: ExportedProgram, mutated_buffers: Sequence[str] = ()) -> bytes:
+    """Serialise an Edge program (portable kernels, no partitioner); `edge_program` is not changed."""
+    from executorch.exir import EdgeProgramManager
+
+    manager = EdgeProgramManager({"forward": private_copy(edge_program)})
+    return manager.to_executorch(backend_config(mutated_buffers)).buffer
+
+
+def lower_pte(ep: ExportedProgram, backend: str, mutated_buffers: Sequence[str] = ()) -> bytes:
+    """Lower an ATen program for ``portable`` or ``xnnpack`` and serialise it; `ep` is not changed."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioner = None
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
+    manager = to_edge_transform_and_lower(private_copy(ep), partitioner=partitioner)
+    return manager.to_executorch(backend_config(mutated_buffers)).buffer
+
+
+def run_pte(buffer: bytes, calls: Sequence[Sequence[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """Load a .pte once and call ``forward`` on each input tuple in turn (state carries over)."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    method = _load_for_executorch_from_buffer(buffer)  # reads `buffer` while alive: keep both
+    results = []
+    for inputs in calls:
+        results.append([t.clone() for t in method.forward(tuple(inputs))])
+    return results
+
+
+_ELEMENT_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 12: 1, 13: 1, 14: 4, 15: 2}
+
+
+def constant_bytes(buffer: bytes) -> int:
+    """Bytes of the distinct constant tensors a .pte stores, without the serializer's padding:
+    each constant-buffer entry counts once, at the size of a tensor that reads it."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import Tensor
+
+    program = deserialize_pte_binary(buffer).program
+    sizes: dict[int, int] = {}
+    for plan in program.execution_plan:
+        for value in plan.values:
+            t = value.val
+            if isinstance(t, Tensor) and t.data_buffer_idx > 0 and t.allocation_info is None:
+                n = _ELEMENT_BYTES[int(t.scalar_type)]
+                for s in t.sizes:
+                    n *= s
+                sizes[t.data_buffer_idx] = max(sizes.get(t.data_buffer_idx, 0), n)
+    return sum(sizes.values())
+
+
+def mutated_buffer_bytes(ep: ExportedProgram) -> int:
+    """Distinct bytes of the buffers `ep` mutates (stored by ExecuTorch as mutable data, not
+    as constants)."""
+    seen, total = set(), 0
+    for target in ep.graph_signature.buffers_to_mutate.values():
+        t: Optional[torch.Tensor] = ep.state_dict.get(target)
+        if t is None:
+            t = ep.constants.get(target)
+        if isinstance(t, torch.Tensor) and target not in seen:
+            seen.add(target)
+            total += t.nbytes
+    return total

@@ -1,0 +1,111 @@
+"""Standalone reproducers: the module, its export, the fold, then the check that failed.
+
+A reproducer needs only torch, executorch and `folding`; run it from the repository root.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .check import Outcome, difference, run_twice
+from .program import Program, export_source, module_source
+
+_HELPERS = "\n\n".join(inspect.getsource(f) for f in (run_twice, difference))
+
+
+def _fold_lines(p: Program, stage: str) -> list[str]:
+    lines = ["from folding import FoldPolicy, fold_constants", f"policy = {p.policy.source()}"]
+    if stage == "edge":
+        lines += ["from executorch.exir import to_edge", "program = to_edge(ep).exported_program()"]
+    else:
+        lines.append("program = ep")
+    return lines
+
+
+def _backend_config(p: Program) -> str:
+    if not p.mutated_buffers:
+        return "None"
+    return ("ExecutorchBackendConfig(passes=[InitializedMutableBufferPass("
+            f"{p.mutated_buffers!r})])  # serialise the buffers' initial values")
+
+
+def _check_lines(p: Program, outcome: Outcome) -> list[str]:
+    check, stage = outcome.check, outcome.stage
+    inputs = "make_inputs(5)" if check == "wrong-output-dynamic" else "make_inputs()"
+    if check in ("wrong-output", "wrong-output-dynamic"):
+        return [_HELPERS, "", f"want = run_twice(reference, {inputs})  # eager: two calls, seeded RNG",
+                f"got = run_twice(result.program.module(), {inputs})",
+                "print([[difference(w, g) for w, g in zip(a, b)] for a, b in zip(want, got)])  # None: same"]
+    if check == "caller-changed":
+        return ["assert str(program.graph) == str(original.graph), 'graph changed'",
+                "for k, v in original.state_dict.items():",
+                "    assert torch.equal(v, program.state_dict[k]), k"]
+    if check == "verifier":
+        return ["result.program.validate()", "print(result.program.graph)"]
+    if check == "nondeterministic":
+        return ["again = fold_constants(program, policy)",
+                "assert str(again.program.graph) == str(result.program.graph)",
+                "for k, v in result.program.constants.items():",
+                "    assert torch.equal(v, again.program.constants[k]), k"]
+    if check == "report-bytes":
+        return ["from folding.sizes import stored_constant_bytes",
+                "print(result.report.constant_bytes_after, stored_constant_bytes(result.program))"]
+    if check.startswith("policy"):
+        return ["r = result.report",
+                "print(r.constant_bytes_before, r.constant_bytes_after, policy.growth_budget(r.constant_bytes_before))",
+                "print([(c.target, c.nbytes) for c in r.lifted])"]
+    if stage.startswith("pte-"):
+        backend = stage[4:]
+        lines = ["from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower",
+                 "from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass"]
+        partitioner = "None"
+        if backend == "xnnpack":
+            lines.append("from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner")
+            partitioner = "[XnnpackPartitioner()]"
+        lines.append(f"manager = to_edge_transform_and_lower(result.program, partitioner={partitioner})")
+        lines.append(f"buffer = manager.to_executorch({_backend_config(p)}).buffer")
+        return lines + _run_pte_lines(check)
+    if stage == "edge" and check not in ("fold", "second fold"):
+        lines = ["from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig",
+                 "from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass",
+                 f"config = {_backend_config(p)}",
+                 "buffer = EdgeProgramManager({'forward': result.program}).to_executorch(config).buffer"]
+        if check in ("size-accounting", "policy-growth-serialized"):
+            lines += ["from benchmarks.fuzz.lower import constant_bytes, mutated_buffer_bytes",
+                      "unfolded = EdgeProgramManager({'forward': program}).to_executorch(config).buffer",
+                      "print('report:', result.report.constant_bytes_before, '->', result.report.constant_bytes_after,",
+                      "      'of which mutated buffers:', mutated_buffer_bytes(result.program))",
+                      "print('.pte constant bytes:', constant_bytes(unfolded), '->', constant_bytes(buffer))"]
+        if check == "pte-nondeterministic":
+            lines += ["again = fold_constants(program, policy).program",
+                      "assert buffer == EdgeProgramManager({'forward': again}).to_executorch(config).buffer"]
+        return lines + _run_pte_lines(check)
+    return []
+
+
+def _run_pte_lines(check: str) -> list[str]:
+    if check not in ("wrong-output-pte", "run .pte"):
+        return []
+    return [_HELPERS, "",
+            "from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer",
+            "method = _load_for_executorch_from_buffer(buffer)",
+            "want = run_twice(reference, make_inputs())",
+            "got = [list(method.forward(make_inputs())) for _ in range(2)]",
+            "print([[difference(w, g, {torch.float32: (1e-4, 1e-4)}) for w, g in zip(a, b)] for a, b in zip(want, got)])"]
+
+
+def reproducer(p: Program, outcome: Outcome) -> str:
+    """The standalone script for `outcome` (a failure of program `p`)."""
+    stage = outcome.stage
+    fold = _fold_lines(p, stage)
+    if outcome.check == "caller-changed":
+        fold.append("original = copy.deepcopy(program)")
+    fold.append("result = fold_constants(program, policy)")
+    first = (outcome.message.strip().splitlines() or [""])[-1][:300]
+    header = [f"# fuzz case {p.seed}: {outcome.kind}", f"# {first}",
+              "# run from the repository root: python repro.py"]
+    body = [module_source(p).rstrip(), "", export_source(p).rstrip(), "\n".join(fold)]
+    check = _check_lines(p, outcome)
+    if check:
+        body.append("\n".join(check))
+    return "\n".join(header) + "\n" + "\n\n".join(body) + "\n"
