@@ -32,6 +32,7 @@ import torch
 import torch.fx
 
 from .report import Reason
+from .sizes import aligned
 
 # Regions with at most this many ops are planned exactly (2**14 subsets, a few ms each).
 EXACT_LIMIT = 14
@@ -60,11 +61,12 @@ class Region:
 
 
 def node_bytes(node: torch.fx.Node) -> int:
-    """Bytes of a node's value from its ``meta["val"]`` (0 when unknown or not one tensor)."""
+    """Serialized bytes of a node's value from its ``meta["val"]``, padded as the constant
+    segment pads each buffer (`sizes.aligned`); 0 when unknown or not one tensor."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         try:
-            return int(val.numel()) * val.element_size()
+            return aligned(int(val.numel()) * val.element_size())
         except Exception:  # symbolic numel: never stored by the planner
             return 0
     return 0

@@ -58,6 +58,8 @@ class _NewConstant:
     value: torch.Tensor
     source: torch.fx.Node
     replaces: list[str] = field(default_factory=list)
+    private: bool = False  # a reader's own placeholder of another constant's tensor
+    placeholder: Optional[torch.fx.Node] = None  # set when emitted
 
 
 def lift(
@@ -66,21 +68,22 @@ def lift(
     values: dict[torch.fx.Node, torch.Tensor],
     constant_placeholders: set[torch.fx.Node],
     *,
-    inplace: bool,
     bound: Optional[dict] = None,
+    private_readers: frozenset = frozenset(),
 ) -> tuple[ExportedProgram, Lifting]:
     """Build the folded program.
 
     Args:
-        program: the program to fold; read only unless `inplace`.
+        program: the program to fold; read only.
         folded: nodes of ``program.graph`` that are folded away.
         values: stored tensors (contiguous, owning their storage) of the folded nodes that a
             surviving node or the output reads.
         constant_placeholders: placeholders whose stored tensors never change (dedup candidates).
+        private_readers: constant-only nodes kept in the program; when a stored value has
+            several readers, each of these reads it through its own placeholder
+            (`_private_readers`).
         bound: data-dependent symbols that evaluation fixed (``u0`` -> 2): substituted in the
             metadata of the nodes left in the program, their range constraints dropped.
-        inplace: update `program` itself instead of returning a new ExportedProgram that shares
-            the unchanged tensors.
 
     Returns:
         The folded program, checked with torch's signature verifier and graph lint, and a
@@ -124,6 +127,23 @@ def lift(
             record.lifted_as[node.name] = hit.name
         target_of[node] = hit
 
+    # 1b. Private placeholders (same tensor, own name and target) for the readers of a new
+    # constant that executorch 1.5.1's delegation mishandles when they share one placeholder
+    # (`_private_readers`).
+    private: dict[tuple[torch.fx.Node, torch.fx.Node], _NewConstant] = {}
+    sources: dict[int, list[torch.fx.Node]] = {}
+    for node, hit in target_of.items():
+        if isinstance(hit, _NewConstant):
+            sources.setdefault(id(hit), []).append(node)
+    for c in list(new_constants):
+        for reader, source in _private_readers(sources[id(c)], folded, private_readers):
+            target = lifted_constant_target(source.name, taken)
+            copy_c = _NewConstant(CONSTANT_PREFIX + target, target, c.value, source, private=True)
+            taken.update((target, copy_c.name))
+            new_constants.append(copy_c)
+            private[(reader, source)] = copy_c
+            record.lifted.append(_row(copy_c.name, target, [source.name], c.value, reused=True))
+
     # 2. Placeholders that no surviving node reads are dropped, unless an output spec names
     # their target (a buffer written but never read: after functionalization its placeholder
     # has no users, and the mutation output still names it).
@@ -153,7 +173,9 @@ def lift(
             for key in _PROVENANCE_KEYS:
                 if key in c.source.meta:
                     ph.meta[key] = c.source.meta[key]
-            env[c.source] = ph
+            c.placeholder = ph
+            if not c.private:
+                env[c.source] = ph
             constants[c.target] = c.value
             new_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
 
@@ -169,7 +191,7 @@ def lift(
             removed_targets.add(specs[p.name].target)
     if anchor is None:
         emit_new_constants()
-    lookup = _Lookup(env, target_of)
+    lookup = _Lookup(env, target_of, private)
     output_specs = list(program.graph_signature.output_specs)
     clone_op = None
     for node in graph.nodes:
@@ -185,8 +207,9 @@ def lift(
                     if a not in clones:
                         clone_op = clone_op or _clone_op(program)
                         name = _fresh(f"{a.name}_clone", taken)
-                        c = keep_name(new_graph.create_node("call_function", clone_op, (lookup(a),), name=name), name)
-                        c.meta["val"] = lookup(a).meta["val"]
+                        src = lookup.for_reader(node)(a)
+                        c = keep_name(new_graph.create_node("call_function", clone_op, (src,), name=name), name)
+                        c.meta["val"] = src.meta["val"]
                         for key in _PROVENANCE_KEYS:
                             if key in a.meta:
                                 c.meta[key] = a.meta[key]
@@ -198,7 +221,7 @@ def lift(
             env[node] = keep_name(new_graph.output(out_args, type_expr=node.type), node.name)
             env[node].meta = copy.copy(node.meta)
             continue
-        env[node] = copy_keeping_name(new_graph, node, lookup)
+        env[node] = copy_keeping_name(new_graph, node, lookup.for_reader(node))
 
     # 4. Stored dicts, signature, program.
     removed_targets -= {s.target for s in new_specs}  # tied names still read elsewhere
@@ -224,9 +247,6 @@ def lift(
     result._range_constraints = drop_bound_ranges(copy.deepcopy(program.range_constraints), bound, new_graph)
     result._module_call_graph = copy.deepcopy(program.module_call_graph)
     _check(result)
-    if inplace:  # only a program that passed the checks replaces the caller's
-        program.__dict__.update(result.__dict__)
-        result = program
     return result, record
 
 
@@ -254,11 +274,46 @@ class _Literal:
     value: object
 
 
-class _Lookup:
-    """Maps an original node to its copy, or a folded node to the placeholder holding its value."""
+def _private_readers(sources: list[torch.fx.Node], folded, private_readers) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
+    """(reader, folded node) pairs of a new constant (the value of `sources`) that get a
+    placeholder of their own.
 
-    def __init__(self, env, target_of) -> None:
-        self.env, self.target_of = env, target_of
+    When a stored value has several readers, two of them do not share its placeholder with
+    the others, because executorch 1.5.1's delegation breaks on exactly these:
+
+    - the graph output (through the clone `lift` inserts): XNNPACK's conv1d lowering reshapes
+      a constant weight to 4-D in place, so a clone of the same placeholder returns 4-D data
+      into a 3-D output ("Attempted to resize a static tensor");
+    - a constant-only op kept at runtime (`private_readers`: size limits, evaluation errors):
+      it tends to land outside the partition of the value's other readers, and executorch's
+      ``duplicate_constant_node`` gives each extra reader a copy with the *same* target, so a
+      lowered module lists one lifted constant twice and unlifting it fails
+      ("`folded_mul` is not a buffer"). A plain lifted tensor constant read that way fails too.
+
+    The copies share the constant's tensor: the serializer stores its bytes once.
+    """
+    readers = [(u, s) for s in sources for u in s.users if u not in folded]
+    if len({u for u, _ in readers}) < 2:
+        return []
+    return [(u, s) for u, s in readers if u.op == "output" or u in private_readers]
+
+
+class _Lookup:
+    """Maps an original node to its copy, or a folded node to the placeholder holding its value
+    (for a reader with a private placeholder of that value, to that one)."""
+
+    def __init__(self, env, target_of, private=None) -> None:
+        self.env, self.target_of, self.private = env, target_of, private or {}
+
+    def for_reader(self, reader: torch.fx.Node):
+        if not self.private:
+            return self
+
+        def lookup(n: torch.fx.Node) -> torch.fx.Node:
+            copy_c = self.private.get((reader, n))
+            return copy_c.placeholder if copy_c is not None else self(n)
+
+        return lookup
 
     def __call__(self, n: torch.fx.Node) -> torch.fx.Node:
         if n in self.env:

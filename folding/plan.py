@@ -58,6 +58,7 @@ def make_plan(
     policy: FoldPolicy,
     placeholder_bytes: dict[torch.fx.Node, int],
     bytes_before: int,
+    budget_cut: int = 0,
 ) -> Plan:
     """Plan the fold of every constant node within the policy's size limits.
 
@@ -65,6 +66,8 @@ def make_plan(
         placeholder_bytes: stored bytes of each constant placeholder (tensors shared by several
             placeholders count for the first only).
         bytes_before: the program's stored constant bytes, for the growth budget.
+        budget_cut: bytes taken off the policy's growth budget (after a plan whose measured
+            growth exceeded it).
 
     O(nodes + edges), plus the exact search of small regions when the budget binds.
     """
@@ -74,14 +77,16 @@ def make_plan(
     _keep_scalar_outputs(plan)
     _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
-    _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before)
+    _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut)
     _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
     return plan
 
 
-def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before) -> None:
+def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut) -> None:
     budget = policy.growth_budget(bytes_before)
+    if budget is not None:
+        budget -= budget_cut
     if policy.max_tensor_bytes is None and budget is None:
         return
     folded = [n for n in plan.candidates if plan.folded(n) and not analysis.is_check(n)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Iterable, Mapping, Optional
 
@@ -59,25 +60,70 @@ def nbytes(t: torch.Tensor) -> int:
     return sum(p.nbytes for p in inner_tensors(t))
 
 
+# ExecuTorch pads every constant buffer to this many bytes in the constant segment
+# (executorch/exir/_serialize/program.fbs: ``storage: [ubyte] (force_align: 16)``, the
+# ``@executorch-tensor-alignment`` that ``_extract_constant_segment`` pads each tensor to).
+TENSOR_ALIGNMENT = 16
+
+
+def aligned(n: int) -> int:
+    """`n` bytes rounded up to `TENSOR_ALIGNMENT`: what one stored buffer occupies."""
+    return -(-n // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+
+
 def stored_constant_bytes(program: ExportedProgram) -> int:
-    """Bytes of the distinct tensors the program stores for its parameters, buffers and lifted
-    constants (tensors that share storage, such as tied weights, count once)."""
+    """Bytes the ExecuTorch serializer stores for the program's parameters, buffers and lifted
+    constants: identical bytes are stored once (the emitter keys buffers by the SHA-256 of
+    their bytes, executorch/exir/emit/_emitter.py), and each buffer is padded to
+    `TENSOR_ALIGNMENT` bytes."""
     return distinct_bytes(
         stored_tensor(s, program.state_dict, program.constants) for s in program.graph_signature.input_specs
     )
 
 
 def distinct_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
-    seen: set = set()
-    total = 0
+    """Serialized bytes of `tensors`: each distinct byte content once, padded (see
+    `stored_constant_bytes`). A tensor subclass counts its inner tensors."""
+    return sum(aligned(t.nbytes) for t in distinct_buffers(tensors))
+
+
+def distinct_buffers(tensors: Iterable[Optional[torch.Tensor]]) -> list[torch.Tensor]:
+    """The plain tensors behind `tensors` with identical byte contents dropped, first kept.
+
+    Tensors sharing a storage are identical without reading them; others are hashed only
+    when another tensor has the same byte length (most weights differ in size)."""
+    seen_storage: set = set()
+    by_length: dict[int, list[torch.Tensor]] = {}
     for t in tensors:
         if t is None:
             continue
-        key = tensor_key(t)
-        if key not in seen:
-            seen.add(key)
-            total += nbytes(t)
-    return total
+        for p in inner_tensors(t):
+            key = (p.untyped_storage().data_ptr(), p.storage_offset(), p.nbytes, p.dtype) if p.device.type != "meta" else id(p)
+            if key in seen_storage:
+                continue
+            seen_storage.add(key)
+            by_length.setdefault(p.nbytes, []).append(p)
+    out: list[torch.Tensor] = []
+    for group in by_length.values():
+        if len(group) == 1:
+            out.extend(group)
+            continue
+        digests: set = set()
+        for p in group:
+            d = content_digest(p)
+            if d not in digests:
+                digests.add(d)
+                out.append(p)
+    return out
+
+
+def content_digest(t: torch.Tensor) -> str:
+    """A digest of `t`'s bytes in row-major order (what the serializer writes)."""
+    from .layout import raw_bytes
+
+    if t.device.type == "meta":
+        return f"meta:{id(t)}"
+    return hashlib.blake2b(raw_bytes(t), digest_size=20).hexdigest()
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,

@@ -1,0 +1,190 @@
+"""Issue 11's fault kinds on stored tensors: their layout (size-1 dimensions), hashing strided
+values, and byte accounting in what the `.pte` really stores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from folding import FoldPolicy
+from folding.layout import has_canonical_layout
+from tests.fold_checks import assert_close_all, export, fold
+from tests.invariants import lower_to_pte, outputs, run_pte
+
+
+def _pte_constant_bytes(buffer: bytes) -> int:
+    """Bytes of the constant buffers a serialized program stores (each padded to 16 bytes, as
+    the constant segment lays them out), read back from the `.pte` itself."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from folding.sizes import aligned
+
+    program = deserialize_pte_binary(buffer).program
+    return sum(aligned(len(b.storage)) for b in program.constant_buffer)
+
+
+# 1. Constant outputs and values with size-1 dimensions ---------------------------------------
+
+
+class PermutedOutput(nn.Module):
+    """The issue's example: a folded (1, 1, 1, 3) value returned as an output."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randn(3, 1, 1, 1))
+
+    def forward(self, x):
+        return x + 1, self.w.permute(3, 2, 1, 0) * 2
+
+
+class ConvWeightOutput(nn.Module):
+    """A folded conv weight of shape (2, 1, 1) used by a conv and returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(1, 1, 2))
+
+    def forward(self, x):
+        w = self.b.permute(2, 1, 0) * 2.0
+        return F.conv1d(x, w), w
+
+
+class ExpandedUnit(nn.Module):
+    """Size-1 dimensions from unsqueeze/expand/transpose, read by a runtime op."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("v", torch.randn(1, 4))
+
+    def forward(self, x):
+        u = self.v.t().unsqueeze(0).transpose(0, 2) * 3.0  # (1, 4, 1) with non-canonical strides
+        return x * u, u + 0.0
+
+
+@pytest.mark.parametrize("module, shape", [(PermutedOutput, (3,)), (ConvWeightOutput, (1, 1, 5)), (ExpandedUnit, (2, 4, 3))])
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_size_one_dimensions_are_stored_canonically_and_run(module, shape, backend):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    ep = export(module(), (x,))
+    result = fold(ep)
+    for t in result.program.constants.values():
+        assert has_canonical_layout(t), t.stride()
+    want = outputs(ep, (x,))
+    got = run_pte(lower_to_pte(result.program, backend), (x,))
+    assert_close_all(want, got, atol=1e-5)
+
+
+# 3. Strict policy on an in-place temporary ---------------------------------------------------
+
+
+def test_strict_policy_with_a_temporary_cast_then_updated_in_place():
+    class M(nn.Module):
+        def forward(self, x):
+            t = torch.linspace(0, 1, 4)
+            h = t.to(torch.float16)
+            t.add_(1.0)
+            return x + t, h
+
+    x = torch.randn(4)
+    ep = export(M(), (x,))
+    for policy in (FoldPolicy.strict(), FoldPolicy(), FoldPolicy.unlimited()):
+        result = fold(ep, policy)
+        assert_close_all(M()(x), outputs(result.program, (x,)))
+
+
+# 4. Hashing strided values -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: p.select(2, 1).clone(),  # the issue's example: (1, 1) with strides (2, 2)
+    lambda p: p.transpose(0, 2).clone(),  # (2, 1, 1) with strides (1, 2, 2)
+    lambda p: p[..., :1].clone() * 1.0,
+])
+def test_identical_strided_values_are_hashed_and_stored_once(make):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.randn(1, 1, 2))
+
+        def forward(self, x):
+            return x + make(self.p).sum(), x * make(self.p).sum()
+
+    x = torch.randn(3)
+    ep = export(M(), (x,))
+    result = fold(ep)
+    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+
+
+# 5. Budgets and totals in the bytes the .pte stores ------------------------------------------
+
+
+class TwoIdenticalBuffers(nn.Module):
+    """The issue's example: two identical buffers (stored once by the serializer) folded into
+    two different results."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("a", torch.ones(256))
+        self.register_buffer("b", torch.ones(256))
+
+    def forward(self, x):
+        return x + self.a * 2.0, x + self.b * 3.0
+
+
+class SharedAndPadded(nn.Module):
+    """Odd sizes (padding) and a tied pair besides a fold that would duplicate bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("a", torch.arange(5.0))
+        self.register_buffer("b", torch.arange(5.0))
+        self.register_buffer("c", torch.randn(3, 7))
+
+    def forward(self, x):
+        return x + (self.a * 2.0).sum() + self.b.sum(), self.c.t() * 2.0
+
+
+@pytest.mark.parametrize("module", [TwoIdenticalBuffers, SharedAndPadded])
+@pytest.mark.parametrize("policy", [FoldPolicy.strict(), FoldPolicy(max_growth_bytes=16, max_growth_fraction=None), FoldPolicy()])
+def test_growth_budget_holds_in_serialized_bytes_and_report_totals_match(module, policy):
+    x = torch.randn(256) if module is TwoIdenticalBuffers else torch.randn(1)
+    ep = export(module(), (x,))
+    result = fold(ep, policy)
+    before_pte, after_pte = lower_to_pte(ep), lower_to_pte(result.program)
+    report = result.report
+    # Lowering lifts scalar operands as constants of its own; count only the program's buffers.
+    budget = policy.growth_budget(report.constant_bytes_before)
+    assert report.constant_bytes_after - report.constant_bytes_before <= budget
+    assert _pte_constant_bytes(after_pte) - _pte_constant_bytes(before_pte) <= budget + 16 * _scalar_constants(result.program)
+    assert_close_all(outputs(ep, (x,)), run_pte(after_pte, (x,)), atol=1e-5)
+
+
+def _scalar_constants(program) -> int:
+    """An upper bound of the 0-d constants lowering itself adds (one per scalar operand)."""
+    return sum(
+        1 for n in program.graph.nodes if n.op == "call_function" for a in n.args if isinstance(a, (int, float)) and not isinstance(a, bool)
+    )
+
+
+def test_report_totals_equal_the_serialized_constant_data():
+    """With no scalar operands for lowering to lift, the .pte's constant data is exactly what
+    the report says, before and after: identical buffers once, each padded to 16 bytes."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("a", torch.ones(10))
+            self.register_buffer("b", torch.ones(10))  # identical bytes: stored once
+            self.register_buffer("c", torch.randn(10))
+
+        def forward(self, x):
+            return x + self.a + self.b, x * (self.c + self.c), x - torch.cat([self.c, self.a]).sum(0, keepdim=True)
+
+    x = torch.randn(10)
+    ep = export(M(), (x,))
+    for policy in (FoldPolicy.unlimited(), FoldPolicy.strict()):
+        result = fold(ep, policy)
+        assert result.report.constant_bytes_before == _pte_constant_bytes(lower_to_pte(ep))
+        assert result.report.constant_bytes_after == _pte_constant_bytes(lower_to_pte(result.program))
