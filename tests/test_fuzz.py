@@ -76,8 +76,7 @@ def test_a_fold_that_changes_the_callers_program_is_caught_and_shrunk():
     assert outcome.status == "failure" and outcome.kind == "aten: caller-changed", outcome
     shrunk = shrink(program, outcome, options, time_limit=60)
     assert shrunk.outcome.kind == outcome.kind
-    assert len(shrunk.program.ops) < len(program.ops)
-    assert all(not op.out.startswith("n") for op in shrunk.program.ops)
+    assert len(shrunk.program.ops) <= 3 < len(program.ops)  # the six unrelated ops are gone
 
 
 def test_reproducer_is_a_standalone_script(tmp_path):

@@ -300,15 +300,39 @@ class GenConfig:
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
     """The program of case `seed` (same seed, same program)."""
+    rng = random.Random(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # proposals that warn (degenerate reductions) are fine
-        return _generate(seed, config)
+        for _ in range(10):
+            program = _generate(seed, rng, config)
+            if _runs(program):
+                return program
+    return program
 
 
-def _generate(seed: int, config: GenConfig) -> Program:
+def _runs(p: Program) -> bool:
+    """The rendered module runs twice in a row at both batch sizes (a second call sees updated
+    buffers: a counter used as an index can run out of range)."""
+    from .program import execute, forget_sources, module_source
+
+    ns = execute(module_source(p), tag="fuzz-gen")
+    try:
+        for batch in BATCHES:
+            m = ns["M"]()
+            inputs = ns["make_inputs"](batch)
+            with torch.no_grad():
+                m(*inputs)
+                m(*inputs)
+        return True
+    except Exception:
+        return False
+    finally:
+        forget_sources()
+
+
+def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
     from . import families  # the proposers, registered by family
 
-    rng = random.Random(seed)
     g = Gen(rng)
     quantize = rng.random() < config.quantize_fraction
     dynamic = not quantize and rng.random() < config.dynamic_fraction
