@@ -15,6 +15,7 @@ from torch.export import ExportedProgram
 from .analysis import analyze
 from .errors import InvalidProgramError
 from .evaluate import AliasClassFailed, UndeclaredWrite, evaluate
+from .layout import owned_canonical
 from .lift import lift
 from .ops import op_name
 from .plan import make_plan
@@ -126,10 +127,15 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
             continue
         t2 = time.perf_counter()
         folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
+        # Tensor attributes (``get_attr`` constants a transform pass inserted) are lifted like
+        # folded values: no get_attr tensor is left in the program.
+        attributes = _attribute_tensors(gm)
+        folded |= attributes.keys()
+        values = {**evaluation.values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
         constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
         kept_constant_only = frozenset(plan.runtime) | frozenset(evaluation.kept)
         new_program, lifting = lift(
-            program, folded, evaluation.values, constant_placeholders,
+            program, folded, values, constant_placeholders,
             bound=evaluation.symbols, private_readers=kept_constant_only,
         )
         bytes_after = stored_constant_bytes(new_program)
@@ -221,6 +227,17 @@ def _first_owners(plain: list[torch.Tensor], shared: set[int]) -> set[int]:
     return {id(p) for p in plain if id(p) not in shared and content_digest(p) in repeated}
 
 
+def _attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
+    """The top-level ``get_attr`` nodes that read a plain tensor (not a submodule or a
+    control-flow body), each with its tensor: detached, canonical layout (`layout`)."""
+    out = {}
+    for n in gm.graph.find_nodes(op="get_attr"):
+        value = _get_attr(gm, n.target)
+        if isinstance(value, torch.Tensor):
+            out[n] = owned_canonical(value)
+    return out
+
+
 def _get_attr(gm: torch.nn.Module, target: str):
     obj = gm
     for part in target.split("."):
@@ -237,3 +254,13 @@ def _check_signature(program: ExportedProgram) -> None:
             f"{len(placeholders)} placeholders vs {len(spec_names)} InputSpecs",
         )
         raise InvalidProgramError(f"graph signature does not match the graph's placeholders: {mismatch}")
+    output = program.graph.output_node()
+    flat = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    returned = [getattr(a, "name", None) for a in flat]
+    spec_names = [getattr(s.arg, "name", None) for s in program.graph_signature.output_specs]
+    if returned != spec_names:
+        mismatch = next(
+            (f"output {r!r} vs OutputSpec {s!r}" for r, s in zip(returned, spec_names) if r != s),
+            f"{len(returned)} outputs vs {len(spec_names)} OutputSpecs",
+        )
+        raise InvalidProgramError(f"graph signature does not match the graph's outputs: {mismatch}")

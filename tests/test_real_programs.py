@@ -443,3 +443,82 @@ def test_scalars_of_constants_are_evaluated_and_the_program_lowers(module, shape
 
         got = run_pte(lower_to_pte(after), (x,))
     assert_close_all(want, got, atol=1e-5)
+
+
+# 5. Constants created by passes --------------------------------------------------------------
+
+
+def _insert_attribute(ep, name: str, value: torch.Tensor, before: torch.fx.Node) -> torch.fx.Node:
+    """What a transform pass does when it creates a constant: a tensor attribute on the graph
+    module and a ``get_attr`` node reading it (torch's verifier rejects the result)."""
+    from torch._guards import detect_fake_mode
+
+    gm = ep.graph_module
+    setattr(gm, name, value)
+    with gm.graph.inserting_before(before):
+        node = gm.graph.get_attr(name)
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    node.meta["val"] = fake_mode.from_tensor(value)
+    return node
+
+
+class PassTarget(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return F.linear(x, self.w) + 1.0
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_get_attr_constants_from_a_pass_are_lifted_and_dequantize_keeps_its_encoding(dialect):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4)
+    ep = export(PassTarget(), (x,))
+    if dialect == "edge":
+        ep = edge(ep)
+    graph = ep.graph
+    weight_placeholder = next(n for n in graph.nodes if n.op == "placeholder" and n.name == "p_w")
+    (linear,) = weight_placeholder.users  # linear (ATen) or the weight's permute (Edge)
+    # The pass replaces the weight by an int8 constant and a dequantize; the int8 tensor is
+    # also read first by a constant-only op (its sum), so the dequantize is not its first user.
+    q = torch.randint(-128, 127, (4, 4), dtype=torch.int8)
+    attr = _insert_attribute(ep, "_tensor_constant_q", q, linear)
+    bias = _insert_attribute(ep, "_tensor_constant_b", torch.randn(4), linear)
+    if dialect == "edge":
+        from executorch.exir.dialects._ops import ops as exir_ops
+
+        ops = exir_ops.edge
+    else:
+        ops = torch.ops
+    dq_op = ops.quantized_decomposed.dequantize_per_tensor.default
+    with graph.inserting_before(linear):
+        total = graph.call_function(ops.aten.sum.default, (attr,))
+        dq = graph.call_function(dq_op, (attr, 0.05, 0, -128, 127, torch.int8))
+    total.meta["val"] = attr.meta["val"].sum()
+    dq.meta["val"] = attr.meta["val"].to(torch.float32)
+    linear.replace_input_with(weight_placeholder, dq)
+    out = graph.output_node()
+    with graph.inserting_before(out):
+        add = graph.call_function(ops.aten.add.Tensor, (out.args[0][0], bias))
+        add2 = graph.call_function(ops.aten.add.Tensor, (add, total))
+    add.meta["val"] = out.args[0][0].meta["val"]
+    add2.meta["val"] = out.args[0][0].meta["val"]
+    out.args = ((add2,),)
+    ep.graph_signature.output_specs[0].arg.name = add2.name
+    graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+    expected = F.linear(x, q.float() * 0.05) + 1.0 + ep.graph_module._tensor_constant_b + q.sum()
+
+    result = folding.fold_constants(ep)
+    after = result.program
+    assert not [n for n in after.graph.nodes if n.op == "get_attr"], after.graph
+    assert not any(isinstance(v, torch.Tensor) for v in vars(after.graph_module).values())
+    assert_valid_program(after)
+    kept_dq = [n for n in after.graph.nodes if n.op == "call_function" and "dequantize_per_tensor" in str(n.target)]
+    assert len(kept_dq) == 1 and kept_dq[0].args[1:] == (0.05, 0, -128, 127, torch.int8)
+    (src,) = kept_dq[0].all_input_nodes
+    spec = next(s for s in after.graph_signature.input_specs if s.arg.name == src.name)
+    assert spec.kind.name == "CONSTANT_TENSOR" and torch.equal(after.constants[spec.target], q)
+    assert_close_all([expected], outputs(after, (x,)), atol=1e-4)
