@@ -8,7 +8,7 @@ partitioning, so no backend partition is left reading only weights and buffers.
     result.program, result.report
 """
 
-from .errors import FoldingError, FoldInvariantError, InvalidProgramError, PolicyError
+from .errors import FoldingError, FoldInternalError, FoldInvariantError, InvalidProgramError, PolicyError
 from .fold import FoldResult, fold_constants
 from .names import reserve_node_names
 from .passes import FoldConstantsPass
@@ -18,6 +18,7 @@ from .report import Decision, FoldReport, LiftedConstant, Reason
 __all__ = [
     "Decision",
     "FoldConstantsPass",
+    "FoldInternalError",
     "FoldInvariantError",
     "FoldPolicy",
     "FoldReport",

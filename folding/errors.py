@@ -19,3 +19,8 @@ class FoldInvariantError(FoldingError):
 
 class PolicyError(FoldingError, ValueError):
     """A `FoldPolicy` field or a command-line size has an invalid value."""
+
+
+class FoldInternalError(FoldingError):
+    """An unexpected exception inside the folding stage (a bug here): the message names the
+    stage and the original exception, which is chained as ``__cause__``."""

@@ -13,7 +13,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .errors import InvalidProgramError
+from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .evaluate import AliasClassFailed, UndeclaredWrite, evaluate
 from .layout import owned_canonical
 from .lift import lift
@@ -22,7 +22,8 @@ from .plan import make_plan
 from .quant import describe_encoding
 from .policy import FoldPolicy
 from .report import Decision, FoldReport, Reason
-from .sizes import aligned, distinct_buffers, inner_tensors, stored_constant_bytes, stored_tensor
+from .sizes import STORED_KINDS, aligned, distinct_buffers, inner_tensors, stored_constant_bytes, stored_tensor
+from torch.export.graph_signature import InputKind
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +60,31 @@ def fold_constants(
     Returns:
         `FoldResult` with the folded program and its `FoldReport`.
 
-    Raises:
-        InvalidProgramError: `program` is not an ExportedProgram, or its signature does not
-            match its placeholders.
+    Raises (only `FoldingError` subclasses):
+        InvalidProgramError: `program` is not an ExportedProgram; its signature does not match
+            its placeholders or outputs; a parameter, buffer or constant it names is missing
+            from its state_dict/constants, or holds no data (a fake or meta tensor).
+        PolicyError: `policy` is not a `FoldPolicy`.
+        FoldInvariantError: the folded program failed torch's checks (a bug here).
+        FoldInternalError: any other exception inside the stage (a bug here), chained.
     """
     if not isinstance(program, ExportedProgram):
-        raise InvalidProgramError(f"fold_constants expects a torch.export.ExportedProgram, got {type(program).__name__}")
-    with _no_cyclic_gc():
-        return _fold(program, policy or FoldPolicy(), inplace)
+        hint = " (export it first: torch.export.export(module, inputs))" if isinstance(program, torch.nn.Module) else ""
+        raise InvalidProgramError(f"fold_constants expects a torch.export.ExportedProgram, got {type(program).__name__}{hint}")
+    if policy is not None and not isinstance(policy, FoldPolicy):
+        raise PolicyError(f"policy must be a folding.FoldPolicy or None, got {type(policy).__name__}")
+    _check_signature(program)
+    _check_stored_tensors(program)
+    try:
+        with _no_cyclic_gc():
+            return _fold(program, policy or FoldPolicy(), inplace)
+    except FoldingError:
+        raise
+    except Exception as e:  # the contract: nothing but FoldingError leaves the stage
+        raise FoldInternalError(
+            f"unexpected {type(e).__name__} while folding (a bug in the folding stage, please report it "
+            f"with the program): {e}"
+        ) from e
 
 
 @contextlib.contextmanager
@@ -88,7 +106,6 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
     timings: dict[str, float] = {}
     start = time.perf_counter()
     bytes_before = stored_constant_bytes(program)
-    _check_signature(program)
 
     gm = program.graph_module  # read only: `lift` builds the new graph
     state_dict, constants = program.state_dict, program.constants
@@ -243,6 +260,32 @@ def _get_attr(gm: torch.nn.Module, target: str):
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _check_stored_tensors(program: ExportedProgram) -> None:
+    """Every parameter, buffer and lifted constant the signature names is stored, as a tensor
+    with data (folding evaluates them).
+
+    Raises:
+        InvalidProgramError: naming the placeholder and its target.
+    """
+    from torch._subclasses.fake_tensor import is_fake
+
+    for spec in program.graph_signature.input_specs:
+        if spec.kind not in STORED_KINDS:
+            continue
+        t = stored_tensor(spec, program.state_dict, program.constants)
+        where = "state_dict" if spec.kind is InputKind.PARAMETER or (spec.kind is InputKind.BUFFER and spec.persistent) else "constants"
+        if t is None:
+            raise InvalidProgramError(
+                f"placeholder {spec.arg.name!r}: its {spec.kind.name.lower()} {spec.target!r} is not in the program's {where}"
+            )
+        for p in inner_tensors(t):
+            if is_fake(p) or p.device.type == "meta":
+                raise InvalidProgramError(
+                    f"placeholder {spec.arg.name!r}: {spec.target!r} is a {'fake' if is_fake(p) else 'meta'} tensor "
+                    "without data; folding evaluates constants, so load real weights first"
+                )
 
 
 def _check_signature(program: ExportedProgram) -> None:

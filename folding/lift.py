@@ -353,8 +353,17 @@ def _fresh(base: str, taken: set) -> str:
 def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool) -> LiftedConstant:
     return LiftedConstant(
         placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
-        dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused,
+        dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused, nonfinite=_nonfinite(t),
     )
+
+
+def _nonfinite(t: torch.Tensor) -> bool:
+    if is_subclass(t) or not (t.dtype.is_floating_point or t.dtype.is_complex) or t.numel() == 0:
+        return False
+    try:
+        return not bool(torch.isfinite(t).all())
+    except (RuntimeError, NotImplementedError):  # float8 and other dtypes without isfinite
+        return False
 
 
 def _clone_op(program: ExportedProgram):

@@ -69,14 +69,24 @@ class FoldPolicy:
     def __post_init__(self) -> None:
         for name in ("max_tensor_bytes", "max_growth_bytes"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise PolicyError(f"FoldPolicy.{name} must be a non-negative int of bytes or None, got {value!r}")
-        if self.max_growth_fraction is not None and not (0.0 <= float(self.max_growth_fraction)):
-            raise PolicyError(f"FoldPolicy.max_growth_fraction must be >= 0 or None, got {self.max_growth_fraction!r}")
-        if not isinstance(self.skip_targets, (frozenset, set, list, tuple)):
+        fraction = self.max_growth_fraction
+        if fraction is not None and (
+            isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < float("inf")
+        ):
+            raise PolicyError(f"FoldPolicy.max_growth_fraction must be a finite number >= 0 or None, got {fraction!r}")
+        if not isinstance(self.fold_asserts, bool):
+            raise PolicyError(f"FoldPolicy.fold_asserts must be a bool, got {self.fold_asserts!r}")
+        if isinstance(self.skip_targets, (str, bytes)) or not isinstance(self.skip_targets, (frozenset, set, list, tuple)):
             raise PolicyError(
                 f"FoldPolicy.skip_targets must be a collection of ops or op names, got {type(self.skip_targets).__name__}"
             )
+        for target in self.skip_targets:
+            if isinstance(target, str) and not _names_an_op(target):
+                raise PolicyError(
+                    f"FoldPolicy.skip_targets: {target!r} names no op (expected e.g. 'aten.full' or 'aten.full.default')"
+                )
         object.__setattr__(self, "skip_targets", frozenset(self.skip_targets))
 
     def skip_names(self) -> FrozenSet[str]:
@@ -103,3 +113,26 @@ class FoldPolicy:
             max_growth_bytes=data.get("max_growth_bytes"),
             max_growth_fraction=data.get("max_growth_fraction"),
         )
+
+
+def _names_an_op(name: str) -> bool:
+    """True when `name` is an op's name as `op_name` writes it: ``namespace.op[.overload]`` under
+    ``torch.ops`` (``aten.full``, ``aten.full.default``, ``higher_order.cond``), or a Python
+    callable's ``module.name`` (``_operator.getitem``)."""
+    import importlib
+
+    import torch
+
+    parts = name.split(".")
+    if len(parts) in (2, 3):
+        try:
+            packet = getattr(getattr(torch.ops, parts[0]), parts[1])
+            if len(parts) == 2 or parts[2] in getattr(packet, "overloads", lambda: [parts[2]])():
+                return True
+        except (AttributeError, RuntimeError):
+            pass
+    module, _, attr = name.rpartition(".")
+    try:
+        return callable(getattr(importlib.import_module(module), attr))
+    except (ImportError, AttributeError, ValueError):
+        return False

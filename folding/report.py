@@ -74,6 +74,7 @@ class LiftedConstant:
         shape, dtype: of the stored tensor.
         nbytes: bytes of the stored tensor.
         reused: True when an identical tensor already stored in the program was reused.
+        nonfinite: the stored value holds NaN or Inf (a folded ``log(0)``, ``x / 0`` …).
     """
 
     placeholder: str
@@ -83,14 +84,16 @@ class LiftedConstant:
     dtype: str
     nbytes: int
     reused: bool = False
+    nonfinite: bool = False  # holds NaN or Inf: usually a bug in the model
 
 
 @dataclass
 class FoldReport:
     """The decisions and totals of one `fold_constants` run.
 
-    Byte totals count the distinct tensors the program stores as parameters, buffers and
-    lifted constants (``folding.sizes.stored_constant_bytes``), in bytes.
+    Byte totals are what the ExecuTorch serializer stores for the program's parameters,
+    buffers and lifted constants (``folding.sizes.stored_constant_bytes``: identical bytes
+    once, each buffer padded to 16 bytes), in bytes.
     """
 
     decisions: list[Decision] = field(default_factory=list)
@@ -105,6 +108,12 @@ class FoldReport:
     @property
     def folded(self) -> list[Decision]:
         return [d for d in self.decisions if d.folded]
+
+    @property
+    def nonfinite(self) -> list[LiftedConstant]:
+        """Lifted constants that hold NaN or Inf (a mask of ``-inf`` is deliberate; a NaN
+        rarely is)."""
+        return [c for c in self.lifted if c.nonfinite]
 
     @property
     def kept_constant_only(self) -> list[Decision]:
@@ -125,6 +134,7 @@ class FoldReport:
             "peak_intermediate_bytes": self.peak_intermediate_bytes,
             "evaluated_nodes": self.evaluated_nodes,
             "lifted": [asdict(c) for c in self.lifted],
+            "nonfinite_constants": [c.placeholder for c in self.nonfinite],
             "removed_placeholders": list(self.removed_placeholders),
             "decisions": [
                 {**asdict(d), "reason": d.reason.name, "folded": d.folded} for d in self.decisions
@@ -141,6 +151,11 @@ class FoldReport:
             f"- folded nodes: {len(self.folded)}; lifted constants: {len(self.lifted)}"
             f" ({sum(1 for c in self.lifted if c.reused)} reused); removed placeholders: {len(self.removed_placeholders)}",
             f"- constant-only nodes kept: {len(self.kept_constant_only)}",
+            *(
+                [f"- warning: {len(self.nonfinite)} lifted constants hold NaN or Inf: "
+                 + ", ".join(c.placeholder for c in self.nonfinite[:10])]
+                if self.nonfinite else []
+            ),
             "- time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()),
             "",
             "| reason | nodes |",

@@ -1,0 +1,161 @@
+"""One error contract: `fold_constants` raises only `FoldingError` subclasses, naming the part
+of the program and the reason; unusual but valid programs fold and match eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import folding
+from folding import FoldingError, FoldPolicy, InvalidProgramError, PolicyError, Reason
+from tests.fold_checks import assert_close_all, decision, export, fold
+from tests.invariants import outputs
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("b", torch.randn(4))
+
+    def forward(self, x):
+        return x @ self.w.t() + self.b * 2.0
+
+
+def _ep():
+    return export(Small(), (torch.randn(2, 4),))
+
+
+@pytest.mark.parametrize("make", [lambda: Small(), lambda: _ep().graph_module, lambda: None, lambda: "model.pt2"])
+def test_not_an_exported_program(make):
+    with pytest.raises(InvalidProgramError, match="expects a torch.export.ExportedProgram"):
+        folding.fold_constants(make())
+
+
+def test_policy_of_the_wrong_type():
+    with pytest.raises(PolicyError, match="FoldPolicy"):
+        folding.fold_constants(_ep(), {"max_tensor_bytes": 10})
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(max_tensor_bytes=-1), "max_tensor_bytes"), (dict(max_tensor_bytes=1.5), "max_tensor_bytes"),
+    (dict(max_growth_bytes=True), "max_growth_bytes"), (dict(max_growth_fraction=-0.1), "max_growth_fraction"),
+    (dict(max_growth_fraction=float("inf")), "max_growth_fraction"), (dict(fold_asserts="yes"), "fold_asserts"),
+    (dict(skip_targets="aten.full"), "skip_targets"), (dict(skip_targets={"aten.tri"}), "aten.tri"),
+])
+def test_policy_fields_are_validated(kwargs, field):
+    with pytest.raises(PolicyError, match=field):
+        FoldPolicy(**kwargs)
+
+
+def test_state_dict_missing_a_parameter_is_named():
+    ep = _ep()
+    del ep.state_dict["w"]
+    with pytest.raises(InvalidProgramError, match="p_w.*'w'.*state_dict"):
+        folding.fold_constants(ep)
+
+
+@pytest.mark.parametrize("kind", ["meta", "fake"])
+def test_constants_without_data_are_named(kind):
+    ep = _ep()
+    if kind == "meta":
+        ep.state_dict["w"] = torch.nn.Parameter(torch.empty(4, 4, device="meta"))
+    else:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        ep.state_dict["w"] = FakeTensorMode().from_tensor(torch.randn(4, 4))
+    with pytest.raises(InvalidProgramError, match=f"p_w.*{kind}"):
+        folding.fold_constants(ep)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_strict_and_non_strict_exports_fold(strict):
+    x = torch.randn(2, 4)
+    ep = export(Small(), (x,), strict=strict)
+    result = fold(ep)
+    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+
+
+class Unusual(nn.Module):
+    """0-size and 0-d constants, NaN/Inf, complex, float8 and uint16 buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("empty", torch.zeros(0, 4))
+        self.register_buffer("scalar", torch.tensor(3.0))
+        self.register_buffer("bad", torch.tensor([1.0, float("nan"), float("inf"), -1.0]))
+        self.register_buffer("cplx", torch.randn(4, dtype=torch.complex64))
+        self.register_buffer("f8", torch.randn(4).to(torch.float8_e4m3fn))
+        self.register_buffer("u16", torch.tensor([0, 1, 2, 65535], dtype=torch.int32).to(torch.uint16))
+
+    def forward(self, x):
+        e = torch.cat([self.empty, x.new_zeros(0, 4)]).sum(0)
+        return (
+            x + e + self.scalar * 2.0,
+            x * self.bad.log(),
+            x + (self.cplx * 2).real,
+            x + self.f8.to(torch.float32) * 0.5,
+            self.u16.to(torch.int32) + 1,
+        )
+
+
+def test_unusual_constants_fold_and_match_eager():
+    x = torch.randn(4)
+    ep = export(Unusual(), (x,))
+    result = fold(ep)
+    want, got = outputs(ep, (x,)), outputs(result.program, (x,))
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, equal_nan=True)
+    assert result.report.nonfinite, "the folded log of NaN/Inf/-1 is flagged"
+    assert "NaN or Inf" in result.report.to_markdown()
+    assert result.report.to_dict()["nonfinite_constants"]
+
+
+def test_value_beyond_the_cap_stays_an_op():
+    class Big(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("v", torch.randn(1, 64))
+
+        def forward(self, x):
+            return x + self.v.expand(64, 64) * 2.0
+
+    x = torch.randn(64, 64)
+    ep = export(Big(), (x,))
+    result = fold(ep, FoldPolicy(max_tensor_bytes=1024))
+    assert decision(result.report, "mul").reason is Reason.MAX_TENSOR_BYTES
+    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+
+
+def test_saved_and_reloaded_program_with_shared_buffers(tmp_path):
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+            self.register_buffer("pos", torch.arange(3))
+
+        def forward(self, ids):
+            return self.head(self.emb(ids + self.pos * 0) * (self.emb.weight.t().sum() * 0 + 1.0))
+
+    ids = torch.tensor([1, 2, 3])
+    path = tmp_path / "tied.pt2"
+    torch.export.save(export(Tied(), (ids,)), path)
+    ep = torch.export.load(path)
+    result = fold(ep)
+    assert_close_all(outputs(ep, (ids,)), outputs(result.program, (ids,)))
+
+
+def test_outputs_that_do_not_match_the_signature_are_named():
+    """An output spec naming no output node is reported as an invalid program, not a crash."""
+    ep = _ep()
+    ep.graph_module.meta["broken"] = True
+    ep = copy.copy(ep)
+    ep._graph_signature = copy.deepcopy(ep.graph_signature)
+    ep.graph_signature.output_specs[0].arg.name = "not_a_node"
+    with pytest.raises(FoldingError, match="outputs"):
+        folding.fold_constants(ep)
