@@ -391,8 +391,12 @@ class Case:
                           f".pte constant bytes grew {ser_after - ser_before} ({ser_before} -> {ser_after}), budget {budget}",
                           "policy-growth-serialized")
         stored = report.constant_bytes_after - lower.mutated_buffer_bytes(result.program)
-        self._check("edge", "size-accounting", None if stored == ser_after else
-                    f"report: {stored} constant bytes stored (without mutated buffers); .pte: {ser_after}")
+        if stored != ser_after:
+            # the same accounting on the unfolded program tells a fold bug from a pipeline offset
+            unfolded = report.constant_bytes_before - lower.mutated_buffer_bytes(edge)
+            check = "size-accounting" if unfolded == ser_before else "size-accounting-unfolded-too"
+            self._check("edge", check, f"report: {report.constant_bytes_before} -> {stored} constant bytes stored "
+                        f"(without mutated buffers); .pte: {ser_before} -> {ser_after}")
         if not self.p.has_random:
             self._run_pte("edge", first, lambda: before)
 
