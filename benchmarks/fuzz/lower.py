@@ -71,26 +71,13 @@ def run_pte(buffer: bytes, calls: Sequence[Sequence[torch.Tensor]]) -> list[list
     return results
 
 
-_ELEMENT_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 12: 1, 13: 1, 14: 4, 15: 2}
-
-
 def constant_bytes(buffer: bytes) -> int:
-    """Bytes of the distinct constant tensors a .pte stores, without the serializer's padding:
-    each constant-buffer entry counts once, at the size of a tensor that reads it."""
+    """Bytes of the constant data a .pte stores: its constant-buffer entries as serialised
+    (identical tensors stored once, each entry padded to the serializer's alignment)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
-    from executorch.exir.schema import Tensor
 
     program = deserialize_pte_binary(buffer).program
-    sizes: dict[int, int] = {}
-    for plan in program.execution_plan:
-        for value in plan.values:
-            t = value.val
-            if isinstance(t, Tensor) and t.data_buffer_idx > 0 and t.allocation_info is None:
-                n = _ELEMENT_BYTES[int(t.scalar_type)]
-                for s in t.sizes:
-                    n *= s
-                sizes[t.data_buffer_idx] = max(sizes.get(t.data_buffer_idx, 0), n)
-    return sum(sizes.values())
+    return sum(len(b.storage) for b in program.constant_buffer)
 
 
 def mutated_buffer_bytes(ep: ExportedProgram) -> int:
