@@ -38,6 +38,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output directory (default: docs/ for the full zoo, "
                                                "results/<time>-zoo for a subset)")
     p.add_argument("--list", action="store_true", help="print the zoo's model names and exit")
+    p.add_argument("--render", metavar="JSON", default=None,
+                   help="do not run: rewrite the Markdown next to JSON (docs/zoo.json -> docs/zoo.md) from its rows")
     args = p.parse_args(argv)
     names = zoo_names(extra=bool(args.models))
     if args.models:
@@ -58,8 +60,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _progress(total: int, start: float):
+def _progress(total: int, start: float, partial_path: Optional[str] = None):
+    """One line per finished model on stderr; the rows so far to `partial_path` (JSON lines)."""
+    if partial_path and os.path.exists(partial_path):
+        os.unlink(partial_path)
+
     def on_done(i: int, row: Dict[str, Any]) -> None:
+        if partial_path:
+            import json
+
+            with open(partial_path, "a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
         elapsed = time.perf_counter() - start
         eta = elapsed / (i + 1) * (total - i - 1)
         print(f"[{i + 1:>2}/{total}] {row['model']:<40} {verdict.status(row)[:90]}  "
@@ -96,11 +107,26 @@ def meta(argv: Optional[Sequence[str]], wall: float) -> Dict[str, Any]:
     }
 
 
+def render(json_path: str) -> int:
+    """Rewrite the generated block of the Markdown beside `json_path` from the rows it holds."""
+    import json
+
+    with open(json_path) as f:
+        data = json.load(f)
+    md = os.path.splitext(json_path)[0] + ".md"
+    report.write_json(data["rows"], data["meta"], json_path)  # refresh the summary with today's checks
+    report.write_doc(data["rows"], data["meta"], md)
+    print(f"wrote {md}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the zoo (each model in its own process), print the table, write Markdown and JSON."""
     from .pool import run_all
 
     args = parse_args(argv)
+    if args.render:
+        return render(args.render)
     if args.list:
         print("\n".join(args.names))
         return 0
@@ -112,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"worker log {log_path}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     variants = ("none", "fold_constants") + (("constant_prop_pass",) if args.cpp_pte else ())
-    rows = run_all(args.names, args.timeout, log_path, ["export", *args.steps], _progress(len(args.names), start),
+    rows = run_all(args.names, args.timeout, log_path, ["export", *args.steps], _progress(len(args.names), start, os.path.join(log_dir, "rows.partial.jsonl")),
                    xnnpack_variants=variants)
     wall = time.perf_counter() - start
     info = meta(argv, wall)

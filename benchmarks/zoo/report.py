@@ -162,6 +162,9 @@ def block(rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     run = ", ".join(f"{k} {v}" for k, v in meta.items() if k in
                     ("command", "date", "wall_time_s", "torch", "executorch", "transformers", "torchvision",
                      "git", "qnn_sdk", "load_average"))
+    versions = sorted({r.get("folding_version") for r in rows if r.get("folding_version")})
+    if versions:
+        run += f". Fold code per row (git): {'; '.join(versions)}"
     return "\n\n".join([BEGIN, f"Run: {run}.", "### Summary", summary_markdown(s), "### Table", table(rows),
                         "### Failed checks", failures_markdown(rows), END])
 

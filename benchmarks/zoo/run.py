@@ -145,6 +145,21 @@ def lower_qnn(name: str, program: ExportedProgram, inputs: Sequence[torch.Tensor
     return cell
 
 
+def folding_version() -> str:
+    """Git commit of the checkout and whether ``folding/`` differs from it (the code this row ran)."""
+    import subprocess
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                              text=True, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "folding"], cwd=here, capture_output=True,
+                               text=True, check=False).stdout.strip()
+    except OSError:
+        return "?"
+    return (head or "?") + (" + uncommitted folding/ changes" if dirty else "")
+
+
 class _Checkpoint:
     """Writes the row to a JSON file after each step."""
 
@@ -175,6 +190,7 @@ def run_model(name: str, checkpoint: Optional[str] = None, steps: Sequence[str] 
     row = new_row(name)
     row["steps"] = [s for s in STEPS if s in ("build", "export") or s in steps]
     row["xnnpack_variants"] = list(xnnpack_variants)
+    row["folding_version"] = folding_version()
     ck = _Checkpoint(row, checkpoint)
     start = time.perf_counter()
     try:
