@@ -1,0 +1,34 @@
+"""Issue 10's name kind through the QNN path (SDK stand-in for the two SDK calls): an
+``nn.Sequential`` (its argument is named ``input``) lowers with folding on, with the runtime
+names of folding off. (A constant table lookup, ``table[idx]``, does not get this far: the
+wrapper's ``torch.export.export(strict=True)`` itself fails on it, before folding.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from .helpers import assert_kept_whole_ops_gone, assert_no_static_partition, compiler_specs, lower_with_wrapper, partitioner_of
+
+
+CASES = {
+    "sequential_input_name": (lambda: nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), (2, 8)),
+    "sequential_with_constant_only_branch": (
+        lambda: nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), (1, 8)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_real_program_kinds_lower_on_htp_with_folding(name, qnn_sdk_stand_in):
+    make, shape = CASES[name]
+    torch.manual_seed(0)
+    module = make().eval()
+    inputs = (torch.randn(shape),)
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True))
+    report = partitioner_of(manager).reports[-1]
+    assert_no_static_partition(report)
+    assert_kept_whole_ops_gone(manager)
+    off = lower_with_wrapper(module, inputs, compiler_specs(False))
+    names = lambda m: [n.name for n in m.exported_program().graph.nodes]  # noqa: E731
+    assert names(manager) == names(off)
