@@ -8,12 +8,33 @@ partitioning, so no backend partition is left reading only weights and buffers.
     result.program, result.report
 """
 
+import importlib
+
 from .errors import FoldingError, FoldInternalError, FoldInvariantError, InvalidProgramError, PolicyError
-from .fold import FoldResult, fold_constants
-from .names import reserve_node_names
-from .passes import FoldConstantsPass
-from .policy import FoldPolicy
-from .report import Decision, FoldReport, LiftedConstant, Reason
+
+# Everything else is imported on first use (PEP 562), so ``python -m folding`` can check its
+# command line before torch is imported.
+_LAZY = {
+    "Decision": ".report",
+    "FoldConstantsPass": ".passes",
+    "FoldPolicy": ".policy",
+    "FoldReport": ".report",
+    "FoldResult": ".fold",
+    "LiftedConstant": ".report",
+    "Reason": ".report",
+    "fold_constants": ".fold",
+    "reserve_node_names": ".names",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'folding' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Decision",

@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .errors import FoldingError, PolicyError
-from .fold import fold_constants
-from .policy import FoldPolicy
-from .sizes import parse_bytes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,12 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def policy_from_args(args: argparse.Namespace) -> FoldPolicy:
+def policy_from_args(args: argparse.Namespace) -> "FoldPolicy":
     """The `FoldPolicy` the size options describe.
 
     Raises:
         PolicyError: for a size or percentage that does not parse.
     """
+    from .policy import FoldPolicy
+    from .sizes import parse_bytes
+
     skip = frozenset(args.skip)
     if args.unlimited:
         return FoldPolicy.unlimited(skip_targets=skip)
@@ -64,18 +64,49 @@ def policy_from_args(args: argparse.Namespace) -> FoldPolicy:
     return FoldPolicy(skip_targets=skip, max_tensor_bytes=cap, max_growth_bytes=parse_bytes(growth), max_growth_fraction=None)
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """The input is a readable file; the output and report go to existing folders.
+
+    Raises:
+        PolicyError: naming the path and what is wrong with it.
+    """
+    import os
+
+    if not args.input.is_file():
+        raise PolicyError(f"input {args.input} does not exist or is not a file")
+    if not os.access(args.input, os.R_OK):
+        raise PolicyError(f"input {args.input} is not readable")
+    for label, path in (("output", args.output), ("report", args.report)):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise PolicyError(f"{label} {path}: folder {path.resolve().parent} does not exist")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Exit status: 0 folded; 2 a bad option, path or input program (one line on stderr,
+    nothing written); 1 folding failed (a `FoldingError`)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    try:
+        check_paths(args)  # before torch is imported: no warning block above the error
+        policy = policy_from_args(args)
+    except PolicyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     import torch
 
+    from .fold import fold_constants
+
+    export_log = logging.getLogger("torch.export")
+    level = export_log.level
+    export_log.setLevel(logging.ERROR)  # torch.export.load logs a traceback before raising
     try:
         program = torch.export.load(args.input)
-    except Exception as e:  # a missing or corrupt file: say which and why, no traceback
-        print(f"error: cannot load {args.input}: {type(e).__name__}: {e}", file=sys.stderr)
+    except Exception as e:  # a corrupt file: say which and why, no traceback
+        print(f"error: cannot load {args.input}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 2
+    finally:
+        export_log.setLevel(level)
     try:
-        policy = policy_from_args(args)
         result = fold_constants(program, policy)
     except FoldingError as e:
         print(f"error: {e}", file=sys.stderr)

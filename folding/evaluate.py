@@ -176,10 +176,18 @@ class _WriteGuard:
         self.clones: list[tuple[torch.fx.Node, torch.Tensor]] = []
 
     def wrap(self, lookup: Callable[[torch.fx.Node], object]) -> Callable[[torch.fx.Node], object]:
+        written_storages: Optional[set[int]] = None
+
         def guarded(n: torch.fx.Node) -> object:
+            nonlocal written_storages
             value = lookup(n)
             if n in self.passed_whole or type(value) is not torch.Tensor or value.device.type != "cpu":
                 return value
+            if written_storages is None:
+                written = (lookup(m) for m in self.passed_whole if isinstance(m, torch.fx.Node))
+                written_storages = {w.untyped_storage().data_ptr() for w in written if isinstance(w, torch.Tensor)}
+            if value.untyped_storage().data_ptr() in written_storages:
+                return value  # a view of what the op writes: it must see the write as it happens
             clone = torch._lazy_clone(value)
             if torch._C._is_cow_tensor(clone):
                 self.clones.append((n, clone))

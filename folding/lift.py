@@ -295,7 +295,10 @@ def _private_readers(sources: list[torch.fx.Node], folded, private_readers) -> l
     readers = [(u, s) for s in sources for u in s.users if u not in folded]
     if len({u for u, _ in readers}) < 2:
         return []
-    return [(u, s) for u, s in readers if u.op == "output" or u in private_readers]
+    private = [(u, s) for u, s in readers if u.op == "output" or u in private_readers]
+    if len(private) == len(readers):  # one reader keeps the shared placeholder
+        private = private[1:]
+    return private
 
 
 class _Lookup:

@@ -257,7 +257,7 @@ def test_command_line_reports_a_missing_input_without_traceback(tmp_path, capsys
 
     assert main([str(tmp_path / "missing.pt2"), "-o", str(tmp_path / "o.pt2")]) == 2
     err = capsys.readouterr().err
-    assert "error: cannot load" in err and "missing.pt2" in err
+    assert "does not exist" in err and "missing.pt2" in err
     assert not (tmp_path / "o.pt2").exists()
 
 

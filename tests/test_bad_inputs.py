@@ -159,3 +159,27 @@ def test_outputs_that_do_not_match_the_signature_are_named():
     ep.graph_signature.output_specs[0].arg.name = "not_a_node"
     with pytest.raises(FoldingError, match="outputs"):
         folding.fold_constants(ep)
+
+
+@pytest.mark.parametrize("case", ["missing_input", "output_folder", "report_folder", "bad_size", "corrupt_input"])
+def test_command_line_rejects_bad_paths_and_options_with_one_line(case, tmp_path):
+    import subprocess
+    import sys
+
+    good = tmp_path / "good.pt2"
+    torch.export.save(_ep(), good)
+    corrupt = tmp_path / "corrupt.pt2"
+    corrupt.write_text("not a program")
+    out = tmp_path / "out.pt2"
+    args = {
+        "missing_input": [str(tmp_path / "nope.pt2"), "-o", str(out)],
+        "output_folder": [str(good), "-o", str(tmp_path / "no" / "out.pt2")],
+        "report_folder": [str(good), "-o", str(out), "--report", str(tmp_path / "no" / "r.json")],
+        "bad_size": [str(good), "-o", str(out), "--max-tensor-bytes", "12q"],
+        "corrupt_input": [str(corrupt), "-o", str(out)],
+    }[case]
+    run = subprocess.run([sys.executable, "-m", "folding", *args], capture_output=True, text=True)
+    assert run.returncode == 2
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert not out.exists()

@@ -522,3 +522,51 @@ def test_get_attr_constants_from_a_pass_are_lifted_and_dequantize_keeps_its_enco
     spec = next(s for s in after.graph_signature.input_specs if s.arg.name == src.name)
     assert spec.kind.name == "CONSTANT_TENSOR" and torch.equal(after.constants[spec.target], q)
     assert_close_all([expected], outputs(after, (x,)), atol=1e-4)
+
+
+# Kinds the fuzzer found (benchmarks/fuzz), shrunk ------------------------------------------
+
+
+def test_in_place_update_reading_a_view_of_what_it_writes():
+    """``v7.sub_(v12)`` where ``v12`` is a view of ``v7``: the op must see its own writes
+    through the view, as in eager (seed 7000070)."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w6 = nn.Parameter(torch.randn(2, 2, 1))
+
+        def forward(self, x):
+            v7 = self.w6.flip(-1)
+            v12 = v7.narrow(1, 0, 1).add_(1.0)
+            v23 = v7.sub_(v12)
+            return x + v23
+
+    x = torch.randn(2, 2, 1)
+    ep = export(M(), (x,))
+    with torch.no_grad():
+        want = outputs(ep, (x,))
+    assert_close_all(want, outputs(fold(ep).program, (x,)))
+
+
+def test_constant_output_also_read_by_a_kept_op_keeps_a_reader_on_its_placeholder():
+    """A folded value returned as an output and read by a constant-only op the policy keeps:
+    the private placeholders never leave the shared one without a reader (seed 7000117)."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("c6", torch.randn(6, 6), persistent=False)
+            self.register_buffer("b10", torch.arange(6.0) / 6)
+            self.register_buffer("b11", torch.rand(6) + 0.5)
+
+        def forward(self, x):
+            v12 = F.batch_norm(self.c6, self.b10, self.b11, None, None, training=False, momentum=0.1, eps=1e-5)
+            v13 = torch.nan_to_num(v12, 0.0).clamp(-100, 100).to(torch.int64)
+            return v12, v13 + x
+
+    x = torch.ones(6, 6, dtype=torch.int64)
+    ep = export(M(), (x,))
+    policy = FoldPolicy(fold_asserts=False, max_tensor_bytes=None, max_growth_bytes=0, max_growth_fraction=0.01)
+    result = fold(ep, policy)
+    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))

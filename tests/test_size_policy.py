@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.export.graph_signature import InputKind
 
 from folding import FoldPolicy, Reason, fold_constants
-from folding.sizes import STORED_KINDS, stored_constant_bytes
+from folding.sizes import STORED_KINDS, aligned, stored_constant_bytes
 from tests.invariants import assert_report_bytes_true, assert_valid_program
 
 
@@ -188,9 +188,10 @@ def _brute_force(ep, cap, budget) -> tuple[int, int]:
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
     ops = _constant_only_ops(ep)
     op_set = set(ops)
-    size = {n: n.meta["val"].numel() * n.meta["val"].element_size() for n in ops}
+    # Bytes as the .pte stores them: each buffer padded to 16 bytes (folding.sizes.aligned).
+    size = {n: aligned(n.meta["val"].numel() * n.meta["val"].element_size()) for n in ops}
     param_bytes = {
-        n: ep.state_dict[specs[n.name].target].nbytes
+        n: aligned(ep.state_dict[specs[n.name].target].nbytes)
         for n in ep.graph.nodes if n.op == "placeholder" and specs[n.name].kind is InputKind.PARAMETER
     }
     before = sum(param_bytes.values())
