@@ -216,6 +216,26 @@ def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSp
         row.max_abs_diff = _max_abs_diff(out, expected)
     except Exception as exc:  # noqa: BLE001
         _fail(row, "run", exc)
+        return
+    limit = tolerance(row.model, expected)
+    if row.max_abs_diff > limit:
+        row.status = f"mismatch: max abs diff {row.max_abs_diff:.3g} > tolerance {limit:.3g}"
+        logger.warning("%s/%s/%s: %s", row.model, row.variant, row.backend, row.status)
+
+
+# Float outputs: 1e-4 of the output's scale (fp32 kernels of the portable runtime and XNNPACK
+# reorder sums; measured <= 1.1e-5 on the benchmark models). Integer outputs and quantized
+# models: exact (the .pte runs the same quantized arithmetic as eager; measured 0 on q8 rows).
+FLOAT_RTOL = 1e-4
+
+
+def tolerance(model: str, expected: torch.Tensor) -> float:
+    """Largest max-abs difference between a row's .pte output and eager that is still ``ok``."""
+    from .quantized import SUFFIX
+
+    if not expected.dtype.is_floating_point or model.endswith(SUFFIX):
+        return 0.0
+    return FLOAT_RTOL * max(1.0, float(expected.float().abs().max()))
 
 
 def build_unit(unit: Unit) -> List[Row]:
