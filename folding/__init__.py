@@ -21,7 +21,7 @@ _LAZY = {
     "FoldReport": ".report",
     "FoldResult": ".fold",
     "LiftedConstant": ".report",
-    "Reason": ".report",
+    "Reason": ".reasons",
     "fold_constants": ".fold",
     "reserve_node_names": ".names",
 }

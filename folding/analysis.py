@@ -35,7 +35,7 @@ from .ops import (
     reads_only_metadata,
 )
 from .policy import FoldPolicy
-from .report import Reason
+from .reasons import Reason
 from .sizes import STORED_KINDS
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)

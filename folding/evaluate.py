@@ -12,7 +12,7 @@ from torch.fx.node import map_arg
 from .analysis import Analysis
 from .ops import OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata
 from .plan import Plan
-from .report import Reason
+from .reasons import Reason
 from .layout import owned_canonical
 from .sizes import storage_pointers
 from .symbols import bindings

@@ -26,7 +26,7 @@ from .cuts import choose_cuts, find_regions, node_bytes
 from .ops import packet_name, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
-from .report import Reason
+from .reasons import Reason
 
 
 @dataclass

@@ -2,42 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-
-class Reason(enum.Enum):
-    """Why a call_function node was not folded (or, for FOLDED/CHECKED, what happened to it)."""
-
-    FOLDED = "folded into a lifted constant or into another folded value"
-    CHECKED = "assertion evaluated at fold time on constant inputs and dropped"
-    RUNTIME_INPUT = "reads a runtime input"
-    READS_MUTATED_BUFFER = "reads a buffer the program mutates"
-    DEPENDS_ON_KEPT = "reads a constant-only value that is kept for another reason"
-    RANDOM = "random op (draws from the RNG at runtime)"
-    EFFECTFUL = "op with side effects"
-    CONTROL_FLOW = "higher-order op (control flow or delegate call)"
-    SYMBOLIC = "symbolic shape or argument"
-    SKIPPED_TARGET = "target is in FoldPolicy.skip_targets"
-    MEMORY_OP = "executorch memory-planning op"
-    NOT_A_TENSOR = "result is not a tensor"
-    EVALUATION_ERROR = "raised when evaluated at fold time"
-    MUTATED_AFTER_RUNTIME_READ = "in-place update of a value that runtime ops read earlier"
-    MUTATED_BY_RUNTIME_OP = "value is updated in place by an op that runs at runtime"
-    KEEPS_ENCODING = "dequantize of a constant kept so the backend reads its encoding"
-    AFTER_DEQUANTIZE = "view, copy or cast of a kept dequantize (folding it would store the dequantized weight as floats)"
-    OUTPUT_COPY = "copy of a stored constant returned as an output (ExecuTorch cannot return a stored buffer)"
-    FILL_OF_RUNTIME_SHAPE = "fill shaped like a runtime tensor, read only by runtime ops (storing it would only save a fill)"
-    MAX_TENSOR_BYTES = "its value is larger than FoldPolicy.max_tensor_bytes"
-    GROWTH_BUDGET = "storing it would exceed the program's constant growth budget"
-
-    @property
-    def constant_only(self) -> bool:
-        """True when the node was kept although it reads only constants. A fill shaped like a
-        runtime tensor (`FILL_OF_RUNTIME_SHAPE`) reads that tensor at runtime, so it is not."""
-        return self not in (Reason.FOLDED, Reason.CHECKED, Reason.RUNTIME_INPUT, Reason.FILL_OF_RUNTIME_SHAPE)
+from .reasons import Reason
 
 
 @dataclass(frozen=True)
