@@ -188,3 +188,48 @@ def test_report_totals_equal_the_serialized_constant_data():
         result = fold(ep, policy)
         assert result.report.constant_bytes_before == _pte_constant_bytes(lower_to_pte(ep))
         assert result.report.constant_bytes_after == _pte_constant_bytes(lower_to_pte(result.program))
+
+
+# 2. A stored value read by a delegated op and by an op left on the CPU -----------------------
+
+
+class ConvAndNormalize(nn.Module):
+    """The issue's example: under a zero-growth policy ``normalize(w)`` stays at runtime while
+    ``w`` feeds the conv XNNPACK delegates."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(1, 1, 2))
+
+    def forward(self, x):
+        w = self.b.permute(2, 1, 0) * 2.0
+        return F.conv1d(x, w), F.normalize(w, dim=-1)
+
+
+class LinearAndKeptCopies(nn.Module):
+    """A folded weight read by a delegated linear, by constant-only ops a small cap keeps, and
+    returned as an output."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        w = self.w * 0.5
+        big = w.repeat(4, 4)  # 4 KiB: above the cap, stays an op reading w
+        return F.linear(x, w), big.sum(0) + w.sum(), w
+
+
+@pytest.mark.parametrize("module, shape, policy", [
+    (ConvAndNormalize, (1, 1, 5), FoldPolicy(max_growth_bytes=0, max_growth_fraction=0.0)),
+    (ConvAndNormalize, (1, 1, 5), FoldPolicy.strict()),
+    (LinearAndKeptCopies, (2, 8), FoldPolicy(max_tensor_bytes=1024)),
+])
+def test_value_shared_by_delegated_and_cpu_ops_lowers_for_xnnpack(module, shape, policy):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    ep = export(module(), (x,))
+    result = fold(ep, policy)
+    want = outputs(ep, (x,))
+    for backend in ("xnnpack", "portable"):
+        assert_close_all(want, run_pte(lower_to_pte(result.program, backend), (x,)), atol=1e-5)
