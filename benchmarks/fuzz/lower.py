@@ -60,8 +60,39 @@ def lower_pte(ep: ExportedProgram, backend: str, mutated_buffers: Sequence[str] 
     return manager.to_executorch(backend_config(mutated_buffers)).buffer
 
 
+class RuntimeAborted(RuntimeError):
+    """The ExecuTorch runtime aborted the process that ran a .pte (an ET_CHECK in a kernel)."""
+
+
+_POOL = None
+
+
 def run_pte(buffer: bytes, calls: Sequence[Sequence[torch.Tensor]]) -> list[list[torch.Tensor]]:
-    """Load a .pte once and call ``forward`` on each input tuple in turn (state carries over)."""
+    """Load a .pte once and call ``forward`` on each input tuple in turn (state carries over).
+
+    Runs in a separate worker process: a generated program can make a runtime kernel abort the
+    process (``Fatal Python error: Aborted``), which would otherwise end the whole campaign, or
+    the test session running it. A worker that died is replaced.
+
+    Raises:
+        RuntimeAborted: the runtime killed its process.
+    """
+    global _POOL
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    if _POOL is None:
+        _POOL = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return _POOL.submit(_run_pte_here, buffer, [tuple(c) for c in calls]).result()
+    except BrokenProcessPool as e:
+        _POOL = None
+        raise RuntimeAborted("the ExecuTorch runtime aborted while running the .pte") from e
+
+
+def _run_pte_here(buffer: bytes, calls) -> list[list[torch.Tensor]]:
+    torch.set_num_threads(1)
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
     method = _load_for_executorch_from_buffer(buffer)  # reads `buffer` while alive: keep both

@@ -60,9 +60,12 @@ def test_rows_agree_with_describe_partitions(qnn_sdk_stand_in):
         assert row.constant_bytes_in_partitions == want.constant_bytes_in_partitions
         assert row.constant_bytes_on_cpu == want.constant_bytes_on_cpu
         assert row.static_partitions == 0 and row.refused_partitions == 0
-    # fp32: proj weight and bias, plus the scalars of the muls QNN lifts to 1-element tensors
-    proj, scalar = (16 * 16 + 16) * 4, 4
-    assert off.constant_bytes_in_partitions == proj + (4 * 16 + 16 * 16) * 4 + 2 * scalar
-    assert on.constant_bytes_in_partitions == proj + 4 * 16 * 4 + scalar
+    # fp32: proj weight and bias, plus the scalars of the muls QNN lifts to 1-element tensors,
+    # each buffer padded to 16 bytes as the .pte stores it (folding.sizes.aligned)
+    from folding.sizes import aligned
+
+    proj, scalar = aligned(16 * 16 * 4) + aligned(16 * 4), aligned(4)
+    assert off.constant_bytes_in_partitions == proj + aligned(4 * 16 * 4) + aligned(16 * 16 * 4) + 2 * scalar
+    assert on.constant_bytes_in_partitions == proj + aligned(4 * 16 * 4) + scalar
     assert off.cpu_ops == on.cpu_ops == {}
     assert off.fold_time_s is None and on.fold_time_s > 0
