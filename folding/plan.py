@@ -77,6 +77,7 @@ def make_plan(
     _keep_scalar_outputs(plan)
     _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
+    _keep_alias_classes_whole(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut)
     _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
@@ -220,6 +221,26 @@ def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
             and not any(plan.folded(u) for u in n.users)
         ):
             plan.runtime[n] = (Reason.FILL_OF_RUNTIME_SHAPE, f"shaped like runtime value {n.args[0].name}")
+
+
+def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
+    """A value updated in place and its views (an alias class) fold whole or stay whole: when a
+    rule keeps one member at runtime (a dequantize keeping its encoding, whose result a later
+    ``narrow(...).fill_()`` overwrites), the in-place updates must run on that runtime value,
+    so every member stays."""
+    members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in plan.candidates:
+        root = analysis.class_of(n)
+        if root is not None:
+            members.setdefault(root, []).append(n)
+    for root, cls in members.items():
+        cls = ([root] if root in plan._candidate_set and root not in cls else []) + cls
+        kept = next((m for m in cls if m in plan.runtime), None)
+        if kept is None:
+            continue
+        for m in cls:
+            if m not in plan.runtime:
+                plan.runtime[m] = (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays")
 
 
 def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:

@@ -570,3 +570,33 @@ def test_constant_output_also_read_by_a_kept_op_keeps_a_reader_on_its_placeholde
     policy = FoldPolicy(fold_asserts=False, max_tensor_bytes=None, max_growth_bytes=0, max_growth_fraction=0.01)
     result = fold(ep, policy)
     assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+
+
+def test_kept_dequantize_updated_in_place_later_keeps_its_class_whole():
+    """A dequantize kept for its encoding whose value a later ``narrow().fill_()`` overwrites:
+    the in-place updates stay with it at runtime (fuzz seed 2026006160, PT2E-quantized)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer, get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w7 = nn.Parameter(torch.ones(1, 1, 1))
+
+        def forward(self, x):
+            v8 = self.w7.tanh()
+            v9 = F.conv1d(x, v8)
+            v10 = v8.narrow(0, 0, 1).mul_(2.0)
+            v11 = v10.narrow(0, 0, 1).fill_(0.25)
+            return torch.lerp(v9, v10, 0.25), v11
+
+    x = torch.randn(3, 1, 4)
+    prepared = prepare_pt2e(torch.export.export(M().eval(), (x,)).module(),
+                            XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True)))
+    prepared(x)
+    quantized = convert_pt2e(prepared)
+    ep = torch.export.export(quantized, (x,))
+    for policy in (FoldPolicy(), FoldPolicy.unlimited()):
+        result = fold(ep, policy)
+        assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))

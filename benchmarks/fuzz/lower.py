@@ -107,8 +107,12 @@ def constant_bytes(buffer: bytes) -> int:
     (identical tensors stored once, each entry padded to the serializer's alignment)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
+    from folding.sizes import aligned
+
     program = deserialize_pte_binary(buffer).program
-    return sum(len(b.storage) for b in program.constant_buffer)
+    # every entry as the constant segment lays it out: padded to 16 bytes (the last one is
+    # not padded in the file; counting it padded matches `folding.sizes.stored_constant_bytes`)
+    return sum(aligned(len(b.storage)) for b in program.constant_buffer)
 
 
 def mutated_buffer_bytes(ep: ExportedProgram) -> int:
