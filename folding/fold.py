@@ -289,21 +289,23 @@ def _check_stored_tensors(program: ExportedProgram) -> None:
 
 
 def _check_signature(program: ExportedProgram) -> None:
+    """Placeholders match the InputSpecs and the outputs match the OutputSpecs, by name.
+
+    Raises:
+        InvalidProgramError: naming the first mismatch.
+    """
     placeholders = [n.name for n in program.graph.nodes if n.op == "placeholder"]
-    spec_names = [getattr(s.arg, "name", None) for s in program.graph_signature.input_specs]
-    if placeholders != spec_names:
-        mismatch = next(
-            (f"placeholder {p!r} vs InputSpec {s!r}" for p, s in zip(placeholders, spec_names) if p != s),
-            f"{len(placeholders)} placeholders vs {len(spec_names)} InputSpecs",
-        )
-        raise InvalidProgramError(f"graph signature does not match the graph's placeholders: {mismatch}")
+    _same_names("placeholder", placeholders, "InputSpec", program.graph_signature.input_specs)
     output = program.graph.output_node()
     flat = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-    returned = [getattr(a, "name", None) for a in flat]
-    spec_names = [getattr(s.arg, "name", None) for s in program.graph_signature.output_specs]
-    if returned != spec_names:
+    _same_names("output", [getattr(a, "name", None) for a in flat], "OutputSpec", program.graph_signature.output_specs)
+
+
+def _same_names(kind: str, names: list, spec_kind: str, specs) -> None:
+    spec_names = [getattr(s.arg, "name", None) for s in specs]
+    if names != spec_names:
         mismatch = next(
-            (f"output {r!r} vs OutputSpec {s!r}" for r, s in zip(returned, spec_names) if r != s),
-            f"{len(returned)} outputs vs {len(spec_names)} OutputSpecs",
+            (f"{kind} {a!r} vs {spec_kind} {b!r}" for a, b in zip(names, spec_names) if a != b),
+            f"{len(names)} {kind}s vs {len(spec_names)} {spec_kind}s",
         )
-        raise InvalidProgramError(f"graph signature does not match the graph's outputs: {mismatch}")
+        raise InvalidProgramError(f"graph signature does not match the graph's {kind}s: {mismatch}")
