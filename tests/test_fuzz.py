@@ -80,7 +80,7 @@ def test_a_fold_that_changes_the_callers_program_is_caught_and_shrunk():
 
 
 def test_reproducer_is_a_standalone_script(tmp_path):
-    program = generate(3)
+    program = SMALL  # a program that exports and folds correctly
     outcome = check(SMALL)
     failing = type(outcome)("failure", "aten: wrong-output", "x", "aten", (), "wrong-output")
     script = tmp_path / "repro.py"

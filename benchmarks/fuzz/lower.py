@@ -64,42 +64,43 @@ class RuntimeAborted(RuntimeError):
     """The ExecuTorch runtime aborted the process that ran a .pte (an ET_CHECK in a kernel)."""
 
 
-_POOL = None
+_WORKER = None
 
 
 def run_pte(buffer: bytes, calls: Sequence[Sequence[torch.Tensor]]) -> list[list[torch.Tensor]]:
     """Load a .pte once and call ``forward`` on each input tuple in turn (state carries over).
 
-    Runs in a separate worker process: a generated program can make a runtime kernel abort the
-    process (``Fatal Python error: Aborted``), which would otherwise end the whole campaign, or
-    the test session running it. A worker that died is replaced.
+    Runs in a worker process (`pte_worker`): a generated program can make a runtime kernel
+    abort the process (``Fatal Python error: Aborted``), which would otherwise end the whole
+    campaign, or the test session running it. A worker that died is replaced.
 
     Raises:
         RuntimeAborted: the runtime killed its process.
+        RuntimeError: loading or running the .pte failed (the message says how).
     """
-    global _POOL
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
+    global _WORKER
+    import subprocess
+    import sys
 
-    if _POOL is None:
-        _POOL = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    from .pte_worker import read_message, write_message
+
+    if _WORKER is None or _WORKER.poll() is not None:
+        _WORKER = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.fuzz.pte_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
     try:
-        return _POOL.submit(_run_pte_here, buffer, [tuple(c) for c in calls]).result()
-    except BrokenProcessPool as e:
-        _POOL = None
-        raise RuntimeAborted("the ExecuTorch runtime aborted while running the .pte") from e
-
-
-def _run_pte_here(buffer: bytes, calls) -> list[list[torch.Tensor]]:
-    torch.set_num_threads(1)
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
-
-    method = _load_for_executorch_from_buffer(buffer)  # reads `buffer` while alive: keep both
-    results = []
-    for inputs in calls:
-        results.append([t.clone() for t in method.forward(tuple(inputs))])
-    return results
+        write_message(_WORKER.stdin, (buffer, [tuple(c) for c in calls]))
+        reply = read_message(_WORKER.stdout)
+    except (BrokenPipeError, OSError):
+        reply = None
+    if reply is None:
+        _WORKER = None
+        raise RuntimeAborted("the ExecuTorch runtime aborted while running the .pte")
+    status, payload = reply
+    if status != "ok":
+        raise RuntimeError(payload)
+    return payload
 
 
 def constant_bytes(buffer: bytes) -> int:

@@ -145,6 +145,8 @@ def fill(expr: str, refs: list[str]) -> str:
 
 
 _HEADER = '''\
+from typing import Optional, Sequence
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import inspect
 
-from .check import Outcome, difference, run_twice
+import torch
+
+from .check import _TOL, Outcome, difference, run_twice
 from .program import Program, export_source, module_source
 
-_HELPERS = "\n\n".join(inspect.getsource(f) for f in (run_twice, difference))
+_HELPERS = f"_TOL = {{torch.float32: {_TOL[torch.float32]}, torch.float16: {_TOL[torch.float16]}, " \
+    f"torch.bfloat16: {_TOL[torch.bfloat16]}}}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in (run_twice, difference))
 
 
 def _fold_lines(p: Program, stage: str) -> list[str]:
