@@ -118,7 +118,9 @@ def constant_bytes(buffer: bytes) -> int:
 
 def mutated_buffer_bytes(ep: ExportedProgram) -> int:
     """Distinct bytes of the buffers `ep` mutates (stored by ExecuTorch as mutable data, not
-    as constants)."""
+    as constants), each padded as `folding.sizes.stored_constant_bytes` counts it."""
+    from folding.sizes import aligned
+
     seen, total = set(), 0
     for target in ep.graph_signature.buffers_to_mutate.values():
         t: Optional[torch.Tensor] = ep.state_dict.get(target)
@@ -126,5 +128,5 @@ def mutated_buffer_bytes(ep: ExportedProgram) -> int:
             t = ep.constants.get(target)
         if isinstance(t, torch.Tensor) and target not in seen:
             seen.add(target)
-            total += t.nbytes
+            total += aligned(t.nbytes)
     return total
