@@ -19,6 +19,7 @@ from typing import Container
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
+from .ops import OpKind, classify, packet_name
 from .sizes import is_subclass
 
 
@@ -66,3 +67,44 @@ def raw_bytes(t: torch.Tensor) -> memoryview:
     if flat.numel() == 0:
         return memoryview(b"")
     return memoryview(flat.view(torch.uint8).numpy())
+
+
+# Ops whose values depend on where their input's elements lie in memory, not only on the
+# values: ``as_strided`` reads the storage directly.
+_STORAGE_READERS = frozenset({"aten.as_strided", "aten.as_strided_copy", "aten.as_strided_scatter"})
+
+
+def observes_layout(node: torch.fx.Node) -> bool:
+    """True when `node`'s values depend on its tensor inputs' strides, so that a stored
+    (canonical) copy of a strided input would change them:
+
+    - a random op that reads a tensor (``randn_like``, ``bernoulli``, dropout) draws in the
+      memory order of a result laid out like that tensor (``memory_format=preserve_format``):
+      ``randn_like(w.permute(3, 1, 0, 2))`` draws different values for a contiguous ``w'``;
+    - ``as_strided`` reads its input's storage.
+    """
+    if packet_name(node.target) in _STORAGE_READERS:
+        return True
+    if node.op != "call_function" or classify(node.target) is not OpKind.RANDOM:
+        return False
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
+        return False
+    return any(isinstance(i.meta.get("val"), torch.Tensor) for i in node.all_input_nodes)
+
+
+def reads_storage(node: torch.fx.Node) -> bool:
+    """True for ``as_strided`` and its siblings: any view between the stored tensor and them
+    (a storage offset, another storage size) changes what they read, not only strides."""
+    return packet_name(node.target) in _STORAGE_READERS
+
+
+def strided_like_stored(val: object) -> bool:
+    """True when `val` (a node's ``meta["val"]``) has the strides its stored copy will have,
+    size-1 dimensions aside (they do not move any element); False for a symbolic stride."""
+    if not isinstance(val, torch.Tensor):
+        return True
+    try:
+        want = make_contiguous_strides_for(val.shape)
+        return all(int(s) == int(w) for d, s, w in zip(val.shape, val.stride(), want) if int(d) != 1)
+    except (TypeError, RuntimeError):  # unbacked symbols
+        return False

@@ -23,6 +23,7 @@ import torch
 
 from .analysis import Analysis, is_scalar
 from .cuts import choose_cuts, find_regions, node_bytes
+from .layout import observes_layout, reads_storage, strided_like_stored
 from .ops import packet_name, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
@@ -79,6 +80,7 @@ def make_plan(
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut)
+    _keep_observed_layouts(plan)
     _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
     return plan
@@ -241,6 +243,32 @@ def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
         for m in cls:
             if m not in plan.runtime:
                 plan.runtime[m] = (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays")
+
+
+def _keep_observed_layouts(plan: Plan) -> None:
+    """A stored constant has the canonical layout (`folding.layout`), so a folded value with
+    other strides changes what a kept op reads when that op observes strides (a random
+    ``_like`` op, ``as_strided``). Walking back from each such op through what stays at
+    runtime, every folded value it reaches that is stored with other strides than it had (or,
+    for ``as_strided``, any folded value) stays too, until the values reached are laid out as
+    stored. Runtime ops between them are assumed to pass layout on (elementwise ops do).
+    O(nodes + edges) over all observers together."""
+    observers = [n for n in plan.candidates[0].graph.nodes if observes_layout(n) and not plan.folded(n)] \
+        if plan.candidates else []
+    seen: set[torch.fx.Node] = set()
+    for observer in observers:
+        storage = reads_storage(observer)
+        work = list(observer.all_input_nodes)
+        while work:
+            n = work.pop()
+            if n in seen or n.op != "call_function":
+                continue
+            seen.add(n)
+            if plan.folded(n):
+                if not storage and strided_like_stored(n.meta.get("val")):
+                    continue  # its stored copy reads the same
+                plan.runtime[n] = (Reason.LAYOUT_OBSERVED, f"{observer.name} observes its strides")
+            work.extend(n.all_input_nodes)
 
 
 def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:

@@ -27,6 +27,7 @@ class Reason(enum.Enum):
     AFTER_DEQUANTIZE = "view, copy or cast of a kept dequantize (folding it would store the dequantized weight as floats)"
     OUTPUT_COPY = "copy of a stored constant returned as an output (ExecuTorch cannot return a stored buffer)"
     FILL_OF_RUNTIME_SHAPE = "fill shaped like a runtime tensor, read only by runtime ops (storing it would only save a fill)"
+    LAYOUT_OBSERVED = "a runtime op observes its strides (random `_like` op, as_strided); a stored constant is contiguous"
     MAX_TENSOR_BYTES = "its value is larger than FoldPolicy.max_tensor_bytes"
     GROWTH_BUDGET = "storing it would exceed the program's constant growth budget"
 

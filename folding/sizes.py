@@ -75,9 +75,15 @@ def stored_constant_bytes(program: ExportedProgram) -> int:
     """Bytes the ExecuTorch serializer stores for the program's parameters, buffers and lifted
     constants: identical bytes are stored once (the emitter keys buffers by the SHA-256 of
     their bytes, executorch/exir/emit/_emitter.py), and each buffer is padded to
-    `TENSOR_ALIGNMENT` bytes."""
+    `TENSOR_ALIGNMENT` bytes. Buffers the program mutates are not constant data: the emitter
+    memory-plans them and stores at most their initial values in the mutable-data segment
+    (``InitializedMutableBufferPass``), so they do not count (nor merge with an identical
+    constant)."""
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
     return distinct_bytes(
-        stored_tensor(s, program.state_dict, program.constants) for s in program.graph_signature.input_specs
+        stored_tensor(s, program.state_dict, program.constants)
+        for s in program.graph_signature.input_specs
+        if s.target not in mutated
     )
 
 

@@ -233,3 +233,106 @@ def test_value_shared_by_delegated_and_cpu_ops_lowers_for_xnnpack(module, shape,
     want = outputs(ep, (x,))
     for backend in ("xnnpack", "portable"):
         assert_close_all(want, run_pte(lower_to_pte(result.program, backend), (x,)), atol=1e-5)
+
+
+# 7. Ops that observe strides: a stored constant is contiguous --------------------------------
+
+
+def _seeded_outputs(program_or_module, inputs, seed: int = 0) -> list[torch.Tensor]:
+    module = program_or_module.module() if hasattr(program_or_module, "module") else program_or_module
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = module(*inputs)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+_STRIDED = {  # strided constant-only values, each read by an op that observes its strides
+    "randn_like": lambda w, x: w + torch.randn_like(w) * 0.01,  # the fuzzer's case 11000385
+    "rand_like": lambda w, x: torch.rand_like(w.exp()),  # through a folded elementwise op
+    "bernoulli": lambda w, x: torch.bernoulli(w.sigmoid()),
+    "dropout": lambda w, x: F.dropout(w, 0.5, training=True),
+    "through_runtime_add": lambda w, x: torch.randn_like(w + x.reshape(w.shape)),
+    "as_strided": lambda w, x: w.as_strided((2, 2), (1, 3)) + x.sum(),  # kept by the policy below
+}
+_POLICIES = {"as_strided": FoldPolicy(skip_targets=("aten.as_strided",), max_growth_bytes=None, max_growth_fraction=None)}
+
+
+class StridedObserved(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.register_buffer("b", torch.randn(2, 3, 4))
+
+    def forward(self, x):
+        return self.fn(self.b.permute(2, 0, 1), x), x * 2
+
+
+@pytest.mark.parametrize("name", sorted(_STRIDED))
+def test_values_whose_strides_a_runtime_op_observes_stay_strided(name):
+    """A folded value is stored contiguous; a random ``_like`` op (draws in memory order) or
+    ``as_strided`` (reads the storage) would read different values from it. Such values stay
+    at runtime with `Reason.LAYOUT_OBSERVED`, so the outputs are bit-identical to eager."""
+    from folding import Reason
+
+    module = StridedObserved(_STRIDED[name])
+    x = torch.randn(24)
+    ep = export(module, (x,))
+    result = fold(ep, _POLICIES.get(name, FoldPolicy.unlimited()))
+    want, got = _seeded_outputs(module, (x,)), _seeded_outputs(result.program, (x,))
+    for w, g in zip(want, got):
+        assert torch.equal(w, g), name
+    reasons = {d.node: d.reason for d in result.report.decisions}
+    assert reasons.get("permute") is Reason.LAYOUT_OBSERVED
+
+
+def test_contiguous_values_read_by_random_ops_still_fold():
+    """The rule keeps only what a stored copy would change: a contiguous folded value read by
+    ``randn_like`` is folded."""
+    from folding import Reason
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.randn(3, 4))
+
+        def forward(self, x):
+            w = self.b * 2.0
+            return x + torch.randn_like(w) + w
+
+    x = torch.randn(3, 4)
+    ep = export(M(), (x,))
+    result = fold(ep, FoldPolicy.unlimited())
+    for w, g in zip(_seeded_outputs(ep, (x,)), _seeded_outputs(result.program, (x,))):
+        assert torch.equal(w, g)
+    assert {d.node: d.reason for d in result.report.decisions}["mul"] is Reason.FOLDED
+
+
+# 8. Mutated buffers are not constant data ----------------------------------------------------
+
+
+class CounterLikeAnIndex(nn.Module):
+    """A mutated int64 counter whose initial bytes equal a constant index's (the fuzzer's case
+    11000414): the serializer stores the index once in the constant data and the counter in
+    the mutable-data segment, so the two must not be merged in the report."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("index", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("w", torch.randn(4, 3))
+
+    def forward(self, x):
+        self.steps.add_(1)
+        return x + self.w.t()[self.index] * 2.0, self.steps + 0
+
+
+def test_report_bytes_leave_out_mutated_buffers_even_when_identical_to_a_constant():
+    """On the Edge program (whose scalar operands are already lifted), the report's totals are
+    the `.pte`'s constant data exactly, before and after folding."""
+    from tests.fold_checks import edge, edge_pte
+
+    x = torch.randn(4)
+    program = edge(export(CounterLikeAnIndex(), (x,)))
+    result = fold(program, FoldPolicy.unlimited())
+    assert result.report.constant_bytes_before == _pte_constant_bytes(edge_pte(program))
+    assert result.report.constant_bytes_after == _pte_constant_bytes(edge_pte(result.program))

@@ -49,8 +49,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(reproducer(program, outcome))
         return 1 if outcome.status == "failure" else 0
 
-    def progress(done: int, total: int, outcome) -> None:
-        if outcome.status == "failure" or done % 50 == 0:
+    def progress(done: int, total: int, seed: int, outcome) -> None:
+        if outcome.status == "failure":
+            print(f"[{done}/{total}] failure {outcome.kind} (--case {seed})", file=sys.stderr, flush=True)
+        elif done % 50 == 0:
             print(f"[{done}/{total}] {outcome.status} {outcome.kind}", file=sys.stderr, flush=True)
 
     summary = run(Config(n=args.n, seed=args.seed, jobs=args.jobs, edge_fraction=args.edge_fraction,

@@ -142,7 +142,7 @@ def _outcomes(config: Config, seeds: list[int], start: float) -> Iterator[tuple[
                 return
 
 
-def run(config: Config, progress: Optional[Callable[[int, int, Outcome], None]] = None) -> Summary:
+def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], None]] = None) -> Summary:
     """Run the campaign, shrink the first case of every failure kind, and summarise."""
     import torch
 
@@ -170,7 +170,7 @@ def run(config: Config, progress: Optional[Callable[[int, int, Outcome], None]] 
                 first_failure[outcome.kind] = (seed, outcome)
                 k.message = outcome.message
         if progress:
-            progress(summary.cases, config.n, outcome)
+            progress(summary.cases, config.n, seed, outcome)
     summary.wall_seconds = time.perf_counter() - start
     summary.discard_reasons, summary.typed_errors, summary.notes = dict(discards), dict(typed), dict(notes)
     summary.case_seeds.sort()

@@ -114,19 +114,3 @@ def constant_bytes(buffer: bytes) -> int:
     # every entry as the constant segment lays it out: padded to 16 bytes (the last one is
     # not padded in the file; counting it padded matches `folding.sizes.stored_constant_bytes`)
     return sum(aligned(len(b.storage)) for b in program.constant_buffer)
-
-
-def mutated_buffer_bytes(ep: ExportedProgram) -> int:
-    """Distinct bytes of the buffers `ep` mutates (stored by ExecuTorch as mutable data, not
-    as constants), each padded as `folding.sizes.stored_constant_bytes` counts it."""
-    from folding.sizes import aligned
-
-    seen, total = set(), 0
-    for target in ep.graph_signature.buffers_to_mutate.values():
-        t: Optional[torch.Tensor] = ep.state_dict.get(target)
-        if t is None:
-            t = ep.constants.get(target)
-        if isinstance(t, torch.Tensor) and target not in seen:
-            seen.add(target)
-            total += aligned(t.nbytes)
-    return total
