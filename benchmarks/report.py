@@ -26,6 +26,48 @@ COLUMNS = [
 ]
 
 
+# A row's latency is marked noisy when its slowest timed call took more than this many times
+# its fastest (``latency_max_ms / latency_min_ms``): the median is then a weak estimate.
+NOISY_SPREAD = 1.5
+
+# What each column means, in table order (docs/benchmarks.md has the long form).
+COLUMN_LEGEND = {
+    "model": "benchmark model (`benchmarks/models.py`)",
+    "variant": "`none` (no folding), `constant_prop_pass` (ExecuTorch's pass on the Edge program) "
+               "or a `fold_constants` policy (ATen fold + Edge `FoldConstantsPass`)",
+    "backend": "`portable` kernels or `xnnpack` delegate",
+    "status": "`ok`, `mismatch` (.pte output differs from eager beyond the tolerance) or "
+              "`error (<stage>)`; tracebacks under Errors",
+    "pte_bytes": "size of the serialized `.pte`",
+    "pte_delta": "`.pte` bytes and % change against the `none` row of the same model and backend",
+    "const_bytes": "distinct bytes of the parameters, buffers and constants of the Edge program "
+                   "right before partitioning (`benchmarks/graph_stats.py`, independent of `folding`)",
+    "nodes": "call_function nodes of the ATen program handed to lowering / of the Edge program "
+             "right before partitioning",
+    "const_only_nodes": "Edge call_function nodes computable from constants alone "
+                        "(`benchmarks/graph_stats.py`)",
+    "fold_time_s": "wall seconds spent folding (0 for `none`)",
+    "lower_time_s": "wall seconds of lowering and serialization, folding excluded; measured "
+                    "in parallel build workers, so it includes their contention",
+    "latency_ms": "median of the timed `forward` calls, after one warm-up, in the serial time phase",
+    "max_abs_diff": "max |ExecuTorch output - eager output|",
+}
+
+
+def latency_spread(row: Dict[str, Any]) -> Optional[float]:
+    """Slowest over fastest timed call of ``row`` (None without at least two timed calls)."""
+    lo, hi = row.get("latency_min_ms"), row.get("latency_max_ms")
+    if not row.get("latency_runs") or row["latency_runs"] < 2 or not lo or hi is None:
+        return None
+    return hi / lo
+
+
+def is_noisy(row: Dict[str, Any]) -> bool:
+    """True when the row's timed calls spread by more than `NOISY_SPREAD`."""
+    spread = latency_spread(row)
+    return spread is not None and spread > NOISY_SPREAD
+
+
 def _baseline(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[int]:
     for r in rows:
         if (r["model"], r["backend"], r["variant"]) == (row["model"], row["backend"], "none"):
@@ -65,7 +107,8 @@ def _cell(rows: Sequence[Dict[str, Any]], row: Dict[str, Any], key: str) -> str:
         return _float(row.get(key), ".2f")
     if key == "latency_ms":
         cold = row.get(key) is not None and not row.get("latency_runs")
-        return _float(row.get(key), ".1f") + ("*" if cold else "")
+        noisy = f" noisy ×{latency_spread(row):.1f}" if is_noisy(row) else ""
+        return _float(row.get(key), ".1f") + ("*" if cold else "") + noisy
     if key == "max_abs_diff":
         return _float(row.get(key), ".2e")
     return str(row.get(key))
@@ -74,12 +117,46 @@ def _cell(rows: Sequence[Dict[str, Any]], row: Dict[str, Any], key: str) -> str:
 def to_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     """Render result rows (dicts, see ``runner.Row.to_dict``) as a Markdown table.
 
-    A ``*`` after the latency marks a single cold run (``latency_runs == 0``).
+    A ``*`` after the latency marks a single cold run (``latency_runs == 0``); ``noisy ×S``
+    marks timed calls whose slowest took S > `NOISY_SPREAD` times the fastest.
     """
     lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |",
              "|" + "|".join("---" for _ in COLUMNS) + "|"]
     for row in rows:
         lines.append("| " + " | ".join(_cell(rows, row, key) for key, _ in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def legend_md(rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+    """The table's legend: each column, the latency marks and the run's noise (load average at
+    the end of the run from ``meta``, and the range of the load averages rows were timed at),
+    with a pointer to docs/benchmarks.md."""
+    titles = dict(COLUMNS)
+    lines = ["## Legend", "", "How the run is organised and the full description of the variants, "
+             "models and columns: `docs/benchmarks.md` in the repository.", ""]
+    lines += [f"- **{titles[key]}**: {COLUMN_LEGEND[key]}" for key, _ in COLUMNS]
+    lines += [
+        "",
+        "Latency marks:",
+        "",
+        "- `*`: a single cold run from the build phase (the first `forward`, which already took "
+        "longer than the latency budget), not a median of warm runs.",
+        f"- `noisy ×S`: the slowest timed call took S times the fastest, S > {NOISY_SPREAD}; "
+        "the median is then a weak estimate (other work was running, or the machine throttled).",
+        "",
+    ]
+    noisy = [r for r in rows if is_noisy(r)]
+    timed = [r for r in rows if r.get("latency_runs")]
+    loads = [r["load_average"] for r in rows if r.get("load_average") is not None]
+    noise = f"Noise: {len(noisy)} of {len(timed)} timed rows noisy"
+    if loads:
+        noise += f"; 1-minute load average while rows were timed {min(loads):.2f}–{max(loads):.2f}"
+    if meta.get("load_average") is not None:
+        noise += f"; load average (1, 5, 15 min) at the end of the run: {meta['load_average']}"
+    cpus = meta.get("machine")
+    if cpus:
+        noise += f" ({cpus})"
+    lines.append(noise + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -197,7 +274,8 @@ def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]
     paths = {"json": os.path.join(out_dir, "results.json"),
              "md": os.path.join(out_dir, "results.md"),
              "png": os.path.join(out_dir, "pte_size_change.png")}
-    write_json_and_md(paths["json"], paths["md"], "Benchmark results", to_markdown(rows), rows, meta,
+    write_json_and_md(paths["json"], paths["md"], "Benchmark results",
+                      to_markdown(rows) + "\n" + legend_md(rows, meta), rows, meta,
                       lambda r: f"{r['model']} / {r['variant']} / {r['backend']}")
     try:
         if plot_pte_change(rows, paths["png"]) is None:

@@ -65,6 +65,9 @@ class Row:
     cold_run_ms: Optional[float] = None      # first forward() in the build worker
     latency_ms: Optional[float] = None
     latency_runs: int = 0                    # 0: latency_ms is the cold run
+    latency_min_ms: Optional[float] = None   # fastest and slowest timed call (spread of the repeats)
+    latency_max_ms: Optional[float] = None
+    load_average: Optional[float] = None     # 1-minute load average when the row was timed
     max_abs_diff: Optional[float] = None
     eager_max_abs: Optional[float] = None    # scale of the eager output
     fold_report: Optional[Dict[str, Any]] = None
@@ -283,11 +286,16 @@ def build_unit(unit: Unit) -> List[Row]:
 def measure_latency(row: Row, runs: int, budget_s: float, log_path: Optional[str] = None) -> None:
     """Time phase for one row: warm-up, then up to ``runs`` timed calls within ``budget_s``.
 
-    When the build worker's cold run already exceeded the budget (slow portable
-    kernels), that cold run is reported instead and ``latency_runs`` stays 0.
+    The median is ``latency_ms``; the fastest and slowest calls are kept
+    (``latency_min_ms``/``latency_max_ms``: the table marks a row noisy when they
+    differ by more than ``report.NOISY_SPREAD``), and so is the 1-minute load
+    average at the time (``load_average``). When the build worker's cold run
+    already exceeded the budget (slow portable kernels), that cold run is
+    reported instead and ``latency_runs`` stays 0.
     """
     if row.status != "ok" or not row.pte_path or row.cold_run_ms is None:
         return
+    row.load_average = os.getloadavg()[0]
     if runs <= 0 or row.cold_run_ms > budget_s * 1e3:
         row.latency_ms, row.latency_runs = row.cold_run_ms, 0
         return
@@ -302,6 +310,7 @@ def measure_latency(row: Row, runs: int, budget_s: float, log_path: Optional[str
             module.forward(tuple(inputs))
             times.append((time.perf_counter() - start) * 1e3)
         row.latency_ms, row.latency_runs = statistics.median(times), len(times)
+        row.latency_min_ms, row.latency_max_ms = min(times), max(times)
     except Exception as exc:  # noqa: BLE001
         _fail(row, "latency", exc)
 
