@@ -168,7 +168,7 @@ def _meta(args: argparse.Namespace, argv: Optional[List[str]], wall: float) -> d
 
 def _main_qnn(args: argparse.Namespace, argv: Optional[List[str]]) -> int:
     """``--qnn``: one (model, precision) at a time in a worker process; print the table."""
-    from qnn.sdk_stand_in import real_sdk_root
+    from qnn.testing.sdk_stand_in import real_sdk_root
 
     from . import qnn_rows
 

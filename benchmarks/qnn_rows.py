@@ -6,8 +6,8 @@ One row per (model, precision, fold): QNN partitions, ops left on the CPU, const
 entering QNN partitions and left on the CPU (`qnn.describe_partitions`), the fold stage's time
 (its `FoldReport` timings, as run inside `qnn.to_edge_transform_and_lower_to_qnn`), the rest of
 the lowering's time and, when the Qualcomm SDK is present, the ``.pte`` size. Without the SDK,
-op support comes from `qnn.sdk_stand_in` (QNN's op table) and no context binary is compiled, so
-the ``.pte`` size is not reported (the table says why).
+op support comes from `qnn.testing.sdk_stand_in` (QNN's op table) and no context binary is
+compiled, so the ``.pte`` size is not reported (the table says why).
 
 A fold-off row may fail ("... was not decomposed or delegated": a constant-only op QNN keeps
 whole, refused by HTP, left on the CPU); that is a result, recorded in the row's status.
@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from qnn.sdk_stand_in import real_sdk_root, use_no_sdk_download
+from qnn.testing.sdk_stand_in import real_sdk_root, use_no_sdk_download
 
 from . import _worker, models, quantized, report
 
@@ -48,7 +48,7 @@ TOP_CPU_OPS = 3
 CALIBRATION_BATCHES = 2
 
 NO_SDK_PTE = "n/a: no QNN SDK (op support from QNN's op table stand-in; context binary not compiled)"
-NO_SDK_HEADER = ("Without the Qualcomm QNN SDK: op support answered by `qnn.sdk_stand_in` "
+NO_SDK_HEADER = ("Without the Qualcomm QNN SDK: op support answered by `qnn.testing.sdk_stand_in` "
                  "(an op is supported when QNN's node visitor builds it and QNN's op table defines "
                  "it), context binaries not compiled, so no `.pte` size.")
 
@@ -147,8 +147,8 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
                quantize_time_s: Optional[float] = None) -> List[QnnRow]:
     """Lower `module` (already quantized for 8a8w) for HTP once per fold setting. Never raises.
 
-    Uses whatever QNN manager is in place: the caller enters `qnn.sdk_stand_in.qnn_sdk_stand_in`
-    when there is no SDK. The ``.pte`` is serialised only with the real SDK (`real_sdk_root`).
+    Uses whatever QNN manager is in place: the caller enters
+    `qnn.testing.sdk_stand_in.qnn_sdk_stand_in` when there is no SDK. The ``.pte`` is serialised only with the real SDK (`real_sdk_root`).
     """
     import qnn
 
@@ -193,7 +193,7 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
 def run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
     """One (model, precision): build, quantize for 8a8w, lower fold off and on. Never raises.
 
-    Runs in a worker process; without the SDK inside `qnn.sdk_stand_in.qnn_sdk_stand_in`.
+    Runs in a worker process; without the SDK inside `qnn.testing.sdk_stand_in.qnn_sdk_stand_in`.
     QnnQuantizer prints ("No quant config is implemented for op ...") go to stderr, i.e. the
     worker log, not into the parent's table output."""
     with contextlib.redirect_stdout(sys.stderr):
@@ -202,7 +202,7 @@ def run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
 
 def _run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
     use_no_sdk_download()
-    from qnn.sdk_stand_in import qnn_sdk_stand_in
+    from qnn.testing.sdk_stand_in import qnn_sdk_stand_in
 
     rows = [QnnRow(model, precision, fold) for fold in FOLDS]
     try:

@@ -83,7 +83,7 @@ def meta(argv: Optional[Sequence[str]], wall: float) -> Dict[str, Any]:
     """Command, date, wall time, versions, machine and git commit of the run."""
     from importlib.metadata import version
 
-    from qnn.sdk_stand_in import real_sdk_root
+    from qnn.testing.sdk_stand_in import real_sdk_root
 
     def v(dist: str) -> str:
         try:

@@ -26,7 +26,7 @@ def _child(name: str, checkpoint: str, log_path: Optional[str], steps: Sequence[
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from qnn.sdk_stand_in import use_no_sdk_download
+    from qnn.testing.sdk_stand_in import use_no_sdk_download
 
     use_no_sdk_download()
     _worker.init(log_path)

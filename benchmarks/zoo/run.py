@@ -131,7 +131,7 @@ def lower_and_run(variant: str, program: ExportedProgram, inputs: Sequence[torch
 
 def lower_qnn(name: str, program: ExportedProgram, inputs: Sequence[torch.Tensor]) -> Dict[str, Any]:
     """HTP fp16, ``fold_constants`` on (`benchmarks.qnn_rows.lower_rows`), stand-in without the SDK."""
-    from qnn.sdk_stand_in import qnn_sdk_stand_in, real_sdk_root, use_no_sdk_download
+    from qnn.testing.sdk_stand_in import qnn_sdk_stand_in, real_sdk_root, use_no_sdk_download
 
     from .. import qnn_rows
 

@@ -3,8 +3,9 @@
 Without the Qualcomm SDK (libQnnHtp.so) only two calls cannot run: the op-support query
 ``QnnManager.IsNodeSupportedByBackend`` and the context compile ``QnnManager.Compile`` in
 preprocess. The `qnn_sdk_stand_in` fixture replaces exactly these for one test with
-`qnn.sdk_stand_in.qnn_sdk_stand_in` (which patches ``QnnManagerRegistry.get_or_create_qnn_manager``
-to return a `qnn.sdk_stand_in.QnnManagerStandIn`; see that module for the support rule); node
+`qnn.testing.sdk_stand_in.qnn_sdk_stand_in` (which patches
+``QnnManagerRegistry.get_or_create_qnn_manager`` to return a
+`qnn.testing.sdk_stand_in.QnnManagerStandIn`; see that module for the support rule); node
 visitors and their ``define_node``, QNN's passes, the quantizer, the partitioner and
 preprocess's wrapper building and I/O check all run for real. ``python -m benchmarks --qnn``
 uses the same stand-in.
@@ -36,7 +37,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def qnn_sdk_stand_in():
     """Replace the QNN manager (the two SDK calls) for one test; yields {backend_type: stand-in}."""
-    from qnn.sdk_stand_in import qnn_sdk_stand_in as stand_in
+    from qnn.testing.sdk_stand_in import qnn_sdk_stand_in as stand_in
 
     with stand_in() as managers:
         yield managers

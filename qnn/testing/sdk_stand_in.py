@@ -16,8 +16,9 @@ downloads an SDK when ``QNN_SDK_ROOT`` is unset. An empty value means "the calle
 SDK" (utils/qnn_sdk_setup.py): no download, and QnnQuantizer falls back to its abstract op-info
 tables. `use_no_sdk_download` sets it; call it before executorch's QNN modules are imported.
 
-Used by the ``qnn_sdk_stand_in`` test fixture (tests/qnn/conftest.py) and by
-``python -m benchmarks --qnn`` (benchmarks/qnn_rows.py).
+Used by the ``qnn_sdk_stand_in`` test fixture (tests/qnn/conftest.py), by
+``python -m benchmarks --qnn`` (benchmarks/qnn_rows.py) and ``--zoo`` (benchmarks/zoo/), and by
+the README's QNN example.
 """
 
 from __future__ import annotations
