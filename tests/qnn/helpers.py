@@ -63,22 +63,26 @@ def export_for_qnn(module, inputs, backend=QnnExecuTorchBackendType.kHtpBackend)
     return get_qnn_pass_manager_cls(backend)().transform_for_export_pipeline(ep)
 
 
-def lower_stock(ep: ExportedProgram, specs, skip_ops=frozenset(), *, passes_from: Optional[ExportedProgram] = None,
-                preserve_names=None):
-    """The stock flow: QNN's to-edge passes built from `passes_from` (default `ep`), then
-    executorch's ``to_edge_transform_and_lower`` with `qnn.QnnPartitioner`.
-
-    Returns (manager, partitioner)."""
-    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(skip_ops), preserve_edge_names=preserve_names)
+def lower_stock_with(partitioner, ep: ExportedProgram, skip_ops=frozenset(), *,
+                     passes_from: Optional[ExportedProgram] = None) -> EdgeProgramManager:
+    """The stock flow with `partitioner` (`qnn.QnnPartitioner` or executorch's own): QNN's to-edge
+    passes built from `passes_from` (default `ep`) with the partitioner's compile specs, then
+    executorch's ``to_edge_transform_and_lower``. Returns the lowered manager."""
     passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
         passes_from if passes_from is not None else ep,
         compiler_specs=partitioner.compiler_specs_snapshot,
         skip_node_op_set=set(skip_ops),
     )
-    manager = to_edge_transform_and_lower(
+    return to_edge_transform_and_lower(
         ep, transform_passes=passes, partitioner=[partitioner], compile_config=qnn_edge_config()
     )
-    return manager, partitioner
+
+
+def lower_stock(ep: ExportedProgram, specs, skip_ops=frozenset(), *, passes_from: Optional[ExportedProgram] = None,
+                preserve_names=None):
+    """`lower_stock_with` a new `qnn.QnnPartitioner` for `specs`. Returns (manager, partitioner)."""
+    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(skip_ops), preserve_edge_names=preserve_names)
+    return lower_stock_with(partitioner, ep, skip_ops, passes_from=passes_from), partitioner
 
 
 def partitioner_of(manager: EdgeProgramManager) -> "qnn.QnnPartitioner":

@@ -19,6 +19,7 @@ from .helpers import (
     assert_stranded_by_htp_rule,
     compiler_specs,
     export_for_qnn,
+    lower_stock_with,
     lower_with_wrapper,
     partitioner_of,
 )
@@ -30,20 +31,11 @@ STRANDING = [name for name in CASES if name != "linear_feeds_add_and_masked_sele
 
 
 def _lower_off(case, module, inputs):
-    """Fold off through the wrapper; returns (error, partitioner report)."""
-    specs = compiler_specs(False)
-    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(case.skip_ops))
+    """Fold off through the stock flow; returns (error, partitioner report)."""
+    partitioner = qnn.QnnPartitioner(compiler_specs(False), skip_node_op_set=set(case.skip_ops))
     ep = export_for_qnn(module, inputs)
-    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
-    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
-    from executorch.exir import to_edge_transform_and_lower
-
-    passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
-        ep, compiler_specs=partitioner.compiler_specs_snapshot, skip_node_op_set=set(case.skip_ops)
-    )
     with pytest.raises(RuntimeError, match=STRANDED) as error:
-        to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner],
-                                    compile_config=qnn_edge_config())
+        lower_stock_with(partitioner, ep, case.skip_ops)
     return error.value, partitioner.reports[-1]
 
 
@@ -72,25 +64,12 @@ def test_fold_on_lowers(name, qnn_sdk_stand_in):
     # the same names as without folding (fold off: the partitioner's view before it fails)
     off = qnn.QnnPartitioner(compiler_specs(False), skip_node_op_set=set(case.skip_ops))
     try:
-        qnn_lower_stock_names(module, inputs, off, case.skip_ops)
+        lower_stock_with(off, export_for_qnn(module, inputs), case.skip_ops)
     except RuntimeError as error:
         assert STRANDED in str(error)
     assert_names_kept(report, off.reports[-1])
     if name != "linear_feeds_add_and_masked_select":
         assert report.renamed, "folding shifted no name: the model does not exercise renaming"
-
-
-def qnn_lower_stock_names(module, inputs, partitioner, skip_ops):
-    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
-    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
-    from executorch.exir import to_edge_transform_and_lower
-
-    ep = export_for_qnn(module, inputs)
-    passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
-        ep, compiler_specs=partitioner.compiler_specs_snapshot, skip_node_op_set=set(skip_ops)
-    )
-    return to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner],
-                                       compile_config=qnn_edge_config())
 
 
 def test_masked_select_case_is_not_stranded_without_folding(qnn_sdk_stand_in):

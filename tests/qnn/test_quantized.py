@@ -24,6 +24,7 @@ from .helpers import (
     compiler_specs,
     export_for_qnn,
     lower_stock,
+    lower_stock_with,
     lower_with_wrapper,
     partitioner_of,
 )
@@ -58,20 +59,8 @@ def test_stock_flow_fold_off_strands(quantized, qnn_sdk_stand_in):
     # the partitioner of the failed run is not returned: run its check again on a fresh one
     partitioner = qnn.QnnPartitioner(specs, skip_node_op_set={RELU})
     with pytest.raises(RuntimeError, match=STRANDED):
-        _lower_with(partitioner, _aten(quantized))
+        lower_stock_with(partitioner, _aten(quantized), {RELU})
     assert_stranded_by_htp_rule(error.value, partitioner.reports[-1])
-
-
-def _lower_with(partitioner, ep):
-    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
-    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
-    from executorch.exir import to_edge_transform_and_lower
-
-    passes = get_qnn_pass_manager_cls(partitioner.backend)().get_to_edge_transform_passes(
-        ep, compiler_specs=partitioner.compiler_specs_snapshot, skip_node_op_set={RELU}
-    )
-    return to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[partitioner],
-                                       compile_config=qnn_edge_config())
 
 
 def test_stock_flow_fold_on_keeps_encodings_and_names(quantized, qnn_sdk_stand_in):
@@ -82,7 +71,7 @@ def test_stock_flow_fold_on_keeps_encodings_and_names(quantized, qnn_sdk_stand_i
     unfolded = copy.deepcopy(reference)
     off = qnn.QnnPartitioner(compiler_specs(False, quantized=True), skip_node_op_set={RELU})
     with pytest.raises(RuntimeError, match=STRANDED):
-        _lower_with(off, copy.deepcopy(reference))
+        lower_stock_with(off, copy.deepcopy(reference), {RELU})
 
     ep = copy.deepcopy(reference)
     manager, partitioner = lower_stock(ep, compiler_specs(True, quantized=True), {RELU}, preserve_names=True)
