@@ -14,7 +14,8 @@ for real.
 Executorch's QNN code calls ``setup_qnn_sdk()`` (QnnQuantizer, the manager registry), which
 downloads an SDK when ``QNN_SDK_ROOT`` is unset. An empty value means "the caller manages the
 SDK" (utils/qnn_sdk_setup.py): no download, and QnnQuantizer falls back to its abstract op-info
-tables. `use_no_sdk_download` sets it; call it before executorch's QNN modules are imported.
+tables. `use_no_sdk_download` sets it; call it before executorch first sets up the SDK (it reads
+the variable then: creating a quantizer or a QNN manager), e.g. right after the imports.
 
 Used by the ``qnn_sdk_stand_in`` test fixture (tests/qnn/conftest.py), by
 ``python -m benchmarks --qnn`` (benchmarks/qnn_rows.py) and ``--zoo`` (benchmarks/zoo/), and by
