@@ -31,7 +31,7 @@ if not _SDK_ROOT:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("qnn_sdk") and not _SDK_ROOT:
-        pytest.skip("needs the Qualcomm QNN SDK: QNN_SDK_ROOT is unset")
+        pytest.skip("needs the real Qualcomm QNN SDK (libQnnHtp.so): QNN_SDK_ROOT is unset")
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner as ExecutorchQnnPartitioner
 from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
 from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
 from executorch.backends.qualcomm.utils.utils import (
@@ -19,7 +20,7 @@ from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import qnn
-from folding import FoldPolicy
+from folding import FoldPolicy, fold_constants
 from folding.ops import op_name
 
 SOC = QcomChipset.SM8650
@@ -83,6 +84,28 @@ def lower_stock(ep: ExportedProgram, specs, skip_ops=frozenset(), *, passes_from
     """`lower_stock_with` a new `qnn.QnnPartitioner` for `specs`. Returns (manager, partitioner)."""
     partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(skip_ops), preserve_edge_names=preserve_names)
     return lower_stock_with(partitioner, ep, skip_ops, passes_from=passes_from), partitioner
+
+
+def lower_executorch_stock(module, inputs, skip_ops=frozenset(), *, fold: bool) -> EdgeProgramManager:
+    """Executorch's own ``QnnPartitioner`` (partition/qnn_partitioner.py) in the stock flow, on
+    HTP fp16: no rule about partitions without a runtime input (`qnn.htp_rule` is not in play),
+    so whatever refuses a constant-only partition is HTP itself. With `fold`,
+    `folding.fold_constants` runs after QNN's export passes and QNN's to-edge passes are built
+    from the folded program (design.md, "Where the stage runs")."""
+    ep = export_for_qnn(module, inputs)
+    if fold:
+        ep = fold_constants(ep).program
+    partitioner = ExecutorchQnnPartitioner(compiler_specs(False), skip_node_op_set=set(skip_ops))
+    return lower_stock_with(partitioner, ep, skip_ops)
+
+
+def delegates_without_runtime_input(manager: EdgeProgramManager) -> list:
+    """Names of the QNN delegate calls the lowered program feeds nothing at run time (every
+    input of the partition was a constant, taken into the delegate)."""
+    ep = manager.exported_program()
+    return [n.args[0].name for n in ep.graph.nodes
+            if n.op == "call_function" and n.target is torch.ops.higher_order.executorch_call_delegate
+            and getattr(ep.graph_module, n.args[0].target).backend_id == "QnnBackend" and len(n.args) == 1]
 
 
 def partitioner_of(manager: EdgeProgramManager) -> "qnn.QnnPartitioner":

@@ -12,10 +12,12 @@ from .helpers import (
     STRANDED,
     assert_kept_whole_ops_gone,
     compiler_specs,
+    delegates_without_runtime_input,
+    lower_executorch_stock,
     lower_with_wrapper,
     partitioner_of,
 )
-from .models import RELU, LinearCutOffByRelu, SkipIdShift
+from .models import CASES, RELU, LinearCutOffByRelu, SkipIdShift
 
 
 def _x(*shape):
@@ -32,6 +34,17 @@ def test_gpu_accepts_partitions_without_runtime_input(qnn_sdk_stand_in):
     assert len(static) == 1 and "aten_linear_default" in static[0].nodes
     assert static[0].static_input_bytes == (4 * 64 + 64 * 64) * 4
     assert_kept_whole_ops_gone(manager)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_stock_partitioner_delegates_constant_only_partition(fold, qnn_sdk_stand_in):
+    """Executorch's own partitioner has no HTP input rule: without folding it hands HTP a
+    partition fed only by constants (which HTP refuses: test_real_sdk.py shows it with the SDK);
+    with folding there is none. The stand-in compiles anything, so both lower here."""
+    case = CASES["linear_cut_off_by_relu"]
+    manager = lower_executorch_stock(case.make().eval(), case.inputs(), case.skip_ops, fold=fold)
+    assert delegates_without_runtime_input(manager) == ([] if fold else ["lowered_module_0"])
+    assert qnn.describe_partitions(manager).partitions == (1 if fold else 2)
 
 
 def test_declined_kept_whole_op_is_decomposed_and_reported(qnn_sdk_stand_in):
