@@ -36,6 +36,7 @@ from .ops import (
 )
 from .policy import FoldPolicy
 from .reasons import Reason
+from .signature import input_specs_by_name
 from .sizes import STORED_KINDS
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -107,7 +108,7 @@ def analyze(
         alias class must be kept.
     """
     forced = dict(forced or {})
-    specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
+    specs = input_specs_by_name(signature)
     mutated_targets = {
         s.target for s in signature.output_specs if s.kind.name.endswith("_MUTATION") and s.target is not None
     }
@@ -220,7 +221,7 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     # Every input is constant here, so a symbolic value can only be data-dependent (an unbacked
     # symbol: ``item()`` of a constant, ``nonzero`` of a constant): evaluating it gives the
     # concrete value, which `lift` substitutes for the symbol.
-    if "val" in n.meta and not (_tensor_like(val) or is_scalar(val)):
+    if "val" in n.meta and not (holds_tensors(val) or is_scalar(val)):
         return Reason.NOT_A_TENSOR, type(val).__name__
     return None, ""
 
@@ -289,7 +290,9 @@ def is_scalar(val: Any) -> bool:
     return isinstance(val, (int, float, bool) + _SYM_TYPES)
 
 
-def _tensor_like(val: Any) -> bool:
+def holds_tensors(val: Any) -> bool:
+    """A tensor, or a non-empty list/tuple of tensors and Nones with at least one tensor (the
+    results of multi-output ops, which `getitem` nodes read); what folding can store."""
     if isinstance(val, torch.Tensor):
         return True
     if isinstance(val, (list, tuple)) and val:

@@ -32,7 +32,7 @@ import torch
 import torch.fx
 
 from .reasons import Reason
-from .sizes import aligned
+from .sizes import aligned, value_bytes
 
 # Regions with at most this many ops are planned exactly (2**14 subsets, a few ms each).
 EXACT_LIMIT = 14
@@ -63,13 +63,7 @@ class Region:
 def node_bytes(node: torch.fx.Node) -> int:
     """Serialized bytes of a node's value from its ``meta["val"]``, padded as the constant
     segment pads each buffer (`sizes.aligned`); 0 when unknown or not one tensor."""
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        try:
-            return aligned(int(val.numel()) * val.element_size())
-        except Exception:  # symbolic numel: never stored by the planner
-            return 0
-    return 0
+    return aligned(value_bytes(node))
 
 
 def find_regions(

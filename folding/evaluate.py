@@ -9,7 +9,7 @@ import torch
 import torch.fx
 from torch.fx.node import map_arg
 
-from .analysis import Analysis
+from .analysis import Analysis, holds_tensors
 from .ops import OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata
 from .plan import Plan
 from .reasons import Reason
@@ -140,7 +140,7 @@ def evaluate(
                         result = None
                     elif isinstance(result, (int, float, bool)):
                         env[node] = result  # a scalar: never stored; `lift` inlines it into readers
-                    elif not _tensor_like(result):
+                    elif not holds_tensors(result):
                         keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
                         result = None
                     else:
@@ -202,9 +202,3 @@ class _WriteGuard:
         for n, clone in self.clones:
             if not torch._C._is_cow_tensor(clone):
                 raise UndeclaredWrite(self.node, n)
-
-
-def _tensor_like(value: object) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)

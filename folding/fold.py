@@ -22,6 +22,7 @@ from .plan import make_plan
 from .quant import describe_encoding
 from .policy import FoldPolicy
 from .report import Decision, FoldReport, Reason
+from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, aligned, distinct_buffers, inner_tensors, stored_constant_bytes, stored_tensor
 from torch.export.graph_signature import InputKind
 
@@ -217,7 +218,7 @@ def _placeholder_bytes(graph: torch.fx.Graph, program: ExportedProgram) -> dict[
     """What dropping each constant placeholder saves in serialized bytes (padded). Bytes that
     several placeholders share (tied weights, identical buffers: stored once) are saved only
     when all of them go, so each of them counts 0: the planner never overestimates a saving."""
-    specs = {s.arg.name: s for s in program.graph_signature.input_specs if hasattr(s.arg, "name")}
+    specs = input_specs_by_name(program.graph_signature)
     tensors = {
         n: stored_tensor(specs[n.name], program.state_dict, program.constants)
         for n in graph.nodes

@@ -11,7 +11,6 @@ New placeholders go before the first user input, where torch.export puts lifted 
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -30,11 +29,13 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .layout import has_canonical_layout, raw_bytes
+from .dedup import IdenticalTensors
+from .layout import has_canonical_layout
 from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
-from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names
+from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names, unique_name
 from .report import LiftedConstant
+from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, is_subclass, nbytes, stored_tensor
 
 # Provenance copied from a folded node to the placeholder that replaces it.
@@ -89,165 +90,196 @@ def lift(
         The folded program, checked with torch's signature verifier and graph lint, and a
         `Lifting` record. (executorch's Edge verifier re-runs every op to check dtypes; it runs
         when the program is next validated, e.g. by ``to_edge_transform_and_lower``.)
+
+    Raises:
+        FoldInvariantError: the rewritten program fails lint or the signature verifier.
     """
-    graph = program.graph
-    state_dict = dict(program.state_dict)  # new dicts even in place: the caller's change only
-    constants = dict(program.constants)  # once the folded program has passed its checks
-    specs = {s.arg.name: s for s in program.graph_signature.input_specs if hasattr(s.arg, "name")}
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    record = Lifting()
-    taken = set(state_dict) | set(constants) | {n.name for n in graph.nodes}
+    rewrite = _Rewrite(program, folded)
+    rewrite.place_values(values, constant_placeholders)
+    rewrite.add_private_placeholders(private_readers)
+    rewrite.copy_placeholders()
+    rewrite.copy_ops()
+    result = rewrite.program(bound or {})
+    _check(result)
+    return result, rewrite.record
 
-    # 1. Decide where every stored value goes: an identical stored tensor, or a new constant.
-    dedup = _Dedup(
-        {p: stored_tensor(specs[p.name], state_dict, constants) for p in placeholders if p in constant_placeholders}
-    )
-    target_of: dict[torch.fx.Node, object] = {}  # folded node -> placeholder, _NewConstant or _Literal
-    new_constants: list[_NewConstant] = []
-    reused: dict[torch.fx.Node, list[str]] = {}
-    for node in graph.nodes:
-        value = values.get(node) if node in folded else None
-        if value is None:
-            continue
-        if not isinstance(value, torch.Tensor):  # a scalar: written into the ops that read it
-            target_of[node] = _Literal(value)
-            continue
-        hit = dedup.find(value)
-        if hit is None:
-            target = lifted_constant_target(node.name, taken)
-            hit = _NewConstant(CONSTANT_PREFIX + target, target, value, node)
-            taken.update((target, hit.name))
-            new_constants.append(hit)
-            dedup.add(hit, value)
-        if isinstance(hit, _NewConstant):
-            hit.replaces.append(node.name)
-            record.lifted_as[node.name] = hit.name
-        else:
-            reused.setdefault(hit, []).append(node.name)
-            record.lifted_as[node.name] = hit.name
-        target_of[node] = hit
 
-    # 1b. Private placeholders (same tensor, own name and target) for the readers of a new
-    # constant that executorch 1.5.1's delegation mishandles when they share one placeholder
-    # (`_private_readers`).
-    private: dict[tuple[torch.fx.Node, torch.fx.Node], _NewConstant] = {}
-    sources: dict[int, list[torch.fx.Node]] = {}
-    for node, hit in target_of.items():
-        if isinstance(hit, _NewConstant):
-            sources.setdefault(id(hit), []).append(node)
-    for c in list(new_constants):
-        for reader, source in _private_readers(sources[id(c)], folded, private_readers):
-            target = lifted_constant_target(source.name, taken)
-            copy_c = _NewConstant(CONSTANT_PREFIX + target, target, c.value, source, private=True)
-            taken.update((target, copy_c.name))
-            new_constants.append(copy_c)
-            private[(reader, source)] = copy_c
-            record.lifted.append(_row(copy_c.name, target, [source.name], c.value, reused=True))
+class _Rewrite:
+    """The steps of `lift`, in order; the original program is only read."""
 
-    # 2. Placeholders that no surviving node reads are dropped, unless an output spec names
-    # their target (a buffer written but never read: after functionalization its placeholder
-    # has no users, and the mutation output still names it).
-    named_by_outputs = {s.target for s in program.graph_signature.output_specs if s.target is not None}
+    def __init__(self, program: ExportedProgram, folded: set[torch.fx.Node]) -> None:
+        self.source, self.folded = program, folded
+        self.state_dict = dict(program.state_dict)  # new dicts even in place: the caller's change
+        self.constants = dict(program.constants)  # only once the folded program passed its checks
+        self.specs = input_specs_by_name(program.graph_signature)
+        self.placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+        self.record = Lifting()
+        self.taken = set(self.state_dict) | set(self.constants) | {n.name for n in program.graph.nodes}
+        self.target_of: dict[torch.fx.Node, object] = {}  # folded node -> placeholder, _NewConstant or _Literal
+        self.new_constants: list[_NewConstant] = []
+        self.reused: dict[torch.fx.Node, list[str]] = {}
+        self.private: dict[tuple[torch.fx.Node, torch.fx.Node], _NewConstant] = {}
+        self.graph = torch.fx.Graph()
+        self.graph._codegen = copy.deepcopy(program.graph._codegen)
+        # Every existing name is reserved before anything is created, so a new node never takes
+        # one; copies then get their original names back (see `copy_keeping_name`).
+        self.graph._graph_namespace._used_names.update(self.taken)
+        self.env: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.fake_mode = detect_fake_mode([p.meta.get("val") for p in self.placeholders]) or FakeTensorMode()
+        self.new_specs: list[InputSpec] = []
+        self.output_specs = list(program.graph_signature.output_specs)
+        self.removed_targets: set = set()
 
-    def survives(p: torch.fx.Node) -> bool:
-        spec = specs.get(p.name)
-        if spec is None or spec.kind not in STORED_KINDS or p in reused or spec.target in named_by_outputs:
+    # 1. Where every stored value goes: an identical stored tensor, or a new constant.
+    def place_values(self, values: dict[torch.fx.Node, torch.Tensor], constant_placeholders: set) -> None:
+        dedup = IdenticalTensors({
+            p: stored_tensor(self.specs[p.name], self.state_dict, self.constants)
+            for p in self.placeholders if p in constant_placeholders
+        })
+        for node in self.source.graph.nodes:
+            value = values.get(node) if node in self.folded else None
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor):  # a scalar: written into the ops that read it
+                self.target_of[node] = _Literal(value)
+                continue
+            hit = dedup.find(value)
+            if hit is None:
+                hit = self._new_constant(node, value)
+                dedup.add(hit, value)
+            if isinstance(hit, _NewConstant):
+                hit.replaces.append(node.name)
+            else:
+                self.reused.setdefault(hit, []).append(node.name)
+            self.record.lifted_as[node.name] = hit.name
+            self.target_of[node] = hit
+
+    def _new_constant(self, source: torch.fx.Node, value: torch.Tensor, private: bool = False) -> _NewConstant:
+        target = lifted_constant_target(source.name, self.taken)
+        c = _NewConstant(CONSTANT_PREFIX + target, target, value, source, private=private)
+        self.taken.update((target, c.name))
+        self.new_constants.append(c)
+        return c
+
+    # 2. Private placeholders (same tensor, own name and target) for the readers of a new
+    # constant that executorch 1.5.1's delegation mishandles when they share one placeholder.
+    def add_private_placeholders(self, private_readers: frozenset) -> None:
+        sources: dict[int, list[torch.fx.Node]] = {}
+        for node, hit in self.target_of.items():
+            if isinstance(hit, _NewConstant):
+                sources.setdefault(id(hit), []).append(node)
+        for c in list(self.new_constants):
+            for reader, source in _private_readers(sources[id(c)], self.folded, private_readers):
+                copy_c = self._new_constant(source, c.value, private=True)
+                self.private[(reader, source)] = copy_c
+                self.record.lifted.append(_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True))
+
+    # 3. Placeholders: surviving ones copied, new constants before the first user input (where
+    # torch.export puts lifted constants).
+    def copy_placeholders(self) -> None:
+        anchor = next((p for p in self.placeholders if self.specs.get(p.name) is not None
+                       and self.specs[p.name].kind == InputKind.USER_INPUT), None)
+        for p in self.placeholders:
+            if p is anchor:
+                self._emit_new_constants()
+            if self._survives(p):
+                self.env[p] = copy_keeping_name(self.graph, p, self.env.__getitem__)
+                self.new_specs.append(self.specs[p.name])
+            else:
+                self.record.removed.append(p.name)
+                self.removed_targets.add(self.specs[p.name].target)
+        if anchor is None:
+            self._emit_new_constants()
+
+    def _survives(self, p: torch.fx.Node) -> bool:
+        """Placeholders that no surviving node reads are dropped, unless an output spec names
+        their target (a buffer written but never read: after functionalization its
+        placeholder has no users, and the mutation output still names it)."""
+        spec = self.specs.get(p.name)
+        if spec is None or spec.kind not in STORED_KINDS or p in self.reused:
             return True
-        return any(u not in folded for u in p.users)
+        if spec.target in {s.target for s in self.output_specs if s.target is not None}:
+            return True
+        return any(u not in self.folded for u in p.users)
 
-    # 3. Copy the graph.
-    new_graph = torch.fx.Graph()
-    new_graph._codegen = copy.deepcopy(graph._codegen)
-    # Every existing name is reserved before anything is created, so a new node never takes
-    # one; copies then get their original names back (see `copy_keeping_name`).
-    new_graph._graph_namespace._used_names.update(taken)
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    fake_mode = detect_fake_mode([p.meta.get("val") for p in placeholders]) or FakeTensorMode()
-    anchor = next((p for p in placeholders if specs.get(p.name) is not None and specs[p.name].kind == InputKind.USER_INPUT), None)
-    new_specs: list[InputSpec] = []
-
-    def emit_new_constants() -> None:
-        for c in new_constants:
-            ph = keep_name(new_graph.create_node("placeholder", c.name, name=c.name), c.name)
-            ph.meta["val"] = _fake_value(c.source, c.value, fake_mode)
-            for key in _PROVENANCE_KEYS:
-                if key in c.source.meta:
-                    ph.meta[key] = c.source.meta[key]
+    def _emit_new_constants(self) -> None:
+        for c in self.new_constants:
+            ph = keep_name(self.graph.create_node("placeholder", c.name, name=c.name), c.name)
+            ph.meta["val"] = _fake_value(c.source, c.value, self.fake_mode)
+            _copy_provenance(c.source, ph)
             c.placeholder = ph
             if not c.private:
-                env[c.source] = ph
-            constants[c.target] = c.value
-            new_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
+                self.env[c.source] = ph
+            self.constants[c.target] = c.value
+            self.new_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
 
-    removed_targets: set = set()
-    for p in placeholders:
-        if p is anchor:
-            emit_new_constants()
-        if survives(p):
-            env[p] = copy_keeping_name(new_graph, p, env.__getitem__)
-            new_specs.append(specs[p.name])
-        else:
-            record.removed.append(p.name)
-            removed_targets.add(specs[p.name].target)
-    if anchor is None:
-        emit_new_constants()
-    lookup = _Lookup(env, target_of, private)
-    output_specs = list(program.graph_signature.output_specs)
-    clone_op = None
-    for node in graph.nodes:
-        if node.op == "placeholder" or node in folded:
-            continue
-        if node.op == "output":
-            flat = list(node.args[0]) if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
-            clones: dict[torch.fx.Node, torch.fx.Node] = {}
-            for i, a in enumerate(flat):
-                if isinstance(a, torch.fx.Node) and a in target_of:
-                    # ExecuTorch cannot return a stored constant as an output: return a clone, in
-                    # the program's own dialect (an Edge clone in ATen fails validate()).
-                    if a not in clones:
-                        clone_op = clone_op or _clone_op(program)
-                        name = _fresh(f"{a.name}_clone", taken)
-                        src = lookup.for_reader(node)(a)
-                        c = keep_name(new_graph.create_node("call_function", clone_op, (src,), name=name), name)
-                        c.meta["val"] = src.meta["val"]
-                        for key in _PROVENANCE_KEYS:
-                            if key in a.meta:
-                                c.meta[key] = a.meta[key]
-                        clones[a] = c
-                    spec = output_specs[i]
-                    output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
-            mapped = [clones.get(a, None) or torch.fx.map_arg(a, lookup) for a in flat]
-            out_args = type(node.args[0])(mapped) if isinstance(node.args[0], (list, tuple)) else mapped[0]
-            env[node] = keep_name(new_graph.output(out_args, type_expr=node.type), node.name)
-            env[node].meta = copy.copy(node.meta)
-            continue
-        env[node] = copy_keeping_name(new_graph, node, lookup.for_reader(node))
+    # 4. Ops and the output, with their names; folded nodes are not copied.
+    def copy_ops(self) -> None:
+        lookup = _Lookup(self.env, self.target_of, self.private)
+        for node in self.source.graph.nodes:
+            if node.op == "placeholder" or node in self.folded:
+                continue
+            if node.op == "output":
+                self._copy_output(node, lookup)
+            else:
+                self.env[node] = copy_keeping_name(self.graph, node, lookup.for_reader(node))
 
-    # 4. Stored dicts, signature, program.
-    removed_targets -= {s.target for s in new_specs}  # tied names still read elsewhere
-    for target in removed_targets:
-        state_dict.pop(target, None)
-        constants.pop(target, None)
-    for c in new_constants:
-        record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False))
-    for p, names in reused.items():
-        record.lifted.append(_row(p.name, specs[p.name].target, names, stored_tensor(specs[p.name], state_dict, constants), reused=True))
+    def _copy_output(self, node: torch.fx.Node, lookup: "_Lookup") -> None:
+        """ExecuTorch cannot return a stored constant as an output: a stored value returned
+        is returned through a clone, in the program's own dialect (an Edge clone in ATen
+        fails validate()); its output spec names the clone."""
+        flat = list(node.args[0]) if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+        clones: dict[torch.fx.Node, torch.fx.Node] = {}
+        clone_op = None
+        for i, a in enumerate(flat):
+            if not (isinstance(a, torch.fx.Node) and a in self.target_of):
+                continue
+            if a not in clones:
+                clone_op = clone_op or _clone_op(self.source)
+                name = unique_name(f"{a.name}_clone", self.taken)
+                self.taken.add(name)
+                src = lookup.for_reader(node)(a)
+                c = keep_name(self.graph.create_node("call_function", clone_op, (src,), name=name), name)
+                c.meta["val"] = src.meta["val"]
+                _copy_provenance(a, c)
+                clones[a] = c
+            spec = self.output_specs[i]
+            self.output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
+        mapped = [clones.get(a, None) or torch.fx.map_arg(a, lookup) for a in flat]
+        out_args = type(node.args[0])(mapped) if isinstance(node.args[0], (list, tuple)) else mapped[0]
+        self.env[node] = keep_name(self.graph.output(out_args, type_expr=node.type), node.name)
+        self.env[node].meta = copy.copy(node.meta)
 
-    bound = bound or {}
-    refresh_meta(new_graph, bound, fake_mode)
-    signature = ExportGraphSignature(input_specs=new_specs, output_specs=output_specs)
-    new_gm = torch.fx.GraphModule(program.graph_module, new_graph, class_name=program.graph_module.__class__.__name__)
-    new_gm.meta.update(program.graph_module.meta)
-    reserve_node_names(new_gm)
-    result = copy.copy(program)
-    result._graph_module = new_gm
-    result._graph_signature = signature
-    result._state_dict = state_dict
-    result._constants = constants
-    result._range_constraints = drop_bound_ranges(copy.deepcopy(program.range_constraints), bound, new_graph)
-    result._module_call_graph = copy.deepcopy(program.module_call_graph)
-    _check(result)
-    return result, record
+    # 5. Stored dicts, signature, metadata of bound symbols, the program.
+    def program(self, bound: dict) -> ExportedProgram:
+        source = self.source
+        for target in self.removed_targets - {s.target for s in self.new_specs}:  # tied names read elsewhere stay
+            self.state_dict.pop(target, None)
+            self.constants.pop(target, None)
+        for c in self.new_constants:
+            if not c.private:
+                self.record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False))
+        for p, names in self.reused.items():
+            t = stored_tensor(self.specs[p.name], self.state_dict, self.constants)
+            self.record.lifted.append(_row(p.name, self.specs[p.name].target, names, t, reused=True))
+        refresh_meta(self.graph, bound, self.fake_mode)
+        gm = torch.fx.GraphModule(source.graph_module, self.graph, class_name=source.graph_module.__class__.__name__)
+        gm.meta.update(source.graph_module.meta)
+        reserve_node_names(gm)
+        result = copy.copy(source)
+        result._graph_module = gm
+        result._graph_signature = ExportGraphSignature(input_specs=self.new_specs, output_specs=self.output_specs)
+        result._state_dict = self.state_dict
+        result._constants = self.constants
+        result._range_constraints = drop_bound_ranges(copy.deepcopy(source.range_constraints), bound, self.graph)
+        result._module_call_graph = copy.deepcopy(source.module_call_graph)
+        return result
+
+
+def _copy_provenance(source: torch.fx.Node, node: torch.fx.Node) -> None:
+    for key in _PROVENANCE_KEYS:
+        if key in source.meta:
+            node.meta[key] = source.meta[key]
 
 
 def _check(program: ExportedProgram) -> None:
@@ -344,15 +376,6 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
         return torch.empty(value.shape, dtype=value.dtype, device=value.device)
 
 
-def _fresh(base: str, taken: set) -> str:
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
-    return name
-
-
 def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool) -> LiftedConstant:
     return LiftedConstant(
         placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
@@ -386,39 +409,3 @@ def _clone_op(program: ExportedProgram):
     if use_dim_order:
         return exir_ops.edge.dim_order_ops._clone_dim_order.default
     return exir_ops.edge.aten.clone.default
-
-
-class _Dedup:
-    """Finds a stored tensor with the same dtype, shape and bytes; hashes each tensor at most once."""
-
-    def __init__(self, existing: dict[object, Optional[torch.Tensor]]) -> None:
-        self._pending: dict[tuple, list[tuple[object, torch.Tensor]]] = {}
-        self._by_digest: dict[tuple, object] = {}
-        self._last: tuple = (None, ())
-        for owner, t in existing.items():
-            if t is not None and not is_subclass(t):
-                self._pending.setdefault(_shape_key(t), []).append((owner, t))
-
-    def find(self, t: torch.Tensor) -> Optional[object]:
-        """The owner storing the same bytes as `t`; remembers `t`'s digest for `add`."""
-        if is_subclass(t):
-            return None
-        key = _shape_key(t)
-        for owner, other in self._pending.pop(key, ()):
-            self._by_digest.setdefault(key + (_digest(other),), owner)
-        self._last = (t, key + (_digest(t),))
-        return self._by_digest.get(self._last[1])
-
-    def add(self, owner: object, t: torch.Tensor) -> None:
-        if is_subclass(t):
-            return
-        full_key = self._last[1] if self._last[0] is t else _shape_key(t) + (_digest(t),)
-        self._by_digest.setdefault(full_key, owner)
-
-
-def _shape_key(t: torch.Tensor) -> tuple:
-    return (t.dtype, tuple(t.shape))
-
-
-def _digest(t: torch.Tensor) -> str:
-    return hashlib.blake2b(raw_bytes(t), digest_size=20).hexdigest()

@@ -47,6 +47,27 @@ def copy_keeping_name(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform)
     return keep_name(graph.node_copy(node, arg_transform), node.name)
 
 
+def unique_name(base: str, taken: Container[str], *, first_suffix: int = 0) -> str:
+    """`base`, or ``base_1``, ``base_2`` … (from ``base_<first_suffix>`` when it is not 0):
+    the first not in `taken`. The one suffix rule of every new name this package makes."""
+    n = first_suffix
+    candidate = base if n == 0 else f"{base}_{n}"
+    while candidate in taken:
+        n += 1
+        candidate = f"{base}_{n}"
+    return candidate
+
+
+class _EitherName:
+    """`taken` as a container of targets whose placeholders (``c_`` + target) are free too."""
+
+    def __init__(self, taken: Container[str]) -> None:
+        self.taken = taken
+
+    def __contains__(self, target: object) -> bool:
+        return target in self.taken or CONSTANT_PREFIX + str(target) in self.taken
+
+
 def lifted_constant_target(node_name: str, taken: Container[str]) -> str:
     """A deterministic, unique ``constants`` key for the folded value of `node_name`.
 
@@ -54,9 +75,4 @@ def lifted_constant_target(node_name: str, taken: Container[str]) -> str:
     name torch.export's naming pass (and so `to_edge`) gives that target. `taken` holds both
     the used targets and the used node names; suffixes ``_1``, ``_2`` … resolve clashes.
     """
-    base = "folded_" + re.sub(r"[^a-zA-Z0-9]", "_", node_name).lower()
-    candidate, n = base, 0
-    while candidate in taken or CONSTANT_PREFIX + candidate in taken:
-        n += 1
-        candidate = f"{base}_{n}"
-    return candidate
+    return unique_name("folded_" + re.sub(r"[^a-zA-Z0-9]", "_", node_name).lower(), _EitherName(taken))

@@ -71,6 +71,18 @@ def aligned(n: int) -> int:
     return -(-n // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
 
 
+def value_bytes(node) -> int:
+    """Bytes of a node's value from its ``meta["val"]`` (unpadded); 0 when it is not one
+    tensor or its size is symbolic."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        try:
+            return int(val.numel()) * val.element_size()
+        except (TypeError, RuntimeError):  # symbolic numel
+            return 0
+    return 0
+
+
 def stored_constant_bytes(program: ExportedProgram) -> int:
     """Bytes the ExecuTorch serializer stores for the program's parameters, buffers and lifted
     constants: identical bytes are stored once (the emitter keys buffers by the SHA-256 of

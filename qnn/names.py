@@ -33,6 +33,7 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, TensorArgument
 
+from folding.names import unique_name
 from folding.ops import op_name
 
 logger = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ class EdgeNameMap:
         used = {n.name for n in edge_program.graph.nodes} | self._all_names | taken
         for n in edge_program.graph.nodes:
             if n.op == "call_function" and n not in wanted and n.name not in taken and n.name in self._all_names:
-                wanted[n] = fresh = _fresh_name(n.name, used)
+                wanted[n] = fresh = unique_name(n.name, used, first_suffix=1)
                 used.add(fresh)
         if not wanted:
             return {}
@@ -232,13 +233,6 @@ def _rename_outputs(program: ExportedProgram, renamed: Dict[str, str]) -> None:
     ]
     if outputs != list(sig.output_specs):
         program._graph_signature = ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=outputs)
-
-
-def _fresh_name(name: str, used: set) -> str:
-    i = 1
-    while f"{name}_{i}" in used:
-        i += 1
-    return f"{name}_{i}"
 
 
 def _set_name(node: torch.fx.Node, name: str) -> None:

@@ -41,6 +41,7 @@ from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_m
 from folding import FoldReport, fold_constants
 from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
+from folding.sizes import value_bytes
 
 from .compile_spec import split_compile_specs
 from .errors import EncodingLostError
@@ -262,7 +263,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
                         nodes=tuple(n.name for n in nodes),
                         runtime_inputs=tuple(i.name for i in runtime),
                         static_inputs=tuple(i.name for i in static),
-                        static_input_bytes=sum(_value_bytes(i) for i in static),
+                        static_input_bytes=sum(value_bytes(i) for i in static),
                         reason="HTP refuses a graph without a runtime input" if refused else "",
                     )
                 )
@@ -361,13 +362,6 @@ def _constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
         elif n.op in ("call_function", "get_attr") and all(i in constant for i in n.all_input_nodes):
             constant.add(n)
     return constant
-
-
-def _value_bytes(node: torch.fx.Node) -> int:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
-    return 0
 
 
 __all__ = ["QnnPartitioner", "kept_whole_ops"]
