@@ -7,7 +7,7 @@ able to judge the folder with its own yardstick.
 from __future__ import annotations
 
 import operator
-from typing import Dict, Set
+from typing import Dict, List, Set
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -77,8 +77,8 @@ def _is_impure(node: torch.fx.Node) -> bool:
     return torch.Tag.nondeterministic_seeded in tags
 
 
-def constant_only_nodes(ep: ExportedProgram) -> int:
-    """Count call_function nodes computable from constants alone.
+def constant_only_node_names(ep: ExportedProgram) -> List[str]:
+    """Names of the call_function nodes computable from constants alone, in graph order.
 
     A node counts when every ``fx.Node`` among its (flattened) args/kwargs is a
     constant placeholder (non-mutated parameter, buffer or lifted constant) or
@@ -88,7 +88,7 @@ def constant_only_nodes(ep: ExportedProgram) -> int:
     """
     const: Set[torch.fx.Node] = set()
     const_names = set(_constant_tensors(ep))
-    count = 0
+    names: List[str] = []
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             if node.name in const_names:
@@ -101,8 +101,14 @@ def constant_only_nodes(ep: ExportedProgram) -> int:
         if all(a in const for a in inputs):
             const.add(node)
             if node.target is not operator.getitem:
-                count += 1
-    return count
+                names.append(node.name)
+    return names
+
+
+def constant_only_nodes(ep: ExportedProgram) -> int:
+    """Count call_function nodes computable from constants alone
+    (see :func:`constant_only_node_names`)."""
+    return len(constant_only_node_names(ep))
 
 
 def summarize(ep: ExportedProgram) -> Dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import torch
@@ -88,9 +89,119 @@ def assert_pte_matches(ep: ExportedProgram, inputs: Sequence, backend: str = "po
     return buffer
 
 
-def assert_report_bytes_true(result) -> None:
-    """Invariant 5: the report's byte totals equal the bytes the program really stores."""
-    assert result.report.constant_bytes_after == stored_constant_bytes(result.program)
+def assert_report_bytes_true(result, pte: Optional[bytes] = None,
+                             added_by_lowering: Optional[Sequence[torch.Tensor]] = None) -> None:
+    """Invariant 5: the report's byte total after folding is the constant data of the `.pte`.
+
+    Measured independently of ``folding.sizes`` (which computed the report): the folded
+    program is serialized by ExecuTorch and its ``constant_buffer`` table read back
+    (`pte_constant_bytes`).
+
+    - Edge program: serialized as is (or `pte`, its portable serialization); it must store
+      exactly the reported bytes. Its scalar operands are already tensors, and mutated
+      buffers are memory-planned, not constant data.
+    - ATen program with `pte` and `added_by_lowering` (its portable lowering and the constants
+      that lowering's Edge program has and the ATen program does not store, as `lower_portable`
+      returns them): lowering lifts scalar operands into new 0-d constants, which the report
+      cannot know of. The `.pte` holds at least the reported bytes and at most those plus the
+      padded bytes of the added constants; exactly the reported bytes when lowering added none.
+    - ATen program alone: not checkable without lowering it, which most callers do not do;
+      only the report's agreement with the program as returned is checked (a report computed
+      before a later change of the program), with the same accounting the fold used.
+    """
+    reported = result.report.constant_bytes_after
+    program = result.program
+    if program.dialect == "EDGE":
+        measured = pte_constant_bytes(pte if pte is not None else edge_program_pte(program))
+        assert measured == reported, f"report says {reported} constant bytes, the .pte stores {measured}"
+    elif pte is not None:
+        assert added_by_lowering is not None, "an ATen program's .pte needs the constants lowering added"
+        assert_bytes_within_lowering(reported, pte, added_by_lowering)
+    else:
+        assert reported == stored_constant_bytes(program)
+
+
+def constants_added_by_lowering(program: ExportedProgram, edge_program: ExportedProgram) -> list[torch.Tensor]:
+    """Constant tensors of `edge_program` (not mutated) whose targets `program` does not store:
+    the scalar operands lowering lifted, and anything else lowering created."""
+    ours = {s.target for s in program.graph_signature.input_specs if s.target is not None}
+    mutated = set(edge_program.graph_signature.buffers_to_mutate.values())
+    out = []
+    for s in edge_program.graph_signature.input_specs:
+        if s.kind in STORED_KINDS and s.target not in ours and s.target not in mutated:
+            t = stored_tensor(s, edge_program.state_dict, edge_program.constants)
+            if t is not None:
+                out.append(t)
+    return out
+
+
+def assert_bytes_within_lowering(reported: int, pte: bytes, added: Sequence[torch.Tensor]) -> None:
+    """`reported` constant bytes of an ATen program against the `.pte` it was lowered to, where
+    lowering `added` constants: reported <= measured <= reported + their padded bytes."""
+    from folding.sizes import aligned
+
+    measured = pte_constant_bytes(pte)
+    slack = sum(aligned(t.nbytes) for t in added)
+    assert reported <= measured <= reported + slack, (
+        f"report says {reported} constant bytes; the .pte stores {measured}, of which lowering "
+        f"added at most {slack} ({len(added)} constants)"
+    )
+
+
+def lower_portable(ep: ExportedProgram) -> tuple[bytes, list[torch.Tensor]]:
+    """`lower_to_pte(ep, "portable")`, plus the constants lowering added to `ep`'s
+    (`constants_added_by_lowering` of the Edge program the .pte is made from)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    manager = to_edge_transform_and_lower(ep)
+    added = constants_added_by_lowering(ep, manager.exported_program())
+    return manager.to_executorch().buffer, added
+
+
+# Reasons that mean the node was not kept: folded, checked away, or it reads a runtime input.
+_NOT_KEPT_REASONS = ("FOLDED", "CHECKED", "RUNTIME_INPUT")
+
+
+def assert_constant_only_nodes_reported(program: ExportedProgram, report) -> None:
+    """Invariant 3, checked independently of the folder's own classification.
+
+    ``benchmarks/graph_stats.py`` (which imports nothing from ``folding``) walks the *folded*
+    program and names every call_function node still computable from constants alone. Each of
+    them must have a decision in the report, matched by node name, whose reason says why it was
+    kept: a reason other than FOLDED, CHECKED (those nodes should be gone) or RUNTIME_INPUT
+    (the walk found it reads constants only).
+    """
+    from benchmarks.graph_stats import constant_only_node_names
+
+    reasons = {d.node: d.reason for d in report.decisions}
+    problems = []
+    for name in constant_only_node_names(program):
+        reason = reasons.get(name)
+        if reason is None:
+            problems.append(f"{name}: no decision")
+        elif reason.name in _NOT_KEPT_REASONS:
+            problems.append(f"{name}: reported {reason.name}")
+    assert not problems, "constant-only nodes left without a kept reason: " + "; ".join(problems)
+
+
+def pte_constant_bytes(buffer: bytes) -> int:
+    """Bytes of the constant data a serialized program stores, read back from the `.pte` itself:
+    each entry of ``Program.constant_buffer`` padded to 16 bytes, as the constant segment lays
+    them out (entry 0 is the serializer's empty placeholder and counts 0). Buffers the program
+    mutates are memory-planned, not constant data, and are not in that table."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    from folding.sizes import aligned
+
+    program = deserialize_pte_binary(buffer).program
+    return sum(aligned(len(b.storage)) for b in program.constant_buffer)
+
+
+def edge_program_pte(edge_program: ExportedProgram) -> bytes:
+    """Serialize an Edge-dialect program (portable kernels, no partitioner) without touching it."""
+    from executorch.exir import EdgeProgramManager
+
+    return EdgeProgramManager({"forward": copy.deepcopy(edge_program)}).to_executorch().buffer
 
 
 def assert_kept_names(before: ExportedProgram, after: ExportedProgram, report) -> None:

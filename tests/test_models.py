@@ -6,16 +6,23 @@ input, then lowered for the portable runtime and run in the ExecuTorch runtime.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
+from benchmarks.graph_stats import constant_only_node_names
 from benchmarks.models import BUILDERS, build
-from folding import Reason, fold_constants
+from folding import FoldPolicy, Reason, fold_constants
 from tests.invariants import (
+    assert_constant_only_nodes_reported,
     assert_kept_names,
-    assert_pte_matches,
     assert_report_bytes_true,
     assert_valid_program,
+    lower_portable,
+    run_pte,
 )
 
 
@@ -50,8 +57,8 @@ def test_folded_model_is_valid_and_reports_true_bytes(folded_model):
     assert_valid_program(result.program)
     assert_report_bytes_true(result)
     assert_kept_names(ep, result.program, result.report)
-    # invariant 3: every constant-only node left has a reason other than RUNTIME_INPUT
-    assert all(d.reason is not Reason.RUNTIME_INPUT for d in result.report.kept_constant_only)
+    # invariant 3, by benchmarks/graph_stats.py's walk of the folded program
+    assert_constant_only_nodes_reported(result.program, result.report)
 
 
 def test_folded_model_matches_unfolded_eagerly(folded_model):
@@ -66,8 +73,46 @@ def test_folded_model_pte_runs_and_matches_eager(folded_model):
     name, spec, ep, result = folded_model
     x = _fresh_inputs(spec)
     with torch.no_grad():
-        want = [spec.module(*x)]
-    assert_pte_matches(result.program, x, "portable", expected=want, atol=1e-4)
+        want = spec.module(*x)
+    buffer, added_by_lowering = lower_portable(result.program)
+    (got,) = run_pte(buffer, x)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    # invariant 5, measured on the .pte: the report's bytes plus at most the scalars lowering lifted
+    assert_report_bytes_true(result, buffer, added_by_lowering)
+
+
+class KeptChain(nn.Module):
+    """Constant-only ops kept for a reason: `exp` is in `skip_targets`, the ops after it depend
+    on it; `mul` before it folds."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        w = (self.w * 0.5).exp()
+        return F.linear(x, w.t() + 1.0)
+
+
+def test_invariant_3_check_fails_when_a_constant_only_node_has_no_kept_decision():
+    """The check above can fail: on a real folded program with kept constant-only nodes it
+    passes, and it fails once one of their decisions is dropped or says RUNTIME_INPUT."""
+    ep = torch.export.export(KeptChain(), (torch.randn(2, 8),))
+    result = fold_constants(ep, FoldPolicy(skip_targets=frozenset({torch.ops.aten.exp.default})))
+    left = constant_only_node_names(result.program)
+    reasons = {d.node: d.reason for d in result.report.decisions}
+    assert left == ["exp", "t", "add"], left
+    assert reasons["exp"] is Reason.SKIPPED_TARGET and reasons["mul"] is Reason.FOLDED
+    assert_constant_only_nodes_reported(result.program, result.report)
+    for name in left:
+        dropped = dataclasses.replace(result.report, decisions=[d for d in result.report.decisions if d.node != name])
+        with pytest.raises(AssertionError, match=f"{name}: no decision"):
+            assert_constant_only_nodes_reported(result.program, dropped)
+        relabelled = dataclasses.replace(result.report, decisions=[
+            dataclasses.replace(d, reason=Reason.RUNTIME_INPUT) if d.node == name else d for d in result.report.decisions
+        ])
+        with pytest.raises(AssertionError, match=f"{name}: reported RUNTIME_INPUT"):
+            assert_constant_only_nodes_reported(result.program, relabelled)
 
 
 def test_masks_fold_in_swin_and_llama():
