@@ -63,8 +63,9 @@ def evaluate(
     """Run the folded nodes of `plan` eagerly under ``no_grad``.
 
     Args:
-        plan: from `make_plan`; ``plan.materialise`` grows when a node has to be kept (it
-            raised, or its result is not a tensor) and its folded inputs must then be stored.
+        plan: from `make_plan`; not changed. When a node planned as folded has to stay (it
+            raised, or its result is not a tensor), it is returned in ``Evaluation.kept`` and
+            its folded inputs are stored in its place.
         analysis: from `analyze`.
         placeholder_value: the stored tensor of a constant placeholder (read, never written).
         attribute: resolves a get_attr target.
@@ -73,6 +74,7 @@ def evaluate(
         AliasClassFailed: an op that reads or updates an in-place alias class raised.
     """
     out = Evaluation()
+    materialise = set(plan.materialise)  # grows where a kept node's folded inputs must be stored
     env: dict[torch.fx.Node, object] = {}
     live_bytes: dict[torch.fx.Node, int] = {}
     live_total = 0
@@ -113,10 +115,10 @@ def evaluate(
         if root is not None:
             raise AliasClassFailed(root, reason, f"{node.name}: {detail}")
         out.kept[node] = (reason, detail)
-        plan.materialise.discard(node)
+        materialise.discard(node)
         for i in node.all_input_nodes:
             if plan.folded(i) and i not in out.kept:
-                plan.materialise.add(i)
+                materialise.add(i)
 
     with torch.no_grad():
         for index, node in enumerate(plan.evaluated):
@@ -154,9 +156,9 @@ def evaluate(
             for done in due.pop(index, ()):
                 value = env.pop(done, None)
                 live_total -= live_bytes.pop(done, 0)
-                if done in plan.materialise and isinstance(value, torch.Tensor):
+                if done in materialise and isinstance(value, torch.Tensor):
                     out.values[done] = owned_canonical(value, caller_storages)
-                elif done in plan.materialise and isinstance(value, (int, float, bool)):
+                elif done in materialise and isinstance(value, (int, float, bool)):
                     out.values[done] = value
     return out
 

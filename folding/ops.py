@@ -9,6 +9,7 @@ in Edge dialect; we do not special-case either dialect).
 from __future__ import annotations
 
 import enum
+import functools
 import operator
 from typing import Any, Optional
 
@@ -24,19 +25,18 @@ except ImportError:  # pragma: no cover - executorch is a dependency
 
 
 def _cached(fn):
-    """Memoise a per-target property (a graph has few distinct targets, many nodes)."""
-    cache: dict = {}
+    """Memoise a per-target property (a graph has few distinct targets, many nodes):
+    ``functools.cache``, with an uncached call for an unhashable target."""
+    cached = functools.cache(fn)
 
+    @functools.wraps(fn)
     def wrapper(target: Any):
         try:
-            return cache[target]
-        except KeyError:
-            cache[target] = result = fn(target)
-            return result
-        except TypeError:  # unhashable target
+            hash(target)
+        except TypeError:
             return fn(target)
+        return cached(target)
 
-    wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
     return wrapper
 
 

@@ -1,11 +1,13 @@
 """`to_edge_transform_and_lower_to_qnn` with the fold stage, and `describe_partitions`.
 
 Mirrors ``to_edge_transform_and_lower_to_qnn`` in executorch/backends/qualcomm/utils/utils.py
-step by step; the one addition is the fold stage between QNN's export passes and the
-construction of QNN's to-edge passes (DESIGN.md, "Where the stage runs")::
+step by step, with `qnn.QnnPartitioner` as the partitioner; the fold stage runs in its
+pre-decomposition hook, in place on the same program object QNN's to-edge passes were built
+from (docs/design.md, "Where the stage runs")::
 
-    export -> transform_for_export_pipeline -> fold_constants -> get_to_edge_transform_passes(folded)
-           -> to_edge_transform_and_lower(folded, passes, [qnn.QnnPartitioner])
+    export -> transform_for_export_pipeline -> get_to_edge_transform_passes(ep)
+           -> to_edge_transform_and_lower(ep, passes, [qnn.QnnPartitioner])
+              -> QnnPartitioner.transform_for_pre_decomposition: fold_constants(ep, inplace=True)
 """
 
 from __future__ import annotations
@@ -28,11 +30,9 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
-from folding import fold_constants
 from folding.sizes import stored_constant_bytes
 
 from .compile_spec import split_compile_specs
-from .names import EdgeNameMap
 from .partitioner import QnnPartitioner
 
 logger = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ def to_edge_transform_and_lower_to_qnn(
     """Executorch's ``to_edge_transform_and_lower_to_qnn`` (same arguments) with the fold stage.
 
     When a method's compiler specs carry the ``fold_constants`` spec, its ATen program is folded
-    after ``transform_for_export_pipeline`` and QNN's to-edge passes are built from the folded
-    program. The partitioners are `qnn.QnnPartitioner`; their ``reports`` hold the decisions
+    after ``transform_for_export_pipeline``, by the partitioner's pre-decomposition hook. The
+    partitioners are `qnn.QnnPartitioner`; their ``reports`` hold the decisions
     (``edge_manager``-independent, see `describe_partitions` for the lowered result).
 
     Unlike executorch's function this one does not call ``setup_qnn_sdk()`` up front (it may
@@ -86,29 +86,26 @@ def to_edge_transform_and_lower_to_qnn(
     aten_programs: Dict[str, ExportedProgram] = {}
     transform_passes: Dict[str, list] = {}
     for name, m in module.items():
-        qnn_specs[name], fold_spec = split_compile_specs(compiler_specs[name])
+        qnn_specs[name], _ = split_compile_specs(compiler_specs[name])
         options = flatbuffer_to_option(generate_qnn_executorch_option(qnn_specs[name]))
         if options.dump_intermediate_outputs and len(module) > 1:
             raise ValueError("Intermediate Tensor Dump does not support multi-methods.")
+        pass_manager_cls = get_qnn_pass_manager_cls(options.backend_options.backend_type)
+        make_passes = _pass_factory(pass_manager_cls, name, passes_job, dep_table, qnn_specs,
+                                    skip_node_id_set, skip_node_op_set, convert_linear_to_conv2d)
         partitioner = QnnPartitioner(
             compiler_specs[name],
             skip_node_id_set=skip_node_id_set,
             skip_node_op_set=skip_node_op_set,
             skip_mutable_buffer=skip_mutable_buffer,
             preserve_edge_names=preserve_edge_names,
+            to_edge_passes=make_passes,
         )
         ep = torch.export.export(m, inputs[name], dynamic_shapes=dynamic_shapes[name], strict=True)
-        pass_manager = get_qnn_pass_manager_cls(options.backend_options.backend_type)()
+        pass_manager = pass_manager_cls()
         ep = pass_manager.transform_for_export_pipeline(ep)
-        if fold_spec is not None:
-            unfolded = None
-            if partitioner.restores_names:
-                make_passes = _pass_factory(pass_manager, name, passes_job, dep_table, qnn_specs,
-                                            skip_node_id_set, skip_node_op_set, convert_linear_to_conv2d)
-                unfolded = EdgeNameMap.snapshot(ep, make_passes)
-            result = fold_constants(ep, fold_spec.policy, inplace=True)
-            ep = result.program
-            partitioner.record_fold(ep, result.report, unfolded=unfolded)
+        # The partitioner folds `ep` in place in its pre-decomposition hook; the passes built
+        # below are bound to this same object, so they see the folded constants.
         aten_programs[name] = ep
         partitioners[name] = partitioner
         transform_passes[name] = pass_manager.get_to_edge_transform_passes(
@@ -133,12 +130,13 @@ def to_edge_transform_and_lower_to_qnn(
     return manager
 
 
-def _pass_factory(pass_manager, name, passes_job, dep_table, qnn_specs, skip_ids, skip_ops, linear_to_conv2d):
-    """Builds the same to-edge passes for another program (the unfolded copy `qnn.names` lowers)."""
+def _pass_factory(pass_manager_cls, name, passes_job, dep_table, qnn_specs, skip_ids, skip_ops, linear_to_conv2d):
+    """Builds this call's to-edge passes for a program (the lowered one, and the unfolded copy
+    `qnn.names` lowers to restore names)."""
     job = copy.deepcopy(passes_job[name])
 
     def make(program: ExportedProgram) -> list:
-        return type(pass_manager)().get_to_edge_transform_passes(
+        return pass_manager_cls().get_to_edge_transform_passes(
             program,
             passes_job=copy.deepcopy(job),
             dep_table=dep_table[name],

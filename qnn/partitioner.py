@@ -24,6 +24,7 @@ from executorch.backends.qualcomm.partition.qnn_partitioner import (
     QnnOperatorSupport,
     QnnPartitioner as _ExecutorchQnnPartitioner,
 )
+from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 from executorch.backends.qualcomm.partition.utils import filter_fn, get_skip_decomp_table
 from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
 from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner import (
@@ -76,6 +77,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             what is delegated; True: always (debugging, comparing runs); False: never. Costs one
             extra ``to_edge`` + QNN to-edge passes of the unfolded program (about as long as
             the lowering's own ``to_edge``; ~10 min for swin_v2_t 8a8w on 2 cores).
+        to_edge_passes: builds QNN's to-edge passes for a program, for the name restoration;
+            None: QNN's default passes (`default_to_edge_passes`).
+            `qnn.to_edge_transform_and_lower_to_qnn` passes the ones it lowers with.
 
     Attributes:
         fold_spec: the decoded ``fold_constants`` spec, or None when folding is off.
@@ -89,13 +93,14 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         skip_node_op_set: Optional[set] = None,
         skip_mutable_buffer: bool = False,
         preserve_edge_names: Optional[bool] = None,
+        to_edge_passes: Optional[Callable[[ExportedProgram], list]] = None,
     ) -> None:
         qnn_specs, self.fold_spec = split_compile_specs(compiler_specs)
         super().__init__(qnn_specs, skip_node_id_set, skip_node_op_set, skip_mutable_buffer)
         self.preserve_edge_names = preserve_edge_names
+        self.to_edge_passes = to_edge_passes or self.default_to_edge_passes
         self.reports: list[QnnPartitionReport] = []
         self._folds: list[_FoldRecord] = []
-        self._pending: Optional[QnnPartitionReport] = None
         self._aten_graph_id: Optional[int] = None
 
     @property
@@ -119,14 +124,15 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         (``get_to_edge_transform_passes(ep)`` in _passes/qnn_pass_manager.py) keep the program
         object they were built from and look constants up in it by name, so the folded
         constants have to appear in that same object, or they would lose their encodings. A
-        program already folded by `qnn.to_edge_transform_and_lower_to_qnn` is returned as is.
+        program this partitioner already folded is returned as is. This hook is the only place
+        the QNN integration folds (`qnn.to_edge_transform_and_lower_to_qnn` relies on it too).
         """
         if self.fold_spec is None or any(f.program is exported_program for f in self._folds):
             self._aten_graph_id = id(exported_program.graph)
             return exported_program
-        unfolded = EdgeNameMap.snapshot(exported_program, self.default_to_edge_passes) if self.restores_names else None
+        unfolded = EdgeNameMap.snapshot(exported_program, self.to_edge_passes) if self.restores_names else None
         result = fold_constants(exported_program, self.fold_spec.policy, inplace=True)
-        self.record_fold(result.program, result.report, unfolded=unfolded)
+        self._record_fold(result.program, result.report, unfolded)
         return result.program
 
     def default_to_edge_passes(self, program: ExportedProgram) -> list:
@@ -139,10 +145,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             skip_node_op_set=set(self.skip_node_op_set),
         )
 
-    def record_fold(
-        self, program: ExportedProgram, report: FoldReport, *, unfolded: Optional[EdgeNameMap] = None
-    ) -> None:
-        """Adopt a fold of `program` (done by this partitioner's hook or by the lowering wrapper).
+    def _record_fold(self, program: ExportedProgram, report: FoldReport, unfolded: Optional[EdgeNameMap]) -> None:
+        """Record the hook's fold of `program`; the kept-whole ops still constant-only after it
+        are decomposed (`ops_to_not_decompose`).
 
         Args:
             program: the folded ATen program about to be lowered with this partitioner.
@@ -198,7 +203,41 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
     # -- partitioning ----------------------------------------------------------------------
 
     def partition(self, edge_program: ExportedProgram) -> PartitionResult:
+        """executorch's ``QnnPartitioner.partition`` (partition/qnn_partitioner.py: generate
+        partitions, tag nodes, constant data and mutated buffers), with the partitions HTP
+        refuses left untagged (`screen_partitions`) and a `QnnPartitionReport` appended to
+        `reports`. On a folded program, the unfolded Edge names are restored first when
+        `restores_names`, and kept encodings are checked.
+
+        Raises:
+            EncodingLostError: a folded constant that fed a kept dequantize lost its encoding.
+        """
         fold = self._fold_for(edge_program)
+        report = self._report(edge_program, fold)
+        kept, report.partitions = screen_partitions(
+            edge_program, self._candidate_partitions(edge_program), refuses_static_graphs(self.backend)
+        )
+        self.tag_nodes(kept, edge_program)
+        tag_constant_data(edge_program)
+        if not self.skip_mutable_buffer:
+            tag_mutated_buffer(edge_program)
+        self.reports.append(report)
+        return PartitionResult(tagged_exported_program=edge_program, partition_tags=self.partition_tags)
+
+    def generate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
+        """executorch's hook, for callers that use it directly: the partitions QNN supports,
+        minus those HTP refuses."""
+        kept, _ = screen_partitions(
+            edge_program, self._candidate_partitions(edge_program), refuses_static_graphs(self.backend)
+        )
+        return kept
+
+    def _candidate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
+        """executorch's ``generate_partitions``, with the support check of `_OperatorSupport`."""
+        support = _OperatorSupport(edge_program, self.compiler_specs_snapshot, self.skip_node_id_set, self.skip_node_op_set)
+        return generate_partitions_from_list_of_nodes(edge_program.graph_module, op_support=support)
+
+    def _report(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> QnnPartitionReport:
         renamed: dict[str, str] = {}
         if fold is not None and fold.unfolded is not None and fold.report.folded:
             renamed = fold.unfolded.restore(edge_program, fold.graph_id)
@@ -225,49 +264,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             gone = sorted(set(self.skip_node_id_set) - set(report.nodes))
             if gone and fold.report.folded:
                 logger.info("skip_node_id_set names nodes absent after folding: %s", gone)
-        self._pending = report
-        try:
-            result = super().partition(edge_program)
-        finally:
-            self._pending = None
-        self.reports.append(report)
-        return result
-
-    def generate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
-        # executorch's generate_partitions, with the support check of `_OperatorSupport`
-        self.op_support_checker = _OperatorSupport(
-            edge_program, self.compiler_specs_snapshot, self.skip_node_id_set, self.skip_node_op_set
-        )
-        partitions = generate_partitions_from_list_of_nodes(
-            edge_program.graph_module, op_support=self.op_support_checker
-        )
-        refuses = refuses_static_graphs(self.backend)
-        kept: List[Partition] = []
-        for partition in partitions:
-            nodes = [n for n in edge_program.graph.nodes if n in partition.nodes]
-            inputs = partition_inputs(nodes)
-            runtime = [i for i in inputs if is_runtime_input(i, edge_program)]
-            static = [i for i in inputs if i not in runtime]
-            refused = refuses and not runtime
-            if refused:
-                logger.info(
-                    "partition %s (%s) stays on the CPU: HTP refuses a graph without a runtime input",
-                    partition.id, ", ".join(n.name for n in nodes),
-                )
-            else:
-                kept.append(partition)
-            if self._pending is not None:
-                self._pending.partitions.append(
-                    PartitionRecord(
-                        tag=None if refused else f"qnn_{partition.id}",
-                        nodes=tuple(n.name for n in nodes),
-                        runtime_inputs=tuple(i.name for i in runtime),
-                        static_inputs=tuple(i.name for i in static),
-                        static_input_bytes=sum(value_bytes(i) for i in static),
-                        reason="HTP refuses a graph without a runtime input" if refused else "",
-                    )
-                )
-        return kept
+        return report
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -296,6 +293,50 @@ class _OperatorSupport(QnnOperatorSupport):
             logger.info("%s | data-dependent size, stays on the CPU", node.name)
             return False
         return super().is_node_supported(submodules, node)
+
+
+def screen_partitions(
+    edge_program: ExportedProgram, partitions: List[Partition], refuses_static: bool
+) -> tuple[List[Partition], list[PartitionRecord]]:
+    """Split QNN's candidate partitions into those delegated and those HTP refuses.
+
+    Args:
+        edge_program: the Edge program the partitions are of.
+        partitions: candidate partitions (every node QNN supports, grouped).
+        refuses_static: the backend refuses a graph without a runtime input (HTP,
+            `qnn.htp_rule.refuses_static_graphs`).
+
+    Returns:
+        (partitions to delegate, one `PartitionRecord` per candidate in the given order: its
+        nodes, runtime and static inputs, static input bytes (unpadded), and why it stays on
+        the CPU when it does). Pure: neither the program nor the partitions are changed.
+    """
+    kept: List[Partition] = []
+    records: list[PartitionRecord] = []
+    for partition in partitions:
+        nodes = [n for n in edge_program.graph.nodes if n in partition.nodes]
+        inputs = partition_inputs(nodes)
+        runtime = [i for i in inputs if is_runtime_input(i, edge_program)]
+        static = [i for i in inputs if i not in runtime]
+        refused = refuses_static and not runtime
+        if refused:
+            logger.info(
+                "partition %s (%s) stays on the CPU: HTP refuses a graph without a runtime input",
+                partition.id, ", ".join(n.name for n in nodes),
+            )
+        else:
+            kept.append(partition)
+        records.append(
+            PartitionRecord(
+                tag=None if refused else f"qnn_{partition.id}",
+                nodes=tuple(n.name for n in nodes),
+                runtime_inputs=tuple(i.name for i in runtime),
+                static_inputs=tuple(i.name for i in static),
+                static_input_bytes=sum(value_bytes(i) for i in static),
+                reason="HTP refuses a graph without a runtime input" if refused else "",
+            )
+        )
+    return kept, records
 
 
 def _has_unbacked_size(node: torch.fx.Node) -> bool:
@@ -364,4 +405,4 @@ def _constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
     return constant
 
 
-__all__ = ["QnnPartitioner", "kept_whole_ops"]
+__all__ = ["QnnPartitioner", "kept_whole_ops", "screen_partitions"]
