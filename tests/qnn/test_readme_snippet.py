@@ -9,6 +9,7 @@ writes ``model_htp.pte``).
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import re
 import textwrap
@@ -42,10 +43,10 @@ def test_readme_has_the_two_qnn_blocks():
     assert "with qnn_sdk_stand_in():" in stand_in
 
 
-def test_readme_qnn_example_runs_in_the_stand_in(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_readme_qnn_example_runs_in_the_stand_in(tmp_path):
     namespace = {"__name__": "readme_qnn_example"}
-    exec(compile(readme_program(), f"{README}:QNN", "exec"), namespace)  # noqa: S102
+    with contextlib.chdir(tmp_path):
+        exec(compile(readme_program(), f"{README}:QNN", "exec"), namespace)  # noqa: S102
 
     assert (tmp_path / "model_htp.pte").stat().st_size > 0
     # the last `edge` is the stock flow's; both flows folded proj(table) and left nothing on the CPU
