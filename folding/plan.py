@@ -24,7 +24,7 @@ import torch
 from .analysis import Analysis, is_scalar
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import observes_layout, reads_storage, strided_like_stored
-from .ops import packet_name, reads_only_metadata
+from .ops import aliased_arg_position, packet_name, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -268,6 +268,8 @@ def _keep_observed_layouts(plan: Plan) -> None:
                 if not storage and strided_like_stored(n.meta.get("val")):
                     continue  # its stored copy reads the same
                 plan.runtime[n] = (Reason.LAYOUT_OBSERVED, f"{observer.name} observes its strides")
+            if storage and aliased_arg_position(n.target) is None:
+                continue  # an op that is not a view makes its own storage: what it reads does not matter
             work.extend(n.all_input_nodes)
 
 
