@@ -128,6 +128,7 @@ class _Rewrite:
         self.fake_mode = detect_fake_mode([p.meta.get("val") for p in self.placeholders]) or FakeTensorMode()
         self.new_specs: list[InputSpec] = []
         self.output_specs = list(program.graph_signature.output_specs)
+        self.named_by_outputs = {s.target for s in self.output_specs if s.target is not None}
         self.removed_targets: set = set()
 
     # 1. Where every stored value goes: an identical stored tensor, or a new constant.
@@ -198,7 +199,7 @@ class _Rewrite:
         spec = self.specs.get(p.name)
         if spec is None or spec.kind not in STORED_KINDS or p in self.reused:
             return True
-        if spec.target in {s.target for s in self.output_specs if s.target is not None}:
+        if spec.target in self.named_by_outputs:
             return True
         return any(u not in self.folded for u in p.users)
 
