@@ -12,6 +12,7 @@ from torch.export.graph_signature import InputKind
 
 import folding
 from folding import FoldPolicy, Reason
+from folding.signature import input_specs_by_name
 from tests.invariants import (
     assert_kept_names,
     assert_report_bytes_true,
@@ -100,7 +101,7 @@ def _mutated_buffers(program: ExportedProgram) -> set[torch.fx.Node]:
     """Buffer placeholders the program writes: named by a mutation output, or the written
     argument of an in-place op (torch 2.14's training IR lists no mutation for those)."""
     targets = {s.target for s in program.graph_signature.output_specs if s.target is not None}
-    specs = {s.arg.name: s for s in program.graph_signature.input_specs}
+    specs = input_specs_by_name(program.graph_signature)
     out = set()
     for n in program.graph.nodes:
         if n.op != "placeholder" or n.name not in specs:
@@ -160,7 +161,7 @@ def check_folded(before: ExportedProgram, result, *, storages_of: Optional[Expor
         for t in list(source.state_dict.values()) + list(source.constants.values())
         if isinstance(t, torch.Tensor)
     }
-    specs = {s.arg.name: s for s in after.graph_signature.input_specs}
+    specs = input_specs_by_name(after.graph_signature)
     for lifted in report.lifted:
         spec = specs[lifted.placeholder]
         if lifted.reused:

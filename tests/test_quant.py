@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from folding import Reason, fold_constants
 from folding.sizes import stored_constant_bytes, stored_tensor
+from folding.signature import input_specs_by_name
 from tests.invariants import assert_pte_matches, assert_valid_program, lower_to_pte, run_pte
 from tests.quant_programs import (
     LinearRelu,
@@ -42,7 +43,7 @@ def _is_q(node) -> bool:
 
 
 def _stored(ep, node):
-    spec = next(s for s in ep.graph_signature.input_specs if s.arg.name == node.name)
+    spec = input_specs_by_name(ep.graph_signature)[node.name]
     return stored_tensor(spec, ep.state_dict, ep.constants)
 
 
@@ -52,7 +53,7 @@ def intermediate_values(ep, inputs) -> dict[str, object]:
     for node in ep.graph.nodes:
         if node.op != "placeholder":
             continue
-        spec = next(s for s in ep.graph_signature.input_specs if s.arg.name == node.name)
+        spec = input_specs_by_name(ep.graph_signature)[node.name]
         flat.append(stored_tensor(spec, ep.state_dict, ep.constants) if spec.target is not None else None)
     user = iter(inputs)
     flat = [v if v is not None else next(user) for v in flat]

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 
 import folding
 from folding import FoldPolicy, Reason
+from folding.signature import input_specs_by_name
 from tests.fold_checks import (
     assert_close_all,
     decision,
@@ -519,7 +520,7 @@ def test_get_attr_constants_from_a_pass_are_lifted_and_dequantize_keeps_its_enco
     kept_dq = [n for n in after.graph.nodes if n.op == "call_function" and "dequantize_per_tensor" in str(n.target)]
     assert len(kept_dq) == 1 and kept_dq[0].args[1:] == (0.05, 0, -128, 127, torch.int8)
     (src,) = kept_dq[0].all_input_nodes
-    spec = next(s for s in after.graph_signature.input_specs if s.arg.name == src.name)
+    spec = input_specs_by_name(after.graph_signature)[src.name]
     assert spec.kind.name == "CONSTANT_TENSOR" and torch.equal(after.constants[spec.target], q)
     assert_close_all([expected], outputs(after, (x,)), atol=1e-4)
 

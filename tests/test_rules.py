@@ -11,6 +11,7 @@ from torch._export.verifier import SpecViolationError
 from torch.export.graph_signature import InputKind
 
 from folding import FoldPolicy, Reason
+from folding.signature import input_specs_by_name
 from tests.fold_checks import (
     assert_close_all,
     assert_edge_pte_matches,
@@ -26,7 +27,7 @@ from tests.invariants import assert_pte_matches, lower_to_pte, outputs, run_pte
 
 
 def _lifted_tensor(program, placeholder_name):
-    spec = next(s for s in program.graph_signature.input_specs if s.arg.name == placeholder_name)
+    spec = input_specs_by_name(program.graph_signature)[placeholder_name]
     assert spec.kind is InputKind.CONSTANT_TENSOR
     return program.constants[spec.target]
 
@@ -46,7 +47,7 @@ class ConstantChainOutput(torch.nn.Module):
 
 def _assert_constant_outputs_are_clones_of_lifted_constants(program, n_const_outputs):
     out = program.graph.output_node().args[0]
-    specs = {s.arg.name: s for s in program.graph_signature.input_specs}
+    specs = input_specs_by_name(program.graph_signature)
     const_outs = [
         a for a in out
         if a.all_input_nodes

@@ -12,12 +12,13 @@ from torch.export.graph_signature import InputKind
 
 from folding import FoldPolicy, Reason, fold_constants
 from folding.sizes import STORED_KINDS, aligned, stored_constant_bytes
+from folding.signature import input_specs_by_name
 from tests.invariants import assert_report_bytes_true, assert_valid_program
 
 
 def _constant_only_ops(ep) -> list[torch.fx.Node]:
     """call_function nodes whose inputs are all stored constants or other such nodes."""
-    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    specs = input_specs_by_name(ep.graph_signature)
     const: set = set()
     for n in ep.graph.nodes:
         if n.op == "placeholder" and specs[n.name].kind in STORED_KINDS:
@@ -185,7 +186,7 @@ def _random_region_module(rng: random.Random):
 
 def _brute_force(ep, cap, budget) -> tuple[int, int]:
     """Fewest runtime constant ops, then fewest stored bytes, over every cut within the limits."""
-    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    specs = input_specs_by_name(ep.graph_signature)
     ops = _constant_only_ops(ep)
     op_set = set(ops)
     # Bytes as the .pte stores them: each buffer padded to 16 bytes (folding.sizes.aligned).
