@@ -57,110 +57,167 @@ class Evaluation:
 def evaluate(
     plan: Plan,
     analysis: Analysis,
+    module: torch.fx.GraphModule,
     placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
-    attribute: Callable[[str], object],
 ) -> Evaluation:
-    """Run the folded nodes of `plan` eagerly under ``no_grad``.
+    """Run the folded nodes of `plan` eagerly under ``no_grad`` (`FoldInterpreter`).
 
     Args:
         plan: from `make_plan`; not changed. When a node planned as folded has to stay (it
             raised, or its result is not a tensor), it is returned in ``Evaluation.kept`` and
             its folded inputs are stored in its place.
         analysis: from `analyze`.
+        module: the graph module the plan's nodes belong to (get_attr targets resolve in it).
         placeholder_value: the stored tensor of a constant placeholder (read, never written).
-        attribute: resolves a get_attr target.
 
     Raises:
         AliasClassFailed: an op that reads or updates an in-place alias class raised.
     """
-    out = Evaluation()
-    materialise = set(plan.materialise)  # grows where a kept node's folded inputs must be stored
-    env: dict[torch.fx.Node, object] = {}
-    live_bytes: dict[torch.fx.Node, int] = {}
-    live_total = 0
-    caller_storages: set[int] = set()
-    due: dict[int, list[torch.fx.Node]] = {}
-    for n, i in plan.release.items():
-        due.setdefault(i, []).append(n)
+    return FoldInterpreter(module, plan, analysis, placeholder_value).evaluate()
 
-    def value_of(node: torch.fx.Node) -> object:
-        if node in env:
-            return env[node]
+
+class _OpRaised(Exception):
+    """The op of a folded node raised (the only error evaluation turns into a kept node)."""
+
+
+class FoldInterpreter(torch.fx.Interpreter):
+    """A ``torch.fx.Interpreter`` over the folded nodes of a plan only.
+
+    It differs from ``Interpreter.run`` in what it visits and what it keeps: `evaluate` runs
+    ``plan.evaluated`` in order (not the whole graph), loads a constant placeholder or get_attr
+    the first time a folded node reads it (``placeholder_value``, ``fetch_attr``), hands ops
+    copy-on-write clones of inputs they are not known to write (`_WriteGuard`), frees each value
+    after ``plan.release`` says it is last used (``env`` keeps nothing else), and stores the
+    ``plan.materialise`` values as owned, canonical-layout tensors. Only an error raised by an
+    op keeps a node (``Reason.EVALUATION_ERROR``); an error in the framework itself propagates.
+    """
+
+    def __init__(
+        self,
+        module: torch.fx.GraphModule,
+        plan: Plan,
+        analysis: Analysis,
+        placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
+    ) -> None:
+        super().__init__(module, garbage_collect_values=False)  # plan.release frees values
+        self.plan, self.analysis, self.placeholder_value = plan, analysis, placeholder_value
+        self.out = Evaluation()
+        self._materialise = set(plan.materialise)  # grows where a kept node's folded inputs are stored
+        self._caller_storages: set[int] = set()
+        self._live_bytes: dict[torch.fx.Node, int] = {}
+        self._live_total = 0
+        self._guard: Optional[_WriteGuard] = None
+
+    # -- Interpreter hooks ----------------------------------------------------------------
+
+    def map_nodes_to_values(self, args, n: torch.fx.Node):
+        lookup = self._lookup_for(n)
+        if self._guard is not None:
+            lookup = self._guard.wrap(lookup)
+        return map_arg(args, lookup)
+
+    def call_function(self, target, args, kwargs):
+        # Edge ops are their ATen overloads plus dtype checks; call the ATen op.
+        try:
+            return (aten_overload(target) or target)(*args, **kwargs)
+        except Exception as e:  # the op fails at runtime the same way: keep the node
+            raise _OpRaised(f"{type(e).__name__}: {e}".strip()) from e
+
+    # -- evaluation -----------------------------------------------------------------------
+
+    def evaluate(self) -> Evaluation:
+        """Evaluate ``plan.evaluated``; returns the `Evaluation`."""
+        due: dict[int, list[torch.fx.Node]] = {}
+        for n, i in self.plan.release.items():
+            due.setdefault(i, []).append(n)
+        with torch.no_grad():
+            for index, node in enumerate(self.plan.evaluated):
+                self._evaluate_node(node)
+                for done in due.pop(index, ()):
+                    self._release(done)
+        return self.out
+
+    def _evaluate_node(self, node: torch.fx.Node) -> None:
+        out = self.out
+        blocked = next((i for i in node.all_input_nodes if i in out.kept), None)
+        if blocked is not None:
+            self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
+            return
+        self._guard = _WriteGuard(node, self.analysis)
+        try:
+            result = self.run_node(node)
+        except _OpRaised as e:
+            self._keep(node, Reason.EVALUATION_ERROR, str(e))
+            return
+        finally:
+            guard, self._guard = self._guard, None
+        out.evaluated += 1
+        guard.check()
+        out.symbols.update(bindings(node, result))
+        if self.analysis.kind[node] is OpKind.ASSERTION:
+            return
+        if isinstance(result, (int, float, bool)):
+            self.env[node] = result  # a scalar: never stored; `lift` inlines it into readers
+        elif not holds_tensors(result):
+            self._keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
+        else:
+            if is_uninitialised_allocation(node.target):
+                result.zero_()
+            self.env[node] = result
+            if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):
+                self._live_bytes[node] = result.nbytes
+                self._live_total += result.nbytes
+                out.peak_intermediate_bytes = max(out.peak_intermediate_bytes, self._live_total)
+
+    def _release(self, node: torch.fx.Node) -> None:
+        """`node`'s value is no longer read: drop it, storing it first if it is materialised."""
+        value = self.env.pop(node, None)
+        self._live_total -= self._live_bytes.pop(node, 0)
+        if node in self._materialise and isinstance(value, torch.Tensor):
+            self.out.values[node] = owned_canonical(value, self._caller_storages)
+        elif node in self._materialise and isinstance(value, (int, float, bool)):
+            self.out.values[node] = value
+
+    def _keep(self, node: torch.fx.Node, reason: Reason, detail: str) -> None:
+        root = self.analysis.class_of(node)
+        if root is not None:
+            raise AliasClassFailed(root, reason, f"{node.name}: {detail}")
+        self.out.kept[node] = (reason, detail)
+        self._materialise.discard(node)
+        for i in node.all_input_nodes:
+            if self.plan.folded(i) and i not in self.out.kept:
+                self._materialise.add(i)
+
+    def _load(self, node: torch.fx.Node) -> object:
+        """The value of an input of a folded node: computed, or a constant loaded on first use."""
+        if node in self.env:
+            return self.env[node]
         if node.op == "placeholder":
-            t = placeholder_value(node)
-            if isinstance(t, torch.Tensor):
-                caller_storages.update(storage_pointers(t))
-            env[node] = t
-            return t
-        if node.op == "get_attr":
-            env[node] = attribute(node.target)
-            return env[node]
-        raise KeyError(node.name)
+            value = self.placeholder_value(node)
+            if isinstance(value, torch.Tensor):
+                self._caller_storages.update(storage_pointers(value))
+        elif node.op == "get_attr":
+            value = self.fetch_attr(node.target)
+        else:
+            raise KeyError(f"{node.name} is read before it is evaluated")  # a planner bug
+        self.env[node] = value
+        return value
 
-    def value_of_for(node: torch.fx.Node):
+    def _lookup_for(self, node: torch.fx.Node) -> Callable[[torch.fx.Node], object]:
+        """`_load`, except that an op reading only the metadata of its first argument (``size``,
+        ``empty_like`` ...) gets a zero tensor of that argument's static shape when it is not
+        constant."""
         if not reads_only_metadata(node.target):
-            return value_of
+            return self._load
         meta_arg = node.args[0] if node.args else None
 
         def lookup(n: torch.fx.Node):
-            if n is meta_arg and n not in env and not analysis.is_constant(n):
+            if n is meta_arg and n not in self.env and not self.analysis.is_constant(n):
                 val = n.meta["val"]  # a runtime tensor of static shape: only its metadata is read
                 return torch.zeros_like(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype))
-            return value_of(n)
+            return self._load(n)
 
         return lookup
-
-    def keep(node: torch.fx.Node, reason: Reason, detail: str) -> None:
-        root = analysis.class_of(node)
-        if root is not None:
-            raise AliasClassFailed(root, reason, f"{node.name}: {detail}")
-        out.kept[node] = (reason, detail)
-        materialise.discard(node)
-        for i in node.all_input_nodes:
-            if plan.folded(i) and i not in out.kept:
-                materialise.add(i)
-
-    with torch.no_grad():
-        for index, node in enumerate(plan.evaluated):
-            blocked = next((i for i in node.all_input_nodes if i in out.kept), None)
-            if blocked is not None:
-                keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
-            else:
-                guard = _WriteGuard(node, analysis)
-                args, kwargs = map_arg((node.args, node.kwargs), guard.wrap(value_of_for(node)))
-                try:
-                    # Edge ops are their ATen overloads plus dtype checks; call the ATen op.
-                    result = (aten_overload(node.target) or node.target)(*args, **kwargs)
-                    out.evaluated += 1
-                except Exception as e:  # any op error keeps the node; it fails at runtime the same way
-                    keep(node, Reason.EVALUATION_ERROR, f"{type(e).__name__}: {e}".strip())
-                    result = None
-                else:
-                    guard.check()
-                    out.symbols.update(bindings(node, result))
-                    if analysis.kind[node] is OpKind.ASSERTION:
-                        result = None
-                    elif isinstance(result, (int, float, bool)):
-                        env[node] = result  # a scalar: never stored; `lift` inlines it into readers
-                    elif not holds_tensors(result):
-                        keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
-                        result = None
-                    else:
-                        if is_uninitialised_allocation(node.target):
-                            result.zero_()
-                        env[node] = result
-                        if node not in analysis.alias_root and isinstance(result, torch.Tensor):
-                            live_bytes[node] = result.nbytes
-                            live_total += result.nbytes
-                            out.peak_intermediate_bytes = max(out.peak_intermediate_bytes, live_total)
-            for done in due.pop(index, ()):
-                value = env.pop(done, None)
-                live_total -= live_bytes.pop(done, 0)
-                if done in materialise and isinstance(value, torch.Tensor):
-                    out.values[done] = owned_canonical(value, caller_storages)
-                elif done in materialise and isinstance(value, (int, float, bool)):
-                    out.values[done] = value
-    return out
 
 
 class _WriteGuard:

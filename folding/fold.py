@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import operator
 import time
 from dataclasses import dataclass
 
@@ -125,8 +126,8 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
             evaluation = evaluate(
                 plan,
                 analysis,
+                gm,
                 lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants),
-                lambda target: _get_attr(gm, target),
             )
         except AliasClassFailed as failure:
             # An in-place class can only fold whole: keep it and rerun (rare: each rerun keeps
@@ -250,17 +251,10 @@ def _attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Te
     control-flow body), each with its tensor: detached, canonical layout (`layout`)."""
     out = {}
     for n in gm.graph.find_nodes(op="get_attr"):
-        value = _get_attr(gm, n.target)
+        value = operator.attrgetter(n.target)(gm)
         if isinstance(value, torch.Tensor):
             out[n] = owned_canonical(value)
     return out
-
-
-def _get_attr(gm: torch.nn.Module, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _check_stored_tensors(program: ExportedProgram) -> None:
