@@ -80,7 +80,7 @@ def make_plan(
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut)
-    _keep_observed_layouts(plan)
+    _keep_observed_layouts_with_their_classes(plan, analysis)
     _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
     return plan
@@ -271,6 +271,20 @@ def _keep_observed_layouts(plan: Plan) -> None:
             if storage and aliased_arg_position(n.target) is None:
                 continue  # an op that is not a view makes its own storage: what it reads does not matter
             work.extend(n.all_input_nodes)
+
+
+def _keep_observed_layouts_with_their_classes(plan: Plan, analysis: Analysis) -> None:
+    """`_keep_observed_layouts`, then `_keep_alias_classes_whole` for what it kept, until neither
+    keeps more: a view updated in place (``conv(w).narrow(...).add_(1)``) kept because a random
+    op reads it must not leave its base folded, or the runtime update would write into the
+    stored constant and the next call would read the written value (fuzz case 13001881).
+    Each round keeps at least one more node; one or two rounds in practice."""
+    while True:
+        before = len(plan.runtime)
+        _keep_observed_layouts(plan)
+        _keep_alias_classes_whole(plan, analysis)
+        if len(plan.runtime) == before:
+            return
 
 
 def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:

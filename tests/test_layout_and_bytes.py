@@ -307,6 +307,33 @@ def test_contiguous_values_read_by_random_ops_still_fold():
     assert {d.node: d.reason for d in result.report.decisions}["mul"] is Reason.FOLDED
 
 
+def test_view_updated_in_place_and_observed_keeps_its_base_at_runtime():
+    """Fuzz case 13001881, shrunk: ``randn_like`` keeps the strided view ``narrow`` and its
+    in-place ``add_`` at runtime; the view's base must stay too (the in-place class stays
+    whole), or every call adds 1 to the stored constant. Checked over two successive calls."""
+    from folding import Reason
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w17 = nn.Parameter(torch.randn(1, 1, 3))
+            self.w43 = nn.Parameter(torch.randn(2, 1, 1))
+
+        def forward(self, x):
+            v = F.conv1d(self.w17, self.w43).narrow(-1, 0, 1).add_(1.0)
+            return v + torch.randn_like(v) * 0.01 + x
+
+    module, x = M().eval(), torch.randn(1, 2, 1)
+    ep = export(module, (x,))
+    result = fold(ep, FoldPolicy())
+    folded = result.program.module()
+    for seed in (0, 1):  # the second call would see the first call's write
+        for w, g in zip(_seeded_outputs(module, (x,), seed), _seeded_outputs(folded, (x,), seed)):
+            assert torch.equal(w, g), seed
+    reasons = {d.node: d.reason for d in result.report.decisions}
+    assert reasons["narrow"] is Reason.LAYOUT_OBSERVED and reasons["conv1d"] is Reason.DEPENDS_ON_KEPT
+
+
 # 8. Mutated buffers are not constant data ----------------------------------------------------
 
 
