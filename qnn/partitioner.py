@@ -17,6 +17,7 @@ Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, s
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Iterable, List, Optional
 
 import torch
@@ -73,10 +74,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         skip_node_op_set: op names (``aten.relu.default``) never delegated.
         skip_mutable_buffer: as executorch's.
         preserve_edge_names: give the folded program's Edge nodes the names they have without
-            folding. None (default): only when `skip_node_id_set` is given, where names decide
-            what is delegated; True: always (debugging, comparing runs); False: never. Costs one
-            extra ``to_edge`` + QNN to-edge passes of the unfolded program (about as long as
-            the lowering's own ``to_edge``; ~10 min for swin_v2_t 8a8w on 2 cores).
+            folding (default True), so that fold on and off name the runtime nodes alike.
+            Costs one ``to_edge`` + QNN to-edge passes of the folded region only (`qnn.names`);
+            False keeps ``to_edge``'s names for the folded program.
         to_edge_passes: builds QNN's to-edge passes for a program, for the name restoration;
             None: QNN's default passes (`default_to_edge_passes`).
             `qnn.to_edge_transform_and_lower_to_qnn` passes the ones it lowers with.
@@ -92,7 +92,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         skip_node_id_set: Optional[set] = None,
         skip_node_op_set: Optional[set] = None,
         skip_mutable_buffer: bool = False,
-        preserve_edge_names: Optional[bool] = None,
+        preserve_edge_names: bool = True,
         to_edge_passes: Optional[Callable[[ExportedProgram], list]] = None,
     ) -> None:
         qnn_specs, self.fold_spec = split_compile_specs(compiler_specs)
@@ -106,9 +106,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
     @property
     def restores_names(self) -> bool:
         """Whether folded programs get their unfolded Edge names back (`preserve_edge_names`)."""
-        if self.preserve_edge_names is not None:
-            return bool(self.preserve_edge_names)
-        return bool(self.skip_node_id_set)
+        return bool(self.preserve_edge_names)
 
     # -- fold stage ------------------------------------------------------------------------
 
@@ -239,8 +237,13 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
 
     def _report(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> QnnPartitionReport:
         renamed: dict[str, str] = {}
+        naming_seconds = 0.0
         if fold is not None and fold.unfolded is not None and fold.report.folded:
-            renamed = fold.unfolded.restore(edge_program, fold.graph_id)
+            start = time.perf_counter()
+            folded = {d.node for d in fold.report.decisions if d.folded}
+            lifted = {c.placeholder for c in fold.report.lifted}
+            renamed = fold.unfolded.restore(edge_program, fold.graph_id, folded, lifted)
+            naming_seconds = time.perf_counter() - start
         report = QnnPartitionReport(
             backend=self.backend.name,
             decomposed=list(fold.declined.values()) if fold else [],
@@ -249,6 +252,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
                          if QCOM_QUANT_ATTRS in n.meta},
         )
         report.renamed = renamed
+        report.naming_seconds = naming_seconds
         graph_id = fold.graph_id if fold is not None else self._aten_graph_id
         if graph_id is not None:
             report.origins = {

@@ -52,6 +52,8 @@ class QnnPartitionReport:
             they have without folding (`qnn.names`).
         origins: Edge node name -> name of the ATen node it comes from (``meta["from_node"]``),
             when the partitioner saw the ATen program (its pre-decomposition hook ran).
+        naming_seconds: wall time spent giving back the unfolded names (lowering the folded
+            region and replaying the names; 0 when names were not restored).
     """
 
     backend: str
@@ -62,6 +64,7 @@ class QnnPartitionReport:
     nodes: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     renamed: dict[str, str] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
+    naming_seconds: float = 0.0
 
     @property
     def delegated(self) -> list[PartitionRecord]:
