@@ -33,6 +33,18 @@ def test_fixed_seed_campaign_finds_no_failure():
     assert not summary.failures, summary.text()
 
 
+# Campaign cases that found folding bugs (docs/fuzzing.md): each must now pass every ATen check.
+# 11000385: randn_like of a permuted constant (layout observed); 13001881: a view kept for a
+# random op, updated in place, whose base was folded (the update wrote the stored constant).
+FOUND = [11000385, 13001881]
+
+
+@pytest.mark.parametrize("seed", FOUND)
+def test_cases_that_found_bugs_pass(seed):
+    outcome = check(generate(seed), Options())
+    assert outcome.status == "ok", (outcome.kind, outcome.message)
+
+
 def test_generation_is_deterministic_and_in_range():
     for seed in range(20):
         a, b = generate(seed), generate(seed)
