@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -43,68 +42,13 @@ from torch.export.graph_signature import ExportGraphSignature, OutputKind, Outpu
 from torch.fx.graph import _Namespace  # the namespace fx names nodes with; replayed below
 
 from folding.names import unique_name
-from folding.ops import op_name
 from folding.quant import is_dequantize
+
+from .provenance import Key, anchor, node_keys, placeholder_keys
 
 logger = logging.getLogger(__name__)
 
-Key = Tuple  # (ATen origin node name, op name, rank among that origin's nodes of that op), see node_keys
 PassFactory = Callable[[ExportedProgram], Sequence]
-
-
-def origin(node: torch.fx.Node, graph_id: int) -> Optional[str]:
-    """Name of the node of the graph with ``id(graph) == graph_id`` that `node` was derived
-    from, following ``node.meta["from_node"]`` breadth first; None when there is none."""
-    frontier = list(node.meta.get("from_node") or ())
-    while frontier:
-        nxt = []
-        for source in frontier:
-            if source.graph_id == graph_id:
-                return source.name
-            nxt.extend(source.from_node or ())
-        frontier = nxt
-    return None
-
-
-def node_keys(graph: torch.fx.Graph, graph_id: int) -> Dict[torch.fx.Node, List[Key]]:
-    """Provenance keys of the call_function nodes of `graph`, most specific first.
-
-    A node with an ATen origin in `graph_id` has one key: (origin, op, rank among that origin's
-    nodes of that op). A node a pass created without provenance (QNN's ``I64toI32`` inserts
-    ``_to_copy`` nodes) is keyed through its neighbours: one key per keyed user (that user's key,
-    the argument position, op), then, if it has no keyed user, one per keyed input.
-    """
-    rank: Dict[Tuple, int] = defaultdict(int)
-    keys: Dict[torch.fx.Node, List[Key]] = {}
-    nodes = [n for n in graph.nodes if n.op == "call_function"]
-    for n in nodes:
-        src = origin(n, graph_id)
-        if src is not None:
-            op = op_name(n.target)
-            keys[n] = [(src, op, rank[(src, op)])]
-            rank[(src, op)] += 1
-    for n in reversed(nodes):  # users before producers: chains of unkeyed nodes resolve
-        if n in keys:
-            continue
-        derived = [
-            (("user",) + keys[u][0], op_name(n.target), u.all_input_nodes.index(n))
-            for u in n.users if u in keys
-        ]
-        if derived:
-            keys[n] = derived
-    for n in nodes:
-        if n in keys:
-            continue
-        op = op_name(n.target)
-        derived = []
-        for i in n.all_input_nodes:
-            if i in keys:
-                anchor = ("input",) + keys[i][0]
-                derived.append((anchor, op, rank[(anchor, op)]))
-                rank[(anchor, op)] += 1
-        if derived:
-            keys[n] = derived
-    return keys
 
 
 def copy_program(program: ExportedProgram) -> ExportedProgram:
@@ -152,25 +96,6 @@ class _NamingPartitioner(Partitioner):
             for n in edge_program.graph.nodes if n.op == "call_function"
         ]
         return PartitionResult(tagged_exported_program=edge_program, partition_tags={})
-
-
-def placeholder_keys(graph: torch.fx.Graph, keys: Dict[torch.fx.Node, List[Key]]) -> Dict[torch.fx.Node, Key]:
-    """Keys of the nodes a pass created that read placeholders only (QNN's ``I64toI32`` casts
-    an int64 index buffer once, for all its readers): (placeholder names, op, rank among such
-    nodes). Such a node is one node whether its readers are folded or not, so the replay must
-    count it once; its provenance key (`node_keys`, through its first reader) differs between
-    the two programs."""
-    out: Dict[torch.fx.Node, Key] = {}
-    rank: Dict[Key, int] = defaultdict(int)
-    for n in graph.nodes:
-        if n.op != "call_function" or (n in keys and isinstance(keys[n][0][0], str)):
-            continue
-        inputs = n.all_input_nodes
-        if inputs and all(i.op == "placeholder" for i in inputs):
-            base = ("placeholders",) + tuple(i.name for i in inputs) + (op_name(n.target),)
-            out[n] = base + (rank[base],)
-            rank[base] += 1
-    return out
 
 
 def lower_for_names(program: ExportedProgram, make_passes: PassFactory) -> List[Tuple[List[Key], object, str, Optional[Key]]]:
@@ -279,7 +204,7 @@ class EdgeNameMap:
         region_shared = set()
         position = -1
         for index, (keys, target, _, shared_key) in enumerate(region_nodes):
-            src = _anchor(keys)
+            src = anchor(keys)
             position = self._order.get(src, position)
             if src in stands_for:
                 items.append((position, 0, index, target, keys + ([shared_key] if shared_key else [])))
@@ -287,7 +212,7 @@ class EdgeNameMap:
                     region_shared.add(shared_key)
         position = -1
         for index, n in enumerate(n for n in edge_program.graph.nodes if n.op == "call_function"):
-            src = _anchor(folded_keys.get(n))
+            src = anchor(folded_keys.get(n))
             position = self._order.get(src, position)
             if _reads_lifted_encoding(n, lifted):
                 out[n] = None
@@ -305,7 +230,7 @@ class EdgeNameMap:
                 for k in who:
                     region_names.setdefault(k, name)
         for n, ks in folded_keys.items():  # folded-program nodes the region stands for
-            if n not in out and (_anchor(ks) in stands_for or shared.get(n) in region_shared):
+            if n not in out and (anchor(ks) in stands_for or shared.get(n) in region_shared):
                 ks = ks + [shared[n]] if n in shared else ks
                 out[n] = next((region_names[k] for k in ks if k in region_names), None)
         return out, replayed
@@ -345,17 +270,6 @@ def _reads_lifted_encoding(node: torch.fx.Node, lifted: Set[str]) -> bool:
     arg = node.args[0] if node.args else None
     return is_dequantize(node.target) and isinstance(arg, torch.fx.Node) and arg.op == "placeholder" \
         and arg.name in lifted
-
-
-def _anchor(keys: Optional[List[Key]]) -> Optional[str]:
-    """The ATen node name a node's provenance keys lead to (`node_keys`: directly, or through
-    the keyed neighbours of a node a pass created), or None."""
-    if not keys:
-        return None
-    head = keys[0][0]
-    while isinstance(head, tuple):  # ("user" | "input", neighbour's key ...)
-        head = head[1]
-    return head
 
 
 def rename_nodes(graph: torch.fx.Graph, wanted: Dict[torch.fx.Node, str]) -> Dict[str, str]:

@@ -48,7 +48,8 @@ from folding.sizes import value_bytes
 from .compile_spec import split_compile_specs
 from .errors import EncodingLostError
 from .htp_rule import is_runtime_input, partition_inputs, refuses_static_graphs
-from .names import EdgeNameMap, origin
+from .names import EdgeNameMap
+from .provenance import origin
 from .report import PartitionRecord, QnnPartitionReport
 
 logger = logging.getLogger(__name__)
