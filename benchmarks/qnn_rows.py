@@ -66,6 +66,9 @@ class QnnRow:
         cpu_ops: op name -> count of the ops left outside any delegate.
         constant_bytes_in_partitions / constant_bytes_on_cpu: see `qnn.PartitionSummary` (bytes).
         fold_time_s: the fold stage (``FoldReport.timings["total"]``); None when folding is off.
+        naming_time_s: giving the folded program's Edge nodes their unfolded names
+            (``QnnPartitionReport.naming_seconds``: the folded region's lowering and the
+            replay, `qnn.names`); part of `lower_time_s`. None when folding is off.
         lower_time_s: export + QNN passes + ``to_edge`` + partitioning + preprocess, fold excluded.
         quantize_time_s: 8a8w only: export, ``prepare_pt2e``, calibration, ``convert_pt2e``
             (done once per model, shared by its two rows).
@@ -84,6 +87,7 @@ class QnnRow:
     constant_bytes_in_partitions: Optional[int] = None
     constant_bytes_on_cpu: Optional[int] = None
     fold_time_s: Optional[float] = None
+    naming_time_s: Optional[float] = None
     lower_time_s: Optional[float] = None
     quantize_time_s: Optional[float] = None
     wall_time_s: Optional[float] = None
@@ -177,6 +181,8 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
         if partitioner.reports:
             decisions = partitioner.reports[-1]
             row.refused_partitions = len(decisions.refused)
+            if row.fold:
+                row.naming_time_s = decisions.naming_seconds
             row.static_partitions = sum(1 for p in decisions.delegated if not p.runtime_inputs)
         if real_sdk_root():
             try:
@@ -265,6 +271,7 @@ COLUMNS = [
     ("constant_bytes_in_partitions", "const bytes → QNN"),
     ("constant_bytes_on_cpu", "const bytes on CPU"),
     ("fold_time_s", "fold s"),
+    ("naming_time_s", "names s"),
     ("lower_time_s", "lower s"),
     ("wall_time_s", "row s"),
     ("pte", ".pte bytes"),
@@ -294,7 +301,7 @@ def _cell(row: Dict[str, Any], key: str) -> str:
         return _cpu_ops_cell(row)
     if key in ("constant_bytes_in_partitions", "constant_bytes_on_cpu"):
         return report._int(row.get(key))
-    if key in ("fold_time_s", "lower_time_s"):
+    if key in ("fold_time_s", "naming_time_s", "lower_time_s"):
         return report._float(row.get(key), ".2f")
     if key == "wall_time_s":
         return report._float(row.get(key), ".1f")
