@@ -14,7 +14,7 @@ class InvalidProgramError(FoldingError):
 
 
 class FoldInvariantError(FoldingError):
-    """A rewrite produced a program that breaks an invariant of DESIGN.md (a bug here)."""
+    """A rewrite produced a program that breaks an invariant of docs/design.md (a bug here)."""
 
 
 class PolicyError(FoldingError, ValueError):

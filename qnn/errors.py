@@ -16,5 +16,5 @@ class CompileSpecError(QnnFoldingError, ValueError):
 class EncodingLostError(QnnFoldingError):
     """A folded integer constant reached QNN's partitioner without the encoding QNN reads from
     its dequantize: QNN's to-edge passes were bound to a program object other than the folded
-    one (see DESIGN.md, "Where the stage runs"), so ``FoldQDQ`` deleted the dequantize and HTP
+    one (see docs/design.md, "Where the stage runs"), so ``FoldQDQ`` deleted the dequantize and HTP
     would receive raw integers as floats."""

@@ -1,5 +1,5 @@
 """Helpers for the rule tests: fold a program and check every invariant that holds for any
-folded program (DESIGN.md invariants 1, 2, 3, 5, 6), plus Edge-dialect lowering helpers."""
+folded program (docs/design.md invariants 1, 2, 3, 5, 6), plus Edge-dialect lowering helpers."""
 
 from __future__ import annotations
 

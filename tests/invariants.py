@@ -1,4 +1,4 @@
-"""Checks of DESIGN.md's invariants on real programs, shared by the tests."""
+"""Checks of docs/design.md's invariants on real programs, shared by the tests."""
 
 from __future__ import annotations
 

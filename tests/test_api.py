@@ -1,6 +1,6 @@
 """The public surface: caller's program untouched unless ``inplace=True``, determinism,
 deduplication, `FoldConstantsPass` in executorch's pass machinery, the command line, the
-report, and bounded work (DESIGN.md invariants 7, 8, 9)."""
+report, and bounded work (docs/design.md invariants 7, 8, 9)."""
 
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def verifier_problem(ep) -> Optional[str]:
-    """DESIGN.md invariant 2 (what `tests/invariants.assert_valid_program` checks), as a message."""
+    """docs/design.md invariant 2 (what `tests/invariants.assert_valid_program` checks), as a message."""
     from folding.sizes import STORED_KINDS, stored_tensor
     from torch.export.graph_signature import InputKind
 

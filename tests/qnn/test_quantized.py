@@ -100,7 +100,7 @@ def test_wrapper_fold_on_lowers(quantized, qnn_sdk_stand_in):
 
 
 def test_passes_bound_to_another_object_fail_loudly(quantized, qnn_sdk_stand_in):
-    """DESIGN.md's binding hazard: QNN's to-edge passes built from a program object other than
+    """docs/design.md's binding hazard: QNN's to-edge passes built from a program object other than
     the one folded miss the new constants; FoldQDQ would then drop their dequantize and hand
     HTP raw integers. The partitioner refuses to lower that."""
     ep = _aten(quantized)
