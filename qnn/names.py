@@ -1,4 +1,4 @@
-"""Edge node names as they are without folding (docs/design.md invariant 6, "Traps").
+"""Edge node names as they are without folding (docs/design.md invariant 6, "Edge names on the QNN path").
 
 ``to_edge`` and QNN's to-edge passes name Edge nodes from their op and their order: the last
 retrace gives each node the name torch.fx's namespace makes of its target
