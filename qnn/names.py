@@ -42,7 +42,7 @@ from torch.export.graph_signature import ExportGraphSignature, OutputKind, Outpu
 from torch.fx.graph import _Namespace  # the namespace fx names nodes with; replayed below
 
 from folding.names import unique_name
-from folding.quant import is_dequantize
+from folding.quant import is_dequantize, is_quantize
 
 from .provenance import Key, anchor, node_keys, placeholder_keys
 
@@ -121,14 +121,19 @@ def region_program(unfolded: ExportedProgram, folded: Set[str]) -> Tuple[Exporte
         folded: names of the ATen nodes folding removed.
 
     Returns:
-        (the program, the names of its ATen nodes whose Edge nodes it stands for): the folded
-        nodes, with every node they read (constants, and the runtime values a shape is read
-        from) and nothing else; its outputs are the values that nodes outside it read.
+        (the program, the names of the ATen nodes whose Edge nodes it stands for): the folded
+        nodes (but the quantizes only unfolded nodes read), with every node they read
+        (constants, and the runtime values a shape is read from) and nothing else; its outputs
+        are the values that nodes outside it read. It stands for every folded node.
     """
     graph = unfolded.graph
     stands_for = {n for n in graph.nodes if n.name in folded}
-    keep = set(stands_for)
-    work = list(stands_for)
+    # A folded quantize read only outside the folded set (in 8a8w, one per weight) has no Edge
+    # node at partitioning without folding either: QNN's FoldQDQ (_passes/fold_qdq.py, a
+    # to-edge pass) removes every quantize. Leaving those out keeps the region small.
+    lowered = {n for n in stands_for if not (is_quantize(n.target) and all(u not in stands_for for u in n.users))}
+    keep = set(lowered)
+    work = list(lowered)
     while work:
         for i in work.pop().all_input_nodes:
             if i not in keep and i.op == "call_function":
@@ -136,8 +141,8 @@ def region_program(unfolded: ExportedProgram, folded: Set[str]) -> Tuple[Exporte
                 work.append(i)
     outputs = [
         n for n in graph.nodes
-        if n in stands_for and isinstance(n.meta.get("val"), torch.Tensor)
-        and any(u not in stands_for for u in n.users)
+        if n in lowered and isinstance(n.meta.get("val"), torch.Tensor)
+        and any(u not in lowered for u in n.users)
     ]
     out_node = graph.output_node()
     out_node.args = (tuple(outputs),)
@@ -194,7 +199,8 @@ class EdgeNameMap:
                 parameter.
         """
         region, stands_for = region_program(self._unfolded, folded)
-        region_nodes = lower_for_names(region, self._make_passes)
+        has_ops = any(n.op == "call_function" for n in region.graph.nodes)
+        region_nodes = lower_for_names(region, self._make_passes) if has_ops else []
         self._unfolded = None  # free the copy
         folded_keys = node_keys(edge_program.graph, folded_graph_id)
         shared = placeholder_keys(edge_program.graph, folded_keys)
