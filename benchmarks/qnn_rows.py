@@ -67,8 +67,9 @@ class QnnRow:
         constant_bytes_in_partitions / constant_bytes_on_cpu: see `qnn.PartitionSummary` (bytes).
         fold_time_s: the fold stage (``FoldReport.timings["total"]``); None when folding is off.
         naming_time_s: giving the folded program's Edge nodes their unfolded names
-            (``QnnPartitionReport.naming_seconds``: the folded region's lowering and the
-            replay, `qnn.names`); part of `lower_time_s`. None when folding is off.
+            (``QnnPartitionReport.naming_seconds``: one more ``to_edge`` + QNN to-edge passes
+            of the unfolded program, `qnn.names`; 0 unless names are restored); part of
+            `lower_time_s`. None when folding is off.
         lower_time_s: export + QNN passes + ``to_edge`` + partitioning + preprocess, fold excluded.
         quantize_time_s: 8a8w only: export, ``prepare_pt2e``, calibration, ``convert_pt2e``
             (done once per model, shared by its two rows).

@@ -51,7 +51,7 @@ def to_edge_transform_and_lower_to_qnn(
     skip_mutable_buffer: Optional[bool] = False,
     generate_etrecord: Optional[bool] = False,
     convert_linear_to_conv2d: Optional[bool] = False,
-    preserve_edge_names: bool = True,
+    preserve_edge_names: Optional[bool] = None,
 ) -> EdgeProgramManager:
     """Executorch's ``to_edge_transform_and_lower_to_qnn`` (same arguments) with the fold stage.
 

@@ -1,26 +1,20 @@
 """Edge node names as they are without folding (docs/design.md invariant 6, "Edge names on the QNN path").
 
-``to_edge`` and QNN's to-edge passes name Edge nodes from their op and their order: the last
-retrace gives each node the name torch.fx's namespace makes of its target
-(``aten_linear_default``, ``aten_linear_default_1`` ...), in graph order. Folding an earlier
-node of the same op therefore shifts the names of later ones, and a ``skip_node_id_set``
-written against the unfolded program would silently name other nodes.
+``to_edge`` names Edge nodes from their op and their order (``aten_linear_default``,
+``aten_linear_default_1`` ...), and QNN's to-edge passes rename again when they retrace. Folding
+an earlier node of the same op therefore shifts the names of later ones, and a
+``skip_node_id_set`` written against the unfolded program would silently name other nodes.
 
-`EdgeNameMap` restores the names without lowering the unfolded program again. The Edge nodes
-the unfolded program has and the folded one lacks are those derived from the folded ATen nodes
-(and from the dequantizes that read them, which QNN's passes handle differently once their
-input is a constant). Only that *region* is lowered, as a program of its own (the folded nodes
-and those dequantizes, over the same constants, through ``to_edge`` with QNN's decomposition
-table and QNN's to-edge passes). Its Edge nodes and the folded program's are merged in the
-order of the ATen nodes they come from (``meta["from_node"]``; folding keeps the names of the
-ATen nodes it does not fold), and the namespace is replayed over the merged sequence: the names
-it gives the folded program's nodes are their unfolded names. Cost: one lowering of the region,
-a small fraction of the program (`python -m benchmarks --qnn` measures it on swin_v2_t).
-
-The replay is exact when QNN's passes rewrite each ATen node the same way in the region as in
-the whole program; tests compare it with lowering the whole unfolded program
-(`qnn.testing.edge_names_oracle`). A folded node without a counterpart (the dequantize kept on
-a lifted constant) never carries a name the unfolded program gives another node.
+`EdgeNameMap` restores the names: it keeps a structural copy of the ATen program from before
+folding (graph copied, tensors shared), and when the partitioner sees the folded Edge program it
+lowers that copy the same way up to partitioning (``to_edge`` with QNN's decomposition table and
+QNN's to-edge passes) to learn the unfolded names, matches nodes of both Edge programs by
+provenance (``meta["from_node"]``: the ATen node each Edge node comes from, the op, and its rank
+among the Edge nodes of that ATen node and op), and renames the folded program's nodes. Folding
+keeps the names of the ATen nodes it does not fold, so the match is exact where the two pipelines
+rewrite a node the same way. Cost: one extra ``to_edge`` + QNN's to-edge passes of the program,
+paid when names are restored (`qnn.QnnPartitioner`'s ``preserve_edge_names``) and folding
+removed a node.
 """
 
 from __future__ import annotations
@@ -28,23 +22,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.utils._pytree as pytree
-from torch.fx.graph import _PyTreeCodeGen
 from executorch.backends.qualcomm.partition.utils import filter_fn, get_skip_decomp_table
 from executorch.backends.qualcomm.utils.utils import qnn_edge_config
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, OutputKind, OutputSpec, TensorArgument
-from torch.fx.graph import _Namespace  # the namespace fx names nodes with; replayed below
+from torch.export.graph_signature import ExportGraphSignature, TensorArgument
 
 from folding.names import unique_name
-from folding.quant import is_dequantize, is_quantize
 
-from .provenance import Key, anchor, node_keys, placeholder_keys
+from .provenance import Key, node_keys
 
 logger = logging.getLogger(__name__)
 
@@ -75,95 +65,28 @@ def copy_program(program: ExportedProgram) -> ExportedProgram:
 
 
 class _NamingPartitioner(Partitioner):
-    """Lowers nothing: keeps QNN's ops whole as ``QnnPartitioner`` does and records the Edge
-    program it is shown: its call_function nodes in order, each with its provenance keys."""
+    """Lowers nothing: keeps QNN's ops whole as ``QnnPartitioner`` does and records the node keys
+    and names of the Edge program it is shown."""
 
     def __init__(self, graph_id: int) -> None:
         super().__init__()
         self.graph_id = graph_id
-        self.sequence: Optional[List[Tuple[List[Key], object, str, Optional[Key]]]] = None
+        self.names: Optional[Dict[Key, str]] = None
+        self.all_names: set = set()
 
     def ops_to_not_decompose(self, ep):
-        if self.sequence is not None:  # the final sanity check: nothing was meant to be lowered
+        if self.names is not None:  # the final sanity check: nothing was meant to be lowered
             return [], None
         return get_skip_decomp_table(), filter_fn
 
     def partition(self, edge_program: ExportedProgram) -> PartitionResult:
-        keys = node_keys(edge_program.graph, self.graph_id)
-        shared = placeholder_keys(edge_program.graph, keys)
-        self.sequence = [
-            (keys.get(n, []), n.target, n.name, shared.get(n))
-            for n in edge_program.graph.nodes if n.op == "call_function"
-        ]
+        names: Dict[Key, str] = {}
+        for n, ks in node_keys(edge_program.graph, self.graph_id).items():
+            for k in ks:
+                names.setdefault(k, n.name)
+        self.names = names
+        self.all_names = {n.name for n in edge_program.graph.nodes}
         return PartitionResult(tagged_exported_program=edge_program, partition_tags={})
-
-
-def lower_for_names(program: ExportedProgram, make_passes: PassFactory) -> List[Tuple[List[Key], object, str, Optional[Key]]]:
-    """`program`'s call_function nodes at partition time, when lowered as the QNN flow lowers
-    (``to_edge`` with QNN's decomposition table and ``qnn_edge_config``, then the passes
-    `make_passes` builds): (provenance keys relative to `program`'s graph, target, name,
-    `placeholder_keys` key or None)."""
-    naming = _NamingPartitioner(id(program.graph))
-    to_edge_transform_and_lower(
-        program,
-        transform_passes=list(make_passes(program)),
-        partitioner=[naming],
-        compile_config=qnn_edge_config(),
-    )
-    return naming.sequence or []
-
-
-def region_program(unfolded: ExportedProgram, folded: Set[str]) -> Tuple[ExportedProgram, Set[str]]:
-    """The part of `unfolded` whose Edge nodes folding removes or changes, as a program.
-
-    Args:
-        unfolded: a structural copy of the ATen program before folding (changed in place).
-        folded: names of the ATen nodes folding removed.
-
-    Returns:
-        (the program, the names of the ATen nodes whose Edge nodes it stands for): the folded
-        nodes (but the quantizes only unfolded nodes read), with every node they read
-        (constants, and the runtime values a shape is read from) and nothing else; its outputs
-        are the values that nodes outside it read. It stands for every folded node.
-    """
-    graph = unfolded.graph
-    stands_for = {n for n in graph.nodes if n.name in folded}
-    # A folded quantize read only outside the folded set (in 8a8w, one per weight) has no Edge
-    # node at partitioning without folding either: QNN's FoldQDQ (_passes/fold_qdq.py, a
-    # to-edge pass) removes every quantize. Leaving those out keeps the region small.
-    lowered = {n for n in stands_for if not (is_quantize(n.target) and all(u not in stands_for for u in n.users))}
-    keep = set(lowered)
-    work = list(lowered)
-    while work:
-        for i in work.pop().all_input_nodes:
-            if i not in keep and i.op == "call_function":
-                keep.add(i)
-                work.append(i)
-    outputs = [
-        n for n in graph.nodes
-        if n in lowered and isinstance(n.meta.get("val"), torch.Tensor)
-        and any(u not in lowered for u in n.users)
-    ]
-    out_node = graph.output_node()
-    out_node.args = (tuple(outputs),)
-    for n in reversed(list(graph.nodes)):
-        if n.op == "call_function" and n not in keep and not n.users:
-            graph.erase_node(n)
-    sig = unfolded.graph_signature
-    unfolded._graph_signature = ExportGraphSignature(
-        input_specs=list(sig.input_specs),
-        output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(n.name), None) for n in outputs],
-    )
-    out_spec = pytree.tree_flatten(tuple(outputs))[1]
-    codegen = graph._codegen
-    if isinstance(codegen, _PyTreeCodeGen):
-        codegen.pytree_info = codegen.pytree_info._replace(out_spec=out_spec)
-    for entry in unfolded.module_call_graph:
-        if entry.fqn == "" and entry.signature is not None:
-            entry.signature.out_spec = out_spec
-            entry.signature.outputs = []  # names change in to_edge; nothing reads them here
-    unfolded.graph_module.recompile()
-    return unfolded, {n.name for n in stands_for}
 
 
 class EdgeNameMap:
@@ -177,89 +100,48 @@ class EdgeNameMap:
     def __init__(self, unfolded: ExportedProgram, make_passes: PassFactory) -> None:
         self._unfolded = unfolded
         self._make_passes = make_passes
-        self._order = {n.name: i for i, n in enumerate(unfolded.graph.nodes)}
+        self._names: Optional[Dict[Key, str]] = None
+        self._all_names: set = set()
 
     @classmethod
     def snapshot(cls, program: ExportedProgram, make_passes: PassFactory) -> "EdgeNameMap":
         """Record `program` (before it is folded in place)."""
         return cls(copy_program(program), make_passes)
 
-    def unfolded_names(self, edge_program: ExportedProgram, folded_graph_id: int,
-                       folded: Set[str], lifted: Set[str]) -> Tuple[Dict[torch.fx.Node, Optional[str]], Set[str]]:
-        """The unfolded Edge name of each call_function node of `edge_program` (the folded
-        program at partition time), None for a node the unfolded program does not have; and
-        every call_function name of the unfolded program.
+    def unfolded_names(self) -> Dict[Key, str]:
+        """Provenance key -> Edge name at partition time, without folding (computed once)."""
+        if self._names is None:
+            program = self._unfolded
+            naming = _NamingPartitioner(id(program.graph))
+            to_edge_transform_and_lower(
+                program,
+                transform_passes=list(self._make_passes(program)),
+                partitioner=[naming],
+                compile_config=qnn_edge_config(),
+            )
+            self._names = naming.names or {}
+            self._all_names = naming.all_names
+            self._unfolded = None  # free the copy
+        return self._names
 
-        Args:
-            folded_graph_id: ``id`` of the folded ATen program's graph (its nodes' provenance).
-            folded: names of the ATen nodes folding removed.
-            lifted: names of the placeholders folding created. A dequantize reading one has no
-                unfolded counterpart: there it read a quantize, and QNN's ``FoldQDQ``
-                (_passes/fold_qdq.py) removes such a dequantize, keeping only those that read a
-                parameter.
-        """
-        region, stands_for = region_program(self._unfolded, folded)
-        has_ops = any(n.op == "call_function" for n in region.graph.nodes)
-        region_nodes = lower_for_names(region, self._make_passes) if has_ops else []
-        self._unfolded = None  # free the copy
-        folded_keys = node_keys(edge_program.graph, folded_graph_id)
-        shared = placeholder_keys(edge_program.graph, folded_keys)
-        out: Dict[torch.fx.Node, Optional[str]] = {}
-        items = []  # (position of the ATen origin, source, index, target, node or keys)
-        region_names: Dict[Key, str] = {}
-        region_shared = set()
-        position = -1
-        for index, (keys, target, _, shared_key) in enumerate(region_nodes):
-            src = anchor(keys)
-            position = self._order.get(src, position)
-            if src in stands_for:
-                items.append((position, 0, index, target, keys + ([shared_key] if shared_key else [])))
-                if shared_key:
-                    region_shared.add(shared_key)
-        position = -1
-        for index, n in enumerate(n for n in edge_program.graph.nodes if n.op == "call_function"):
-            src = anchor(folded_keys.get(n))
-            position = self._order.get(src, position)
-            if _reads_lifted_encoding(n, lifted):
-                out[n] = None
-            elif src not in stands_for and shared.get(n) not in region_shared:
-                items.append((position, 1, index, n.target, n))
-        namespace = _Namespace()
-        replayed: Set[str] = set()
-        graph = edge_program.graph
-        for _, source, _, target, who in sorted(items, key=lambda t: t[:3]):
-            name = namespace.create_name(graph._target_to_str(target), None)
-            replayed.add(name)
-            if source:
-                out[who] = name
-            else:
-                for k in who:
-                    region_names.setdefault(k, name)
-        for n, ks in folded_keys.items():  # folded-program nodes the region stands for
-            if n not in out and (anchor(ks) in stands_for or shared.get(n) in region_shared):
-                ks = ks + [shared[n]] if n in shared else ks
-                out[n] = next((region_names[k] for k in ks if k in region_names), None)
-        return out, replayed
-
-    def restore(self, edge_program: ExportedProgram, folded_graph_id: int, folded: Set[str],
-                lifted: Set[str]) -> Dict[str, str]:
+    def restore(self, edge_program: ExportedProgram, folded_graph_id: int) -> Dict[str, str]:
         """Rename `edge_program`'s nodes to their unfolded names; returns {old: new} of the
         nodes renamed. A node without a counterpart in the unfolded program (the dequantize
         kept on a lifted constant, which QNN's FoldQDQ removes without folding) never carries a
         name the unfolded program gives another node: it gets a fresh one."""
-        names, given = self.unfolded_names(edge_program, folded_graph_id, folded, lifted)
-        used = {n.name for n in edge_program.graph.nodes} | given
+        names = self.unfolded_names()
         wanted: Dict[torch.fx.Node, str] = {}
         taken: set = set()
-        for n in edge_program.graph.nodes:
-            if n.op != "call_function":
-                continue
-            name = names.get(n)
-            if name is not None and name not in taken:
+        keys = node_keys(edge_program.graph, folded_graph_id)
+        for n, ks in keys.items():
+            name = next((names[k] for k in ks if k in names and names[k] not in taken), None)
+            if name is not None:
                 taken.add(name)
                 if name != n.name:
                     wanted[n] = name
-            elif n.name in given or n.name in taken:
+        used = {n.name for n in edge_program.graph.nodes} | self._all_names | taken
+        for n in edge_program.graph.nodes:
+            if n.op == "call_function" and n not in wanted and n.name not in taken and n.name in self._all_names:
                 wanted[n] = fresh = unique_name(n.name, used, first_suffix=1)
                 used.add(fresh)
         if not wanted:
@@ -269,13 +151,6 @@ class EdgeNameMap:
         edge_program.graph_module.recompile()
         logger.info("restored %d unfolded Edge node names", len(renamed))
         return renamed
-
-
-def _reads_lifted_encoding(node: torch.fx.Node, lifted: Set[str]) -> bool:
-    """A dequantize whose input is a placeholder folding created."""
-    arg = node.args[0] if node.args else None
-    return is_dequantize(node.target) and isinstance(arg, torch.fx.Node) and arg.op == "placeholder" \
-        and arg.name in lifted
 
 
 def rename_nodes(graph: torch.fx.Graph, wanted: Dict[torch.fx.Node, str]) -> Dict[str, str]:

@@ -75,9 +75,11 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         skip_node_op_set: op names (``aten.relu.default``) never delegated.
         skip_mutable_buffer: as executorch's.
         preserve_edge_names: give the folded program's Edge nodes the names they have without
-            folding (default True), so that fold on and off name the runtime nodes alike.
-            Costs one ``to_edge`` + QNN to-edge passes of the folded region only (`qnn.names`);
-            False keeps ``to_edge``'s names for the folded program.
+            folding. None (default): only when `skip_node_id_set` is given, where names decide
+            what is delegated; True: always (debugging, comparing runs); False: never. Costs one
+            extra ``to_edge`` + QNN to-edge passes of the unfolded program (about as long as
+            the lowering's own ``to_edge``: 518 s of a 511 s lowering for swin_v2_t 8a8w on
+            2 shared cores; `QnnPartitionReport.naming_seconds`).
         to_edge_passes: builds QNN's to-edge passes for a program, for the name restoration;
             None: QNN's default passes (`default_to_edge_passes`).
             `qnn.to_edge_transform_and_lower_to_qnn` passes the ones it lowers with.
@@ -93,7 +95,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         skip_node_id_set: Optional[set] = None,
         skip_node_op_set: Optional[set] = None,
         skip_mutable_buffer: bool = False,
-        preserve_edge_names: bool = True,
+        preserve_edge_names: Optional[bool] = None,
         to_edge_passes: Optional[Callable[[ExportedProgram], list]] = None,
     ) -> None:
         qnn_specs, self.fold_spec = split_compile_specs(compiler_specs)
@@ -107,7 +109,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
     @property
     def restores_names(self) -> bool:
         """Whether folded programs get their unfolded Edge names back (`preserve_edge_names`)."""
-        return bool(self.preserve_edge_names)
+        if self.preserve_edge_names is not None:
+            return bool(self.preserve_edge_names)
+        return bool(self.skip_node_id_set)
 
     # -- fold stage ------------------------------------------------------------------------
 
@@ -241,9 +245,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         naming_seconds = 0.0
         if fold is not None and fold.unfolded is not None and fold.report.folded:
             start = time.perf_counter()
-            folded = {d.node for d in fold.report.decisions if d.folded}
-            lifted = {c.placeholder for c in fold.report.lifted}
-            renamed = fold.unfolded.restore(edge_program, fold.graph_id, folded, lifted)
+            renamed = fold.unfolded.restore(edge_program, fold.graph_id)
             naming_seconds = time.perf_counter() - start
         report = QnnPartitionReport(
             backend=self.backend.name,

@@ -67,33 +67,3 @@ def node_keys(graph: torch.fx.Graph, graph_id: int) -> Dict[torch.fx.Node, List[
         if derived:
             keys[n] = derived
     return keys
-
-
-def placeholder_keys(graph: torch.fx.Graph, keys: Dict[torch.fx.Node, List[Key]]) -> Dict[torch.fx.Node, Key]:
-    """Keys of the nodes a pass created that read placeholders only (QNN's ``I64toI32`` casts
-    an int64 index buffer once, for all its readers): (placeholder names, op, rank among such
-    nodes). Such a node is one node whether its readers are folded or not, so the replay must
-    count it once; its provenance key (`node_keys`, through its first reader) differs between
-    the two programs."""
-    out: Dict[torch.fx.Node, Key] = {}
-    rank: Dict[Key, int] = defaultdict(int)
-    for n in graph.nodes:
-        if n.op != "call_function" or (n in keys and isinstance(keys[n][0][0], str)):
-            continue
-        inputs = n.all_input_nodes
-        if inputs and all(i.op == "placeholder" for i in inputs):
-            base = ("placeholders",) + tuple(i.name for i in inputs) + (op_name(n.target),)
-            out[n] = base + (rank[base],)
-            rank[base] += 1
-    return out
-
-
-def anchor(keys: Optional[List[Key]]) -> Optional[str]:
-    """The ATen node name a node's provenance keys lead to (`node_keys`: directly, or through
-    the keyed neighbours of a node a pass created), or None."""
-    if not keys:
-        return None
-    head = keys[0][0]
-    while isinstance(head, tuple):  # ("user" | "input", neighbour's key ...)
-        head = head[1]
-    return head

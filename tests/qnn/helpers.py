@@ -50,7 +50,7 @@ def quantize(module: torch.nn.Module, inputs: tuple, quant_dtype: QuantDtype,
 
 
 def lower_with_wrapper(module, inputs, specs, skip_ops=frozenset(), skip_ids=None,
-                       preserve_names=True) -> EdgeProgramManager:
+                       preserve_names=None) -> EdgeProgramManager:
     """`qnn.to_edge_transform_and_lower_to_qnn`; returns the lowered manager."""
     return qnn.to_edge_transform_and_lower_to_qnn(
         module, inputs, specs, skip_node_op_set=set(skip_ops), skip_node_id_set=skip_ids,
@@ -80,7 +80,7 @@ def lower_stock_with(partitioner, ep: ExportedProgram, skip_ops=frozenset(), *,
 
 
 def lower_stock(ep: ExportedProgram, specs, skip_ops=frozenset(), *, passes_from: Optional[ExportedProgram] = None,
-                preserve_names=True):
+                preserve_names=None):
     """`lower_stock_with` a new `qnn.QnnPartitioner` for `specs`. Returns (manager, partitioner)."""
     partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=set(skip_ops), preserve_edge_names=preserve_names)
     return lower_stock_with(partitioner, ep, skip_ops, passes_from=passes_from), partitioner

@@ -19,13 +19,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("preserve_names", [None, True], ids=["default_names", "restored_names"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_real_program_kinds_lower_on_htp_with_folding(name, qnn_sdk_stand_in):
+def test_real_program_kinds_lower_on_htp_with_folding(name, preserve_names, qnn_sdk_stand_in):
+    """With names restored, the copy of the unfolded program keeps the placeholder named
+    ``input`` (a graph copy would rename it ``input_1``, away from its InputSpec)."""
     make, shape = CASES[name]
     torch.manual_seed(0)
     module = make().eval()
     inputs = (torch.randn(shape),)
-    manager = lower_with_wrapper(module, inputs, compiler_specs(True))
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True), preserve_names=preserve_names)
     report = partitioner_of(manager).reports[-1]
     assert_no_static_partition(report)
     assert_kept_whole_ops_gone(manager)
