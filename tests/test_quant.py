@@ -50,10 +50,11 @@ def _stored(ep, node):
 def intermediate_values(ep, inputs) -> dict[str, object]:
     """Every node's value when the unfolded program's graph runs on `inputs` (by node name)."""
     flat = []
+    specs = input_specs_by_name(ep.graph_signature)
     for node in ep.graph.nodes:
         if node.op != "placeholder":
             continue
-        spec = input_specs_by_name(ep.graph_signature)[node.name]
+        spec = specs[node.name]
         flat.append(stored_tensor(spec, ep.state_dict, ep.constants) if spec.target is not None else None)
     user = iter(inputs)
     flat = [v if v is not None else next(user) for v in flat]
