@@ -34,6 +34,7 @@ from .ops import (
     packet_name,
     reads_only_metadata,
 )
+from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
 from .signature import input_specs_by_name
@@ -207,8 +208,8 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     k = analysis.kind[n]
     if k is OpKind.MEMORY:
         return Reason.MEMORY_OP, ""
-    if k is OpKind.CONTROL_FLOW:
-        return Reason.CONTROL_FLOW, ""
+    if k is OpKind.CONTROL_FLOW and not evaluable(n):
+        return Reason.CONTROL_FLOW, "not a control-flow op with plain bodies, or its bodies draw random numbers or have side effects"
     if k is OpKind.RANDOM:
         return Reason.RANDOM, ""
     if k is OpKind.EFFECTFUL:

@@ -14,10 +14,12 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
+from .bodies import BODY_PATH, body_decisions, hoist_body_constants
+from .inline import inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .evaluate import AliasClassFailed, UndeclaredWrite, evaluate
 from .layout import owned_canonical
-from .lift import lift
+from .lift import clone_op_of, lift
 from .ops import op_name
 from .plan import make_plan
 from .quant import describe_encoding
@@ -105,10 +107,80 @@ def _no_cyclic_gc():
 
 
 def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldResult:
-    timings: dict[str, float] = {}
+    """Fold `program`, control-flow bodies included (`bodies`, `inline`): constant code moves
+    out of its bodies and folds at the top level; a node moved out but kept at runtime is
+    pinned in its body and the fold reruns (each rerun pins at least one more node); a
+    ``cond`` whose predicate became a stored constant is inlined and the result folded again."""
     start = time.perf_counter()
     bytes_before = stored_constant_bytes(program)
+    clone_op = clone_op_of(program)
+    pins: dict[str, tuple[Reason, str]] = {}
+    reports: list[FoldReport] = []
+    current = program
+    while True:
+        working = hoist_body_constants(current, policy, clone_op, pins)
+        folded, report = _fold_once(working, policy, bytes_before)
+        newly = _moved_but_kept(report)
+        if newly.keys() - pins.keys():
+            pins.update(newly)
+            continue
+        reports.append(report)
+        inlined = inline_constant_conds(folded, clone_op)
+        if not inlined:
+            break
+        reports.append(FoldReport(decisions=inlined))
+        current = folded
+    report = _merged(reports, folded)
+    report.decisions.extend(body_decisions(folded, policy, pins))
+    report.timings["total"] = time.perf_counter() - start
+    if inplace:  # only a program that passed lift's checks replaces the caller's
+        program.__dict__.update(folded.__dict__)
+        folded = program
+    logger.info(
+        "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
+        len(report.folded), len(report.lifted), report.constant_bytes_before, report.constant_bytes_after,
+    )
+    return FoldResult(folded, report)
 
+
+def _moved_but_kept(report: FoldReport) -> dict[str, tuple[Reason, str]]:
+    """Body paths of nodes moved out of a body that the fold kept at runtime, with why."""
+    return {d.node: (d.reason, d.detail) for d in report.decisions if not d.folded and "/" in d.node}
+
+
+def _merged(reports: list[FoldReport], program: ExportedProgram) -> FoldReport:
+    """One report for successive folds of one program (after inlining a cond): a node's last
+    decision wins; lifted constants are those the final program still has."""
+    if len(reports) == 1:
+        return reports[0]
+    decisions: dict[str, Decision] = {}
+    for r in reports:
+        decisions.update((d.node, d) for d in r.decisions)
+    placeholders = {n.name for n in program.graph.nodes if n.op == "placeholder"}
+    lifted = {c.placeholder: c for r in reports for c in r.lifted if c.placeholder in placeholders}
+    created = {c.placeholder for r in reports for c in r.lifted}
+    timings: dict[str, float] = {}
+    for r in reports:
+        for k, v in r.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+    reports = [r for r in reports if r.timings]  # the inlining records carry decisions only
+    return FoldReport(
+        decisions=list(decisions.values()),
+        lifted=list(lifted.values()),
+        removed_placeholders=list(dict.fromkeys(p for r in reports for p in r.removed_placeholders if p not in created)),
+        constant_bytes_before=reports[0].constant_bytes_before,
+        constant_bytes_after=reports[-1].constant_bytes_after,
+        timings=timings,
+        peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
+        evaluated_nodes=sum(r.evaluated_nodes for r in reports),
+    )
+
+
+def _fold_once(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> tuple[ExportedProgram, FoldReport]:
+    """One fold of the top-level graph; `program` is only read. `bytes_before`: the stored
+    constant bytes of the caller's program (the growth budget's reference)."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
     gm = program.graph_module  # read only: `lift` builds the new graph
     state_dict, constants = program.state_dict, program.constants
 
@@ -171,15 +243,14 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
     timings["evaluation"] = t2 - t1
 
     considered = [n for n in gm.graph.nodes if n.op == "call_function"]
-    if inplace:  # only a program that passed lift's checks replaces the caller's
-        program.__dict__.update(new_program.__dict__)
-        new_program = program
     decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
     timings["lift"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - start
 
+    path = {n.name: n.meta[BODY_PATH] for n in considered if BODY_PATH in n.meta}  # moved out of a body
     decisions = [
-        Decision(d.node, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node)) for d in decisions
+        Decision(path.get(d.node, d.node), d.target, d.reason, d.detail, lifting.lifted_as.get(d.node))
+        for d in decisions
     ]
     report = FoldReport(
         decisions=decisions,
@@ -191,11 +262,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
         peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
         evaluated_nodes=evaluation.evaluated,
     )
-    logger.info(
-        "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
-        len(report.folded), len(report.lifted), report.constant_bytes_before, report.constant_bytes_after,
-    )
-    return FoldResult(new_program, report)
+    return new_program, report
 
 
 def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:

@@ -236,7 +236,7 @@ class _Rewrite:
             if not (isinstance(a, torch.fx.Node) and a in self.target_of):
                 continue
             if a not in clones:
-                clone_op = clone_op or _clone_op(self.source)
+                clone_op = clone_op or clone_op_of(self.source)
                 name = unique_name(f"{a.name}_clone", self.taken)
                 self.taken.add(name)
                 src = lookup.for_reader(node)(a)
@@ -393,7 +393,7 @@ def _nonfinite(t: torch.Tensor) -> bool:
         return False
 
 
-def _clone_op(program: ExportedProgram):
+def clone_op_of(program: ExportedProgram):
     """The copy op for a constant output, in the program's dialect: ATen ``clone``; in Edge,
     ``dim_order_ops._clone_dim_order`` unless the program's verifier was built with
     ``EdgeCompileConfig(_skip_dim_order=True)`` (executorch/exir/verification/verifier.py)."""

@@ -10,6 +10,8 @@ class Reason(enum.Enum):
 
     FOLDED = "folded into a lifted constant or into another folded value"
     CHECKED = "assertion evaluated at fold time on constant inputs and dropped"
+    INLINED = "cond with a constant predicate, replaced by the branch it takes"
+    BRANCH_NOT_TAKEN = "in the branch a constant predicate does not take (removed with its cond)"
     RUNTIME_INPUT = "reads a runtime input"
     READS_MUTATED_BUFFER = "reads a buffer the program mutates"
     DEPENDS_ON_KEPT = "reads a constant-only value that is kept for another reason"
@@ -35,4 +37,13 @@ class Reason(enum.Enum):
     def constant_only(self) -> bool:
         """True when the node was kept although it reads only constants. A fill shaped like a
         runtime tensor (`FILL_OF_RUNTIME_SHAPE`) reads that tensor at runtime, so it is not."""
-        return self not in (Reason.FOLDED, Reason.CHECKED, Reason.RUNTIME_INPUT, Reason.FILL_OF_RUNTIME_SHAPE)
+        return self not in _NOT_CONSTANT_ONLY_KEPT
+
+
+_REMOVED = frozenset({Reason.FOLDED, Reason.CHECKED, Reason.INLINED, Reason.BRANCH_NOT_TAKEN})
+_NOT_CONSTANT_ONLY_KEPT = _REMOVED | {Reason.RUNTIME_INPUT, Reason.FILL_OF_RUNTIME_SHAPE}
+
+
+def removes_node(reason: Reason) -> bool:
+    """True when the node is no longer in the folded program (folded, checked, inlined)."""
+    return reason in _REMOVED

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .reasons import Reason
+from .reasons import Reason, removes_node
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Decision:
 
     @property
     def folded(self) -> bool:
-        return self.reason in (Reason.FOLDED, Reason.CHECKED)
+        return removes_node(self.reason)
 
 
 @dataclass(frozen=True)

@@ -127,13 +127,21 @@ def check_folded(before: ExportedProgram, result, *, storages_of: Optional[Expor
     names = [n.name for n in after.graph.nodes]
     assert len(names) == len(set(names)), "node names are not unique"
 
-    # One decision per call_function node of the input program, each with a reason.
+    # One decision per call_function node of the input program, each with a reason; nodes of
+    # control-flow bodies are named by body path (``cond.true_graph_0/linear``), each once.
     input_calls = [n.name for n in before.graph.nodes if n.op == "call_function"]
-    assert sorted(d.node for d in report.decisions) == sorted(input_calls)
+    assert sorted(d.node for d in report.decisions if "/" not in d.node) == sorted(input_calls)
+    in_bodies = [d.node for d in report.decisions if "/" in d.node]
+    assert len(in_bodies) == len(set(in_bodies)), "a body node has two decisions"
+    body_calls = {n.name for m in before.graph_module.modules() if m is not before.graph_module
+                  and isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes if n.op == "call_function"}
+    assert {p.rsplit("/", 1)[1] for p in in_bodies} <= body_calls
 
     # Folded nodes are gone; kept nodes are still there.
     after_names = set(names)
     for d in report.decisions:
+        if "/" in d.node:
+            continue
         if d.folded:
             assert d.node not in after_names, f"folded {d.node} is still in the graph"
         else:
@@ -145,6 +153,8 @@ def check_folded(before: ExportedProgram, result, *, storages_of: Optional[Expor
     runtime_state = _mutated_buffers(before)
     by_name = {n.name: n for n in before.graph.nodes}
     for d in report.decisions:
+        if "/" in d.node or d.reason is Reason.INLINED:
+            continue  # body nodes and inlined conds: checked by the control-flow tests
         node = by_name[d.node]
         if d.reason is Reason.RUNTIME_INPUT:
             assert depends[node], f"{d.node} is reported RUNTIME_INPUT but reads only constants"

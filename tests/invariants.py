@@ -217,7 +217,7 @@ def assert_kept_names(before: ExportedProgram, after: ExportedProgram, report) -
 def state_snapshot(ep: ExportedProgram):
     """A value snapshot of everything `fold_constants` must not change when not in-place."""
     return (
-        str(ep.graph),
+        [str(m.graph) for m in ep.graph_module.modules() if isinstance(m, torch.fx.GraphModule)],  # bodies too
         [(s.kind, s.arg.name, s.target) for s in ep.graph_signature.input_specs],
         [(s.kind, getattr(s.arg, "name", None), s.target) for s in ep.graph_signature.output_specs],
         {k: v.clone() for k, v in ep.state_dict.items()},

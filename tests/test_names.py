@@ -160,15 +160,12 @@ class CondOnConstants(torch.nn.Module):
         return x + y
 
 
-def test_cond_on_constants_is_kept_with_control_flow_and_reads_lifted_operands():
+def test_cond_on_constants_is_evaluated_whole_and_folded():
     ep = export(CondOnConstants(), (torch.randn(4, 4),))
     result = fold(ep)
-    assert decision(result.report, "cond").reason is Reason.CONTROL_FLOW
-    assert decision(result.report, "sum_1").folded
-    for name in ("gt", "exp"):  # the predicate and the operand the kept cond reads
-        d = decision(result.report, name)
-        assert d.folded and d.lifted_as, d
-    assert "higher_order.cond" in call_targets(result.program)
+    for name in ("sum_1", "gt", "exp", "cond"):  # predicate, operand and the cond itself
+        assert decision(result.report, name).folded, name
+    assert "higher_order.cond" not in call_targets(result.program)
     x = torch.randn(4, 4)
     assert_same(ep, result.program, (x,))
     assert outputs(result.program, (x,))[0].shape == (4, 4)

@@ -1,0 +1,334 @@
+"""Constant code inside control-flow bodies: move it to the graph that calls the body.
+
+A body of ``cond``, ``while_loop``, ``map_impl``, ``scan`` or a ``wrap_with_*`` region sees
+its operands as placeholders. A placeholder fed by the same constant at every call (a weight
+passed to a branch, a loop's additional inputs; never the carry or a mapped slice) is a
+constant source inside the body, and the body code that reads only such sources is loop- and
+branch-invariant. `hoist_body_constants` moves that code out, into the graph that calls the
+body (loop-invariant code motion), and passes each value the body still reads back in as a
+new operand of the HOP. The top-level fold then folds the moved code like any other constant
+code: size limits, kept dequantizes and deduplication apply unchanged, and the value becomes
+a lifted constant fed to the HOP.
+
+Nested bodies are processed innermost first, so constant code climbs every level whose
+operands are constant. Code from an autocast region is moved into a region of its own (same
+device, dtype and flags) so that it computes exactly what it did. Nodes named in `pins` stay
+in their body: the fold keeps them at runtime (size limit, kept encoding, an op that raises),
+and a kept op belongs where it ran before (an op that raises in an untaken branch must not
+run unconditionally).
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Callable, Mapping
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+
+from .analysis import analyze
+from .hops import bodies, hop_kind
+from .names import copy_keeping_name, reserve_node_names, unique_name
+from .ops import OpKind
+from .policy import FoldPolicy
+
+# node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``).
+BODY_PATH = "folding_body_path"
+
+
+def has_bodies(gm: torch.fx.GraphModule) -> bool:
+    return any(hop_kind(n) is not None for n in gm.graph.nodes)
+
+
+def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
+    """The report's path of a body: ``cond.true_graph_0/`` (nested: the outer path first)."""
+    return f"{prefix}{hop.name}.{attr}/"
+
+
+def hoist_body_constants(
+    program: ExportedProgram, policy: FoldPolicy, clone_op, pins: Mapping[str, object] = {}
+) -> ExportedProgram:
+    """A copy of `program` (graph module and bodies copied; tensors, signature and dicts
+    shared) with the constant code of every body moved to its caller; `program` itself when
+    it has no control-flow body. `program` is never modified.
+
+    Args:
+        clone_op: the program dialect's copy op, inserted where a body returns a value that
+            is now one of its operands (a body output must not alias its input).
+        pins: body paths (``cond.true_graph_0/linear``) of nodes that stay in their body.
+    """
+    if not has_bodies(program.graph_module):
+        return program
+    gm = copy_graph_module(program.graph_module)
+    reserve_node_names(gm)
+    top = analyze(gm.graph, program.graph_signature, policy)
+    _Hoist(policy, clone_op, pins).graph(gm, top.is_constant, "")
+    result = copy.copy(program)
+    result._graph_module = gm
+    return result
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of `gm` and of every body it calls, nodes keeping their names and metadata
+    (values in ``meta`` shared); other attributes shared."""
+    graph = torch.fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    graph._graph_namespace._used_names.update(n.name for n in gm.graph.nodes)
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in gm.graph.nodes:
+        env[n] = copy_keeping_name(graph, n, env.__getitem__)
+    out = torch.fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
+    out.meta.update(gm.meta)
+    for n in graph.nodes:
+        for attr, body in bodies(n):
+            setattr(out, attr, copy_graph_module(body))
+    return out
+
+
+def body_signature(placeholders: list[torch.fx.Node], constant: set[torch.fx.Node]) -> ExportGraphSignature:
+    """A signature under which `analyze` treats a body's `constant` placeholders as stored
+    constants and the others as runtime inputs."""
+    specs = [
+        InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(p.name), p.name)
+        if p in constant
+        else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None)
+        for p in placeholders
+    ]
+    return ExportGraphSignature(input_specs=specs, output_specs=[])
+
+
+def constant_placeholders(hop: torch.fx.Node, body: torch.fx.GraphModule, is_constant) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Body placeholder -> the caller's operand, for the placeholders fed by the same constant
+    at every call of the body."""
+    kind = hop_kind(hop)
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    operands = kind.invariant_operands(hop)
+    return {
+        p: o
+        for p, o in zip(placeholders[kind.varying(hop):], operands)
+        if isinstance(o, torch.fx.Node) and is_constant(o)
+    }
+
+
+class _Hoist:
+    def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, object]) -> None:
+        self.policy, self.clone_op, self.pins = policy, clone_op, pins
+
+    def graph(self, gm: torch.fx.GraphModule, is_constant: Callable[[torch.fx.Node], bool], prefix: str) -> None:
+        for hop in list(gm.graph.nodes):
+            if hop_kind(hop) is not None:
+                self.hop(gm, hop, is_constant, prefix)
+
+    def hop(self, gm, hop, is_constant, prefix) -> None:
+        kind = hop_kind(hop)
+        moved: list[tuple[torch.fx.GraphModule, list[torch.fx.Node]]] = []
+        new_operands: list[torch.fx.Node] = []
+        for attr, body in bodies(hop):
+            path = body_path(prefix, hop, attr)
+            sources = constant_placeholders(hop, body, is_constant)
+            self.graph(body, self._analyze(body, sources).is_constant, path)  # innermost first
+            analysis = self._analyze(body, sources)
+            hoisted = self._hoistable(body, analysis, sources, path)
+            if not hoisted:
+                moved.append((body, []))
+                continue
+            sinks = [n for n in hoisted if any(u not in hoisted for u in n.users)]
+            with gm.graph.inserting_before(hop):
+                if kind.wraps:
+                    values = self._wrap(gm, hop, body, hoisted, sinks, sources, path)
+                else:
+                    values = self._copy(gm, body, hoisted, sinks, sources, path)
+            new_operands.extend(values)
+            moved.append((body, sinks))
+        if not new_operands:
+            return
+        for body, sinks in moved:
+            self._replace_with_operands(body, sinks, new_operands, moved)
+        hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
+        _drop_unused_operands(hop)
+        gm.recompile()
+
+    def _analyze(self, body, sources):
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        reserve_node_names(body)
+        return analyze(body.graph, body_signature(placeholders, set(sources)), self.policy)
+
+    def _hoistable(self, body, analysis, sources, path) -> dict[torch.fx.Node, None]:
+        """The body's constant nodes, in order, whose inputs are constant operands or nodes
+        moved before them; checks, pinned nodes and what reads them stay."""
+        out: dict[torch.fx.Node, None] = {}
+        for n in body.graph.nodes:
+            if n.op not in ("call_function", "get_attr") or not analysis.is_constant(n):
+                continue
+            if analysis.kind.get(n) is OpKind.ASSERTION or n.meta.get(BODY_PATH, path + n.name) in self.pins:
+                continue
+            if all(i in out or i in sources for i in n.all_input_nodes):
+                out[n] = None
+        return out
+
+    def _copy(self, gm, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
+        """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`."""
+        env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
+        for n in hoisted:
+            if n.op == "get_attr":
+                env[n] = gm.graph.get_attr(_move_attribute(gm, body, n.target))
+                env[n].meta = copy.copy(n.meta)
+            else:
+                env[n] = gm.graph.node_copy(n, env.__getitem__)
+            env[n].meta.setdefault(BODY_PATH, path + n.name)
+        return [env[s] for s in sinks]
+
+    def _wrap(self, gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
+        """Move the hoisted nodes into a new region of the same HOP (same flags) called from
+        `gm`; returns that region's outputs (getitem nodes), one per sink."""
+        kind = hop_kind(hop)
+        region = torch.fx.Graph()
+        used = [p for p in sources if any(u in hoisted for u in p.users)]
+        env = {p: region.placeholder(p.name) for p in used}
+        for p in used:
+            env[p].meta = copy.copy(p.meta)
+        for n in hoisted:  # a get_attr resolves in the region: GraphModule copies it from `body`
+            env[n] = copy_keeping_name(region, n, env.__getitem__)
+        region.output(tuple(env[s] for s in sinks))
+        region_gm = torch.fx.GraphModule(body, region, class_name=body.__class__.__name__)
+        name = _free_attribute(gm, "submod_folded")
+        setattr(gm, name, region_gm)
+        attr = gm.graph.get_attr(name)
+        call = gm.graph.call_function(
+            hop.target, tuple(hop.args[: kind.bodies[0]]) + (attr,) + tuple(sources[p] for p in used)
+        )
+        call.meta["val"] = tuple(s.meta.get("val") for s in sinks)
+        call.meta[BODY_PATH] = path + "region"
+        out = []
+        for i, s in enumerate(sinks):
+            g = gm.graph.call_function(operator.getitem, (call, i))
+            g.meta = copy.copy(s.meta)
+            g.meta.setdefault(BODY_PATH, path + s.name)
+            out.append(g)
+        return out
+
+    def _replace_with_operands(self, body, sinks, new_operands, moved) -> None:
+        """Give `body` one new placeholder per new operand (all bodies of a HOP take the same
+        operands), read its own sinks from them, and delete the moved nodes."""
+        graph = body.graph
+        last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+        placeholders = []
+        sources = [s for _, ss in moved for s in ss]
+        with graph.inserting_after(last):
+            for value, sink in reversed(list(zip(new_operands, sources))):
+                p = graph.create_node("placeholder", sink.name, name=sink.name)
+                p.target = p.name
+                p.meta = {"val": value.meta.get("val")}
+                placeholders.append(p)
+        placeholders.reverse()
+        replaced = dict(zip(sources, placeholders))
+        for s in sinks:
+            s.replace_all_uses_with(replaced[s])
+        for n in reversed(_moved_nodes(graph, sinks)):
+            graph.erase_node(n)
+        self._copy_returned_operands(graph, set(placeholders))
+        body.recompile()
+
+    def _copy_returned_operands(self, graph: torch.fx.Graph, new: set[torch.fx.Node]) -> None:
+        """A body may not return one of its inputs (HOP outputs must not alias operands):
+        return a copy of a moved value the body used to compute."""
+        output = graph.output_node()
+        with graph.inserting_before(output):
+            copies = {}
+            for p in [a for a in output.all_input_nodes if a in new]:
+                copies[p] = graph.call_function(self.clone_op, (p,))
+                copies[p].meta = {"val": p.meta.get("val")}
+            output.args = torch.fx.map_arg(output.args, lambda a: copies.get(a, a))
+
+
+def _drop_unused_operands(hop: torch.fx.Node) -> None:
+    """Remove the invariant operands that no body reads any more (a weight whose only reader
+    moved out), with their placeholders, so the caller stops passing (and storing) them."""
+    kind = hop_kind(hop)
+    operands = kind.invariant_operands(hop)
+    per_body = []
+    for _, body in bodies(hop):
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        per_body.append((body, placeholders[kind.varying(hop):]))
+    unused = [i for i in range(len(operands)) if all(not phs[i].users for _, phs in per_body)]
+    if not unused:
+        return
+    for body, phs in per_body:
+        for i in unused:
+            body.graph.erase_node(phs[i])
+        body.recompile()
+    hop.args = kind.with_operands(hop, [o for i, o in enumerate(operands) if i not in unused])
+
+
+def _moved_nodes(graph: torch.fx.Graph, sinks: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The nodes left without users after the sinks' readers were redirected: the sinks and
+    what only they read, in graph order (deleted last to first)."""
+    dead: set[torch.fx.Node] = set()
+    work = list(sinks)
+    while work:
+        n = work.pop()
+        if n in dead or n.op == "placeholder" or any(u not in dead for u in n.users):
+            continue
+        dead.add(n)
+        work.extend(n.all_input_nodes)
+    return [n for n in graph.nodes if n in dead]
+
+
+def _free_attribute(gm: torch.fx.GraphModule, base: str) -> str:
+    return unique_name(base, _HasAttr(gm))
+
+
+class _HasAttr:
+    def __init__(self, module) -> None:
+        self.module = module
+
+    def __contains__(self, name: object) -> bool:
+        return hasattr(self.module, str(name))
+
+
+def _move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target: str) -> str:
+    """Make `body`'s attribute `target` (a nested body or a tensor) an attribute of `gm`."""
+    name = _free_attribute(gm, target.replace(".", "_"))
+    setattr(gm, name, getattr(body, target))
+    return name
+
+
+def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[str, tuple]) -> list:
+    """A `Decision` for every call_function node left in a body of `program` (the folded
+    program), named by its body path (``cond.true_graph_0/matmul``): a node reading a runtime
+    operand, the loop carry or a mapped slice has that reason; a constant node stayed because
+    the fold would have kept it at runtime (`pins`: the reason it was pinned), or it is a
+    check, which runs where its body runs."""
+    from .ops import op_name
+    from .reasons import Reason
+    from .report import Decision
+
+    top = analyze(program.graph, program.graph_signature, policy)
+    out: list = []
+
+    def visit(gm, is_constant, prefix):
+        for hop in gm.graph.nodes:
+            if hop_kind(hop) is None:
+                continue
+            for attr, body in bodies(hop):
+                path = body_path(prefix, hop, attr)
+                sources = constant_placeholders(hop, body, is_constant)
+                placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+                analysis = analyze(body.graph, body_signature(placeholders, set(sources)), policy)
+                for n in body.graph.nodes:
+                    if n.op != "call_function":
+                        continue
+                    name = n.meta.get(BODY_PATH, path + n.name)
+                    reason, detail = analysis.reason[n], analysis.detail.get(n, "")
+                    if reason is None:
+                        reason, detail = pins.get(name) or (Reason.CONTROL_FLOW, "a check on constants runs where its body runs")
+                    elif reason is Reason.RUNTIME_INPUT:
+                        detail = "reads a runtime operand, the loop carry or a mapped slice"
+                    out.append(Decision(name, op_name(n.target), reason, detail))
+                visit(body, analysis.is_constant, path)
+
+    visit(program.graph_module, top.is_constant, "")
+    return out

@@ -1,0 +1,115 @@
+"""What each control-flow higher-order op (HOP) passes to its bodies.
+
+One table: for each HOP torch.export emits with plain-graph bodies, where its bodies are in
+its arguments, which operand feeds each body placeholder, and which operands are the same at
+every iteration (only those can be constant inside the body). Conventions from
+torch/_higher_order_ops (cond.py, while_loop.py, map.py, scan.py, wrap.py):
+
+- ``cond(pred, true_fn, false_fn, operands)``: both branches take ``operands``.
+- ``while_loop(cond_fn, body_fn, carried_inputs, additional_inputs)``: both take
+  ``carried + additional``; the carry changes every iteration.
+- ``map_impl(f, xs, pos_args)``: ``f`` takes one slice of each ``xs`` then ``pos_args``.
+- ``scan(combine_fn, init, xs, additional_inputs)``: ``combine_fn`` takes the carry, one
+  slice of each ``xs``, then ``additional_inputs``.
+- ``wrap_with_set_grad_enabled(enabled, body, *args)`` and
+  ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *args)``: the body
+  takes ``args``, once. Code taken out of an autocast region must still run under it, so it is
+  wrapped in a region of its own (`HopKind.wraps`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.fx
+
+from .ops import OpKind, classify
+
+_hop = torch.ops.higher_order
+
+
+@dataclass(frozen=True)
+class HopKind:
+    """Attributes:
+    bodies: argument positions of the bodies (``get_attr`` nodes of GraphModules).
+    varying: number of leading body placeholders fed by values that change per call of the
+        body (loop carry, slices of the mapped/scanned inputs); never constant in the body.
+    invariant_arg: argument position of the operand sequence passed unchanged to every call
+        (the rest of the placeholders), or None when they are the trailing ``*args``.
+    first_arg: for ``*args`` HOPs, the position where the operands start.
+    wraps: code moved out of the body must run inside a region of the same HOP.
+    """
+
+    bodies: tuple[int, ...]
+    varying: Callable[[torch.fx.Node], int]
+    invariant_arg: Optional[int]
+    first_arg: int = 0
+    wraps: bool = False
+
+    def invariant_operands(self, node: torch.fx.Node) -> list:
+        if self.invariant_arg is None:
+            return list(node.args[self.first_arg:])
+        return list(node.args[self.invariant_arg])
+
+    def with_operands(self, node: torch.fx.Node, operands: list) -> tuple:
+        """`node`'s arguments with `operands` as its invariant operands."""
+        args = list(node.args)
+        if self.invariant_arg is None:
+            return tuple(args[: self.first_arg] + list(operands))
+        old = args[self.invariant_arg]
+        args[self.invariant_arg] = list(operands) if isinstance(old, list) else tuple(operands)
+        return tuple(args)
+
+
+HOPS: dict[object, HopKind] = {
+    _hop.cond: HopKind(bodies=(1, 2), varying=lambda n: 0, invariant_arg=3),
+    _hop.while_loop: HopKind(bodies=(0, 1), varying=lambda n: len(n.args[2]), invariant_arg=3),
+    _hop.map_impl: HopKind(bodies=(0,), varying=lambda n: len(n.args[1]), invariant_arg=2),
+    _hop.scan: HopKind(bodies=(0,), varying=lambda n: len(n.args[1]) + len(n.args[2]), invariant_arg=3),
+    _hop.wrap_with_set_grad_enabled: HopKind(bodies=(1,), varying=lambda n: 0, invariant_arg=None, first_arg=2),
+    _hop.wrap_with_autocast: HopKind(bodies=(4,), varying=lambda n: 0, invariant_arg=None, first_arg=5, wraps=True),
+}
+
+
+def hop_kind(node: torch.fx.Node) -> Optional[HopKind]:
+    """The `HopKind` of a call_function node, or None when it is not a HOP with plain bodies."""
+    if node.op != "call_function":
+        return None
+    try:
+        return HOPS.get(node.target)
+    except TypeError:
+        return None
+
+
+def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
+    """(attribute name, GraphModule) of each body of a HOP node, in argument order."""
+    kind = hop_kind(node)
+    if kind is None:
+        return []
+    owner = node.graph.owning_module
+    out = []
+    for position in kind.bodies:
+        attr = node.args[position]
+        if isinstance(attr, torch.fx.Node) and attr.op == "get_attr":
+            module = getattr(owner, attr.target, None)
+            if isinstance(module, torch.fx.GraphModule):
+                out.append((attr.target, module))
+    return out
+
+
+def evaluable(node: torch.fx.Node) -> bool:
+    """True for a HOP of `HOPS` whose bodies (and nested bodies) call only ops that give the
+    same result at fold time as at runtime: no random, effectful or memory-planning op. With
+    every operand constant, such a HOP node is evaluated whole by calling it."""
+    for _, body in bodies(node):
+        for n in body.graph.nodes:
+            if n.op != "call_function":
+                continue
+            k = classify(n.target)
+            if k in (OpKind.RANDOM, OpKind.EFFECTFUL, OpKind.MEMORY):
+                return False
+            if k is OpKind.CONTROL_FLOW and not (hop_kind(n) is not None and evaluable(n)):
+                return False
+    return hop_kind(node) is not None

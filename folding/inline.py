@@ -1,0 +1,148 @@
+"""Replace a ``cond`` whose predicate is a stored constant by the branch it takes.
+
+After a fold, a predicate computed from constants is a lifted constant (or a literal), so the
+branch is known at fold time. `inline_constant_conds` copies the taken branch into the
+calling graph (new nodes get unique names; nodes already in the graph keep theirs) and
+deletes the ``cond``; a following fold then folds across the inlined code.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from .bodies import BODY_PATH
+from .hops import bodies
+from .ops import op_name
+from .reasons import Reason
+from .report import Decision
+from .names import keep_name, reserve_node_names, unique_name
+from .signature import input_specs_by_name
+from .sizes import STORED_KINDS, stored_tensor
+
+
+def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
+    """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
+    is a literal or a parameter, buffer or lifted constant the program does not mutate.
+
+    Args:
+        clone_op: the dialect's copy op, for a graph output that the taken branch returns
+            unchanged from its operands (the output spec keeps naming a node of its own).
+
+    Returns:
+        A `Decision` for each inlined cond (`Reason.INLINED`) and for each op of the branches
+        not taken (`Reason.BRANCH_NOT_TAKEN`), named by body path; empty when none was inlined.
+    """
+    gm = program.graph_module
+    specs = input_specs_by_name(program.graph_signature)
+    mutated = {s.target for s in program.graph_signature.output_specs if s.kind.name.endswith("_MUTATION")}
+
+    def constant_value(pred) -> Optional[bool]:
+        if isinstance(pred, (bool, int)):
+            return bool(pred)
+        if not (isinstance(pred, torch.fx.Node) and pred.op == "placeholder"):
+            return None
+        spec = specs.get(pred.name)
+        if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated:
+            return None
+        value = stored_tensor(spec, program.state_dict, program.constants)
+        return bool(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else None
+
+    reserve_node_names(gm)
+    decisions: list[Decision] = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
+            taken = constant_value(node.args[0])
+            if taken is None:
+                continue
+            branches = bodies(node)
+            name = node.meta.get(BODY_PATH, node.name)
+            decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
+            attr, untaken = branches[1 if taken else 0]
+            decisions.extend(
+                Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
+                for n in untaken.graph.nodes if n.op == "call_function"
+            )
+            _inline(gm, node, branches[0 if taken else 1], clone_op, name)
+    if decisions:
+        gm.graph.eliminate_dead_code(is_impure_node=_only_get_attrs_are_pure)
+        _drop_unused_bodies(gm)
+        gm.recompile()
+    return decisions
+
+
+def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str) -> None:
+    """Copy `branch` into `gm` before `cond` and make the cond's getitems read its results;
+    `name`: the cond's report name (its body path when it came out of a body)."""
+    attr, body = branch
+    path = f"{name}.{attr}/"
+    graph = gm.graph
+    names = {n.name for n in graph.nodes}
+    operands = list(cond.args[3])
+    env: dict[torch.fx.Node, object] = {}
+    computed: set[torch.fx.Node] = set()
+    with graph.inserting_before(cond):
+        for n in body.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = operands[len([p for p in env if p.op == "placeholder"])]
+            elif n.op == "output":
+                results = torch.fx.map_arg(n.args[0], env.__getitem__)
+            elif n.op == "get_attr":
+                name = unique_name(n.target.replace(".", "_"), _HasAttr(gm))
+                setattr(gm, name, getattr(body, n.target))
+                env[n] = graph.get_attr(name)
+            else:
+                copied = graph.node_copy(n, env.__getitem__)
+                keep_name(copied, unique_name(n.name, names))
+                names.add(copied.name)
+                copied.meta.setdefault(BODY_PATH, path + n.name)
+                env[n] = copied
+                computed.add(copied)
+    renamed: set[torch.fx.Node] = set()
+    for user in list(cond.users):
+        if user.target is not operator.getitem:
+            continue
+        value = results[user.args[1]]
+        if not any(u.op == "output" for u in user.users):
+            user.replace_all_uses_with(value)
+            graph.erase_node(user)
+        elif value in computed and value not in renamed:
+            # The output spec names the getitem: the inlined node takes its name.
+            user.replace_all_uses_with(value)
+            graph.erase_node(user)
+            keep_name(value, user.name)
+            renamed.add(value)
+        else:  # an operand (or a value already returned): a copy of it takes the name
+            with graph.inserting_before(user):
+                copied = graph.call_function(clone_op, (value,))
+            copied.meta = dict(user.meta)
+            user.replace_all_uses_with(copied)
+            graph.erase_node(user)
+            keep_name(copied, user.name)
+
+
+def _only_get_attrs_are_pure(node: torch.fx.Node) -> bool:
+    """Dead-code rule after inlining: only the cond's getitems, the cond and its body
+    get_attrs may go (everything else keeps fx's default, impure placeholders included)."""
+    if node.op == "get_attr" or node.target is torch.ops.higher_order.cond or node.target is operator.getitem:
+        return False
+    return True
+
+
+def _drop_unused_bodies(gm: torch.fx.GraphModule) -> None:
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, module in list(gm.named_children()):
+        if isinstance(module, torch.fx.GraphModule) and name not in used:
+            delattr(gm, name)
+
+
+class _HasAttr:
+    def __init__(self, module) -> None:
+        self.module = module
+
+    def __contains__(self, name: object) -> bool:
+        return hasattr(self.module, str(name))
