@@ -35,7 +35,8 @@ from .names import copy_keeping_name, reserve_node_names, unique_name
 from .ops import OpKind
 from .policy import FoldPolicy
 
-# node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``).
+# node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``); a
+# tuple of paths for a new autocast region (it holds several moved nodes), None for glue.
 BODY_PATH = "folding_body_path"
 
 
@@ -158,16 +159,22 @@ class _Hoist:
 
     def _hoistable(self, body, analysis, sources, path) -> dict[torch.fx.Node, None]:
         """The body's constant nodes, in order, whose inputs are constant operands or nodes
-        moved before them; checks, pinned nodes and what reads them stay."""
-        out: dict[torch.fx.Node, None] = {}
-        for n in body.graph.nodes:
-            if n.op not in ("call_function", "get_attr") or not analysis.is_constant(n):
-                continue
-            if analysis.kind.get(n) is OpKind.ASSERTION or n.meta.get(BODY_PATH, path + n.name) in self.pins:
-                continue
-            if all(i in out or i in sources for i in n.all_input_nodes):
-                out[n] = None
-        return out
+        moved before them; checks, pinned nodes and what reads them stay, and so does a
+        nested body (get_attr) that a HOP left in the body calls."""
+        excluded: set[torch.fx.Node] = set()
+        while True:
+            out: dict[torch.fx.Node, None] = {}
+            for n in body.graph.nodes:
+                if n.op not in ("call_function", "get_attr") or not analysis.is_constant(n) or n in excluded:
+                    continue
+                if analysis.kind.get(n) is OpKind.ASSERTION or n.meta.get(BODY_PATH, path + n.name) in self.pins:
+                    continue
+                if all(i in out or i in sources for i in n.all_input_nodes):
+                    out[n] = None
+            stay = {n for n in out if n.op == "get_attr" and any(u not in out for u in n.users)}
+            if not stay:
+                return out
+            excluded |= stay
 
     def _copy(self, gm, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
         """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`."""
@@ -201,12 +208,13 @@ class _Hoist:
             hop.target, tuple(hop.args[: kind.bodies[0]]) + (attr,) + tuple(sources[p] for p in used)
         )
         call.meta["val"] = tuple(s.meta.get("val") for s in sinks)
-        call.meta[BODY_PATH] = path + "region"
+        # The region stands for every node moved into it; its getitems are glue (no decision).
+        call.meta[BODY_PATH] = tuple(n.meta.get(BODY_PATH, path + n.name) for n in hoisted if n.op == "call_function")
         out = []
         for i, s in enumerate(sinks):
             g = gm.graph.call_function(operator.getitem, (call, i))
             g.meta = copy.copy(s.meta)
-            g.meta.setdefault(BODY_PATH, path + s.name)
+            g.meta[BODY_PATH] = None
             out.append(g)
         return out
 

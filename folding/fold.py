@@ -148,6 +148,13 @@ def _moved_but_kept(report: FoldReport) -> dict[str, tuple[Reason, str]]:
     return {d.node: (d.reason, d.detail) for d in report.decisions if not d.folded and "/" in d.node}
 
 
+def _report_names(path) -> tuple[str, ...]:
+    """The report names of one node: its own, its body path, or none for glue (`BODY_PATH`)."""
+    if path is None:
+        return ()
+    return path if isinstance(path, tuple) else (path,)
+
+
 def _merged(reports: list[FoldReport], program: ExportedProgram) -> FoldReport:
     """One report for successive folds of one program (after inlining a cond): a node's last
     decision wins; lifted constants are those the final program still has."""
@@ -156,6 +163,12 @@ def _merged(reports: list[FoldReport], program: ExportedProgram) -> FoldReport:
     decisions: dict[str, Decision] = {}
     for r in reports:
         decisions.update((d.node, d) for d in r.decisions)
+    # Code moved out of a branch that an inlined cond does not take is gone with that branch.
+    untaken = tuple(d.detail for d in decisions.values() if d.reason is Reason.BRANCH_NOT_TAKEN and d.node.endswith("/"))
+    for name, d in list(decisions.items()):
+        if untaken and name.startswith(untaken) and d.reason is not Reason.BRANCH_NOT_TAKEN:
+            decisions[name] = Decision(name, d.target, Reason.BRANCH_NOT_TAKEN)
+    decisions = {k: d for k, d in decisions.items() if not k.endswith("/")}
     placeholders = {n.name for n in program.graph.nodes if n.op == "placeholder"}
     lifted = {c.placeholder: c for r in reports for c in r.lifted if c.placeholder in placeholders}
     created = {c.placeholder for r in reports for c in r.lifted}
@@ -249,8 +262,9 @@ def _fold_once(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) 
 
     path = {n.name: n.meta[BODY_PATH] for n in considered if BODY_PATH in n.meta}  # moved out of a body
     decisions = [
-        Decision(path.get(d.node, d.node), d.target, d.reason, d.detail, lifting.lifted_as.get(d.node))
+        Decision(name, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node))
         for d in decisions
+        for name in _report_names(path.get(d.node, d.node))
     ]
     report = FoldReport(
         decisions=decisions,

@@ -63,11 +63,14 @@ def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
             name = node.meta.get(BODY_PATH, node.name)
             decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
             attr, untaken = branches[1 if taken else 0]
+            prefix = f"{name}.{attr}/"  # a marker: what moved out of that branch is not taken either
+            decisions.append(Decision(prefix, "", Reason.BRANCH_NOT_TAKEN, prefix))
             decisions.extend(
                 Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
                 for n in untaken.graph.nodes if n.op == "call_function"
             )
-            _inline(gm, node, branches[0 if taken else 1], clone_op, name)
+            for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name):
+                decisions.append(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result"))
     if decisions:
         gm.graph.eliminate_dead_code(is_impure_node=_only_get_attrs_are_pure)
         _drop_unused_bodies(gm)
@@ -75,9 +78,10 @@ def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
     return decisions
 
 
-def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str) -> None:
+def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str) -> list[str]:
     """Copy `branch` into `gm` before `cond` and make the cond's getitems read its results;
-    `name`: the cond's report name (its body path when it came out of a body)."""
+    `name`: the cond's report name (its body path when it came out of a body). Returns the
+    names of the getitems removed (an inlined node takes the name of the others)."""
     attr, body = branch
     path = f"{name}.{attr}/"
     graph = gm.graph
@@ -103,19 +107,21 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
                 env[n] = copied
                 computed.add(copied)
     renamed: set[torch.fx.Node] = set()
+    removed: list[str] = []
     for user in list(cond.users):
         if user.target is not operator.getitem:
             continue
         value = results[user.args[1]]
-        if not any(u.op == "output" for u in user.users):
-            user.replace_all_uses_with(value)
-            graph.erase_node(user)
-        elif value in computed and value not in renamed:
-            # The output spec names the getitem: the inlined node takes its name.
+        if value in computed and value not in renamed:
+            # The inlined node takes the getitem's name (an output spec may name it).
             user.replace_all_uses_with(value)
             graph.erase_node(user)
             keep_name(value, user.name)
             renamed.add(value)
+        elif not any(u.op == "output" for u in user.users):
+            user.replace_all_uses_with(value)
+            graph.erase_node(user)
+            removed.append(user.name)
         else:  # an operand (or a value already returned): a copy of it takes the name
             with graph.inserting_before(user):
                 copied = graph.call_function(clone_op, (value,))
@@ -123,6 +129,7 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
             user.replace_all_uses_with(copied)
             graph.erase_node(user)
             keep_name(copied, user.name)
+    return removed
 
 
 def _only_get_attrs_are_pure(node: torch.fx.Node) -> bool:
