@@ -8,7 +8,7 @@
 """
 
 from .compile_spec import FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs
-from .errors import CompileSpecError, EncodingLostError, QnnFoldingError
+from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLostError, QnnFoldingError
 from .lowering import PartitionSummary, describe_partitions, to_edge_transform_and_lower_to_qnn
 from .partitioner import QnnPartitioner, kept_whole_ops
 from .report import PartitionRecord, QnnPartitionReport
@@ -16,6 +16,7 @@ from .report import PartitionRecord, QnnPartitionReport
 __all__ = [
     "FOLD_CONSTANTS_KEY",
     "CompileSpecError",
+    "ControlFlowNotSupportedError",
     "EncodingLostError",
     "FoldSpec",
     "PartitionRecord",

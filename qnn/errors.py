@@ -18,3 +18,12 @@ class EncodingLostError(QnnFoldingError):
     its dequantize: QNN's to-edge passes were bound to a program object other than the folded
     one (see docs/design.md, "Where the stage runs"), so ``FoldQDQ`` deleted the dequantize and HTP
     would receive raw integers as floats."""
+
+
+class ControlFlowNotSupportedError(QnnFoldingError):
+    """The program still calls a control-flow higher-order op (``cond`` on a runtime predicate,
+    ``map``, ``scan``, a loop on runtime values) that QNN's passes in executorch 1.5.1 cannot
+    process: ``LiftConstantScalarOperands`` (backends/qualcomm/_passes/
+    lift_constant_scalar_operands.py, in both ``transform_for_export_pipeline`` and the to-edge
+    passes) reads ``node.target._schema`` of every call_function node, and higher-order ops
+    have no schema (``AttributeError: 'CondOp' object has no attribute '_schema'``)."""

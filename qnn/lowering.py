@@ -32,7 +32,8 @@ from torch.export import ExportedProgram
 
 from folding.sizes import stored_constant_bytes
 
-from .compile_spec import split_compile_specs
+from .compile_spec import fold_spec_of, split_compile_specs
+from .control_flow import control_flow_nodes, fold_control_flow_first
 from .partitioner import QnnPartitioner
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ def to_edge_transform_and_lower_to_qnn(
         )
         ep = torch.export.export(m, inputs[name], dynamic_shapes=dynamic_shapes[name], strict=True)
         pass_manager = pass_manager_cls()
+        if control_flow_nodes(ep):  # QNN's export passes crash on it: fold it away first, or say why not
+            spec = fold_spec_of(compiler_specs[name])
+            ep = fold_control_flow_first(ep, spec.policy if spec is not None else None)
         ep = pass_manager.transform_for_export_pipeline(ep)
         # The partitioner folds `ep` in place in its pre-decomposition hook; the passes built
         # below are bound to this same object, so they see the folded constants.

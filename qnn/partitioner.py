@@ -41,6 +41,8 @@ from torch.fx.passes.infra.partitioner import Partition
 from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
 
 from folding import FoldReport, fold_constants
+
+from .control_flow import require_no_control_flow
 from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
 from folding.sizes import value_bytes
@@ -135,6 +137,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             return exported_program
         unfolded = EdgeNameMap.snapshot(exported_program, self.to_edge_passes) if self.restores_names else None
         result = fold_constants(exported_program, self.fold_spec.policy, inplace=True)
+        require_no_control_flow(result.program)  # QNN's to-edge passes would crash on it
         self._record_fold(result.program, result.report, unfolded)
         return result.program
 
