@@ -143,6 +143,77 @@ def llama(quick: bool = False) -> ModelSpec:
     return ModelSpec("llama", _FirstOutput(model, "logits").eval(), (ids,), "use_cache=False")
 
 
+class _GatedAttention(nn.Module):
+    """One attention block whose path depends on a runtime flag (``torch.cond``): causal
+    (decode) or bidirectional (prefill). Each branch builds its rotary table and mask from
+    ``arange``/``full`` and merges a LoRA adapter into the output projection (``wo + a @ b``):
+    constant-only code inside control-flow bodies, the weights passed as cond operands."""
+
+    def __init__(self, dim: int, heads: int, seq: int, rank: int) -> None:
+        super().__init__()
+        self.dim, self.heads, self.seq = dim, heads, seq
+        self.wq, self.wk, self.wv, self.wo = (nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in range(4))
+        self.a = nn.Parameter(torch.randn(dim, rank) / dim**0.5)
+        self.b = nn.Parameter(torch.randn(rank, dim) / rank**0.5)
+        self.norm = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+        dim, heads, seq = self.dim, self.heads, self.seq
+        hd = dim // heads
+
+        def attend(x, wq, wk, wv, wo, a, b, g, causal: bool):
+            h = nn.functional.rms_norm(x, (dim,), g)
+            inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+            angles = torch.arange(seq, dtype=torch.float32)[:, None] * inv[None, :]
+            cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+
+            def heads_of(w):
+                return (h @ w.t()).view(1, seq, heads, hd).transpose(1, 2)
+
+            def rotate(t):
+                t1, t2 = t[..., : hd // 2], t[..., hd // 2 :]
+                return t * cos + torch.cat([-t2, t1], dim=-1) * sin
+
+            q, k, v = rotate(heads_of(wq)), rotate(heads_of(wk)), heads_of(wv)
+            mask = torch.full((seq, seq), float("-inf")).triu(1) if causal else torch.zeros(seq, seq)
+            att = torch.softmax(q @ k.transpose(-1, -2) / hd**0.5 + mask, dim=-1) @ v
+            return (att.transpose(1, 2).reshape(1, seq, dim) @ (wo + a @ b).t(),)
+
+        operands = (x, self.wq, self.wk, self.wv, self.wo, self.a, self.b, self.norm)
+        return x + torch.cond(
+            flag.sum() > 0,
+            lambda *o: attend(*o, causal=True),
+            lambda *o: attend(*o, causal=False),
+            operands,
+        )[0]
+
+
+class _GatedDecoder(nn.Module):
+    def __init__(self, vocab: int, dim: int, heads: int, seq: int, layers: int, rank: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(_GatedAttention(dim, heads, seq, rank) for _ in range(layers))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(dim, 4 * dim), nn.SiLU(), nn.Linear(4 * dim, dim)) for _ in range(layers))
+
+    def forward(self, ids: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block, mlp in zip(self.blocks, self.mlps):
+            x = block(x, flag)
+            x = x + mlp(x)
+        return x @ self.embed.weight.t()
+
+
+def gated_decoder(quick: bool = False) -> ModelSpec:
+    """A 2-layer decoder (1 when quick; hidden 256, 4 heads, 64 tokens, vocab 4,000) whose
+    attention takes a causal or bidirectional path on a runtime flag input (``torch.cond``),
+    with rotary tables, masks and LoRA merges computed inside the branches."""
+    torch.manual_seed(SEED)
+    model = _GatedDecoder(vocab=4000, dim=256, heads=4, seq=64, layers=1 if quick else 2, rank=8).eval()
+    torch.manual_seed(SEED + 1)
+    ids = torch.randint(0, 4000, (1, 64), dtype=torch.long)
+    return ModelSpec("gated_decoder", model, (ids, torch.tensor([1])), "torch.cond on a runtime flag")
+
+
 BUILDERS: Dict[str, Callable[..., ModelSpec]] = {
     "swin_v2_t": swin_v2_t,
     "vit_b_16": vit_b_16,
@@ -150,6 +221,7 @@ BUILDERS: Dict[str, Callable[..., ModelSpec]] = {
     "resnet18": resnet18,
     "t5_encoder": t5_encoder,
     "llama": llama,
+    "gated_decoder": gated_decoder,
 }
 
 DEFAULT_MODELS: List[str] = list(BUILDERS)

@@ -25,15 +25,18 @@ def _measure(method: str, layers: int, dialect: str, repeat: int, queue) -> None
     import torch
 
     torch.set_num_threads(1)
-    from .synthetic import chain_program
+    from .synthetic import chain_program, control_flow_program, node_count
 
     # Import before the clock starts: importing executorch/torchao takes seconds, and the
     # benchmark compares the passes, not their imports.
     from executorch.exir.passes.constant_prop_pass import constant_prop_pass
     from folding import fold_constants
 
-    ep = chain_program(layers, dialect)
-    nodes = len(ep.graph.nodes)
+    if dialect == "CONTROL_FLOW":  # `layers` control-flow calls (ATen)
+        ep = control_flow_program(layers)
+    else:
+        ep = chain_program(layers, dialect)
+    nodes = node_count(ep)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     extra = {}
     if method == "fold_constants":
@@ -114,6 +117,30 @@ def growth_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def control_flow_rows(calls: int, repeat: int) -> list[dict]:
+    """`fold_constants` on `synthetic.control_flow_program(calls)` and on the straight-line ATen
+    chain with the same number of nodes (bodies counted), timed the same way."""
+    cf = {**run_one("fold_constants", calls, "CONTROL_FLOW", repeat), "calls": calls}
+    print(f"CONTROL_FLOW {cf['nodes']:>6} nodes fold_constants {cf['seconds']:8.2f} s", file=sys.stderr, flush=True)
+    line = run_one("fold_constants", max(1, cf["nodes"] // NODES_PER_LAYER), "ATEN", repeat)
+    print(f"ATEN {line['nodes']:>6} nodes fold_constants {line['seconds']:8.2f} s", file=sys.stderr, flush=True)
+    return [cf, line]
+
+
+def control_flow_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    cf, line = rows
+    return [
+        "",
+        "| program | nodes (bodies included) | fold_constants s | vs straight-line |",
+        "|---|---|---|---|",
+        f"| {cf['calls']:,} cond/map calls (ATen) | {cf['nodes']:,} | {cf['seconds']:.2f} | "
+        f"{cf['seconds'] / line['seconds']:.2f}x |",
+        f"| straight-line chain (ATen) | {line['nodes']:,} | {line['seconds']:.2f} | 1.00x |",
+    ]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1000,5000,10000,20000,50000", help="approximate node counts")
@@ -121,9 +148,12 @@ def main(argv=None) -> int:
     p.add_argument("--cpp-max-nodes", type=int, default=10000,
                    help="run constant_prop_pass only up to this many nodes (it is quadratic)")
     p.add_argument("--repeat", type=int, default=3, help="runs per program and method; the fastest is reported")
+    p.add_argument("--bodies", type=int, default=1000,
+                   help="control-flow calls of the control-flow program (half cond, half map; 0: skip)")
     p.add_argument("--out", type=Path, default=Path("results/scale"))
     args = p.parse_args(argv)
     rows = []
+    control_flow = control_flow_rows(args.bodies, args.repeat) if args.bodies else []
     for dialect in args.dialects.split(","):
         for size in (int(s) for s in args.sizes.split(",")):
             layers = max(1, size // NODES_PER_LAYER)
@@ -133,8 +163,8 @@ def main(argv=None) -> int:
                 rows.append(r)
                 print(f"{dialect} {r['nodes']:>6} nodes {method:<20} {r['seconds']:8.2f} s", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scale.json").write_text(json.dumps(rows, indent=2))
-    table = "\n".join(growth_table(rows))
+    (args.out / "scale.json").write_text(json.dumps(rows + control_flow, indent=2))
+    table = "\n".join(growth_table(rows) + control_flow_table(control_flow))
     (args.out / "scale.md").write_text(table + "\n")
     print(table)
     return 0

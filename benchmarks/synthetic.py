@@ -11,6 +11,8 @@ program of the same kind, so the result validates like an exported program.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn as nn
 from torch._guards import detect_fake_mode
@@ -108,3 +110,85 @@ def chain_program(layers: int, dialect: str = "EDGE", seed: int = 0) -> Exported
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     signature = ExportGraphSignature(specs, [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(h.name), None)])
     return template._update(gm, signature, state_dict=state_dict, constants={})
+
+
+def control_flow_program(calls: int, seed: int = 0) -> ExportedProgram:
+    """An ATen program of `calls` control-flow calls, alternately ``cond`` (on a runtime
+    predicate) and ``map_impl`` (over the rows of the running value), each body holding the
+    6-op constant-only region of `chain_program` on its own parameters and one runtime op.
+    ``2 * calls`` bodies (a cond has two); counting body nodes, about ``25 * calls`` nodes.
+    """
+    template = _template("ATEN")
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in template.graph.nodes if n.op == "placeholder"])
+    a = torch.ops.aten
+    with fake_mode:
+        fw, fb, fx_, frow = torch.empty(WIDTH, WIDTH), torch.empty(WIDTH), torch.empty(WIDTH, WIDTH), torch.empty(WIDTH)
+        ft = fw.t()
+        fm, fe = ft * 0.5, (ft * 0.5).exp()
+        fu = fe.unsqueeze(0)
+        fa = fu + fb
+        fs = fa[0]
+        fsum = fx_.sum()
+        fgt = fsum > 0
+
+    def body(final, x_fake) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        x, w, b = (g.placeholder(n) for n in ("x", "w", "b"))
+        for node, fake in ((x, x_fake), (w, fw), (b, fb)):
+            node.meta["val"] = fake
+        t = g.call_function(a.t.default, (w,))
+        m = g.call_function(a.mul.Tensor, (t, 0.5))
+        e = g.call_function(a.exp.default, (m,))
+        u = g.call_function(a.unsqueeze.default, (e, 0))
+        ad = g.call_function(a.add.Tensor, (u, b))
+        s = g.call_function(a.select.int, (ad, 0, 0))
+        out = g.call_function(final, (x, s))
+        for node, fake in ((t, ft), (m, fm), (e, fe), (u, fu), (ad, fa), (s, fs), (out, x_fake)):
+            node.meta["val"] = fake
+        g.output((out,))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    root = torch.nn.Module()
+    g = torch.fx.Graph()
+    gen = torch.Generator().manual_seed(seed)
+    state_dict: dict[str, torch.Tensor] = {}
+    specs: list[InputSpec] = []
+    params = []
+    for i in range(calls):
+        for name, shape, fake in (("w", (WIDTH, WIDTH), fw), ("b", (WIDTH,), fb)):
+            target = f"{name}{i}"
+            ph = g.placeholder(f"p_{target}")
+            ph.meta["val"] = fake
+            state_dict[target] = nn.Parameter(torch.randn(*shape, generator=gen), requires_grad=False)
+            specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(ph.name), target))
+            params.append(ph)
+    x = g.placeholder("x")
+    x.meta["val"] = fx_
+    specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument("x"), None))
+    h = x
+    for i in range(calls):
+        w, b = params[2 * i], params[2 * i + 1]
+        if i % 2 == 0:
+            setattr(root, f"true_graph_{i}", body(a.add.Tensor, fx_))
+            setattr(root, f"false_graph_{i}", body(a.sub.Tensor, fx_))
+            total = g.call_function(a.sum.default, (h,))
+            pred = g.call_function(a.gt.Scalar, (total, 0))
+            total.meta["val"], pred.meta["val"] = fsum, fgt
+            tg, fg = g.get_attr(f"true_graph_{i}"), g.get_attr(f"false_graph_{i}")
+            call = g.call_function(torch.ops.higher_order.cond, (pred, tg, fg, (h, w, b)))
+        else:
+            setattr(root, f"body_graph_{i}", body(a.add.Tensor, frow))
+            bg = g.get_attr(f"body_graph_{i}")
+            call = g.call_function(torch.ops.higher_order.map_impl, (bg, [h], [w, b]))
+        call.meta["val"] = (fx_,)
+        h = g.call_function(operator.getitem, (call, 0))
+        h.meta["val"] = fx_
+    g.output((h,))
+    gm = torch.fx.GraphModule(root, g)
+    signature = ExportGraphSignature(specs, [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(h.name), None)])
+    return template._update(gm, signature, state_dict=state_dict, constants={})
+
+
+def node_count(ep: ExportedProgram) -> int:
+    """Nodes of the program's graph and of every body it calls."""
+    return sum(len(m.graph.nodes) for m in ep.graph_module.modules() if isinstance(m, torch.fx.GraphModule))

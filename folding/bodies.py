@@ -67,6 +67,7 @@ def hoist_body_constants(
     reserve_node_names(gm)
     top = analyze(gm.graph, program.graph_signature, policy)
     _Hoist(policy, clone_op, pins).graph(gm, top.is_constant, "")
+    gm.recompile()  # recompiles every body too (GraphModule._recompile_submodules)
     result = copy.copy(program)
     result._graph_module = gm
     return result
@@ -74,18 +75,19 @@ def hoist_body_constants(
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of `gm` and of every body it calls, nodes keeping their names and metadata
-    (values in ``meta`` shared); other attributes shared."""
+    (values in ``meta`` shared); other attributes shared. Each graph is compiled once."""
     graph = torch.fx.Graph()
     graph._codegen = copy.deepcopy(gm.graph._codegen)
     graph._graph_namespace._used_names.update(n.name for n in gm.graph.nodes)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
+    attributes: dict[str, object] = {}
     for n in gm.graph.nodes:
         env[n] = copy_keeping_name(graph, n, env.__getitem__)
-    out = torch.fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
+        if n.op == "get_attr" and n.target not in attributes:
+            value = operator.attrgetter(n.target)(gm)
+            attributes[n.target] = copy_graph_module(value) if isinstance(value, torch.fx.GraphModule) else value
+    out = torch.fx.GraphModule(attributes, graph, class_name=gm.__class__.__name__)
     out.meta.update(gm.meta)
-    for n in graph.nodes:
-        for attr, body in bodies(n):
-            setattr(out, attr, copy_graph_module(body))
     return out
 
 
@@ -150,7 +152,6 @@ class _Hoist:
             self._replace_with_operands(body, sinks, new_operands, moved)
         hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
         _drop_unused_operands(hop)
-        gm.recompile()
 
     def _analyze(self, body, sources):
         placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
@@ -238,7 +239,6 @@ class _Hoist:
         for n in reversed(_moved_nodes(graph, sinks)):
             graph.erase_node(n)
         self._copy_returned_operands(graph, set(placeholders))
-        body.recompile()
 
     def _copy_returned_operands(self, graph: torch.fx.Graph, new: set[torch.fx.Node]) -> None:
         """A body may not return one of its inputs (HOP outputs must not alias operands):
@@ -267,7 +267,6 @@ def _drop_unused_operands(hop: torch.fx.Node) -> None:
     for body, phs in per_body:
         for i in unused:
             body.graph.erase_node(phs[i])
-        body.recompile()
     hop.args = kind.with_operands(hop, [o for i, o in enumerate(operands) if i not in unused])
 
 
