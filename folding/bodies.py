@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import copy
 import operator
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import torch
 import torch.fx
 from torch.export import ExportedProgram
+from torch.fx.graph_module import _copy_attr
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from .analysis import analyze
-from .hops import bodies, hop_kind
+from .hops import bodies, graph_module, hop_kind, recompile_shallow
 from .names import copy_keeping_name, reserve_node_names, unique_name
 from .ops import OpKind
 from .policy import FoldPolicy
@@ -63,32 +64,36 @@ def hoist_body_constants(
     """
     if not has_bodies(program.graph_module):
         return program
-    gm = copy_graph_module(program.graph_module)
+    gm, _ = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
     top = analyze(gm.graph, program.graph_signature, policy)
-    _Hoist(policy, clone_op, pins).graph(gm, top.is_constant, "")
-    gm.recompile()  # recompiles every body too (GraphModule._recompile_submodules)
+    hoist = _Hoist(policy, clone_op, pins, gm)
+    hoist.graph(gm, top.is_constant, "")
+    for module in hoist.changed:
+        recompile_shallow(module)
     result = copy.copy(program)
     result._graph_module = gm
     return result
 
 
-def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of `gm` and of every body it calls, nodes keeping their names and metadata
-    (values in ``meta`` shared); other attributes shared. Each graph is compiled once."""
+def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
+    """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
+    every attribute, bodies included, shared) in a new GraphModule, and the node map. Not
+    compiled: the caller edits it, then calls `hops.recompile_shallow` (one compile per
+    edited graph, however many bodies the program has)."""
     graph = torch.fx.Graph()
     graph._codegen = copy.deepcopy(gm.graph._codegen)
     graph._graph_namespace._used_names.update(n.name for n in gm.graph.nodes)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    attributes: dict[str, object] = {}
     for n in gm.graph.nodes:
         env[n] = copy_keeping_name(graph, n, env.__getitem__)
-        if n.op == "get_attr" and n.target not in attributes:
-            value = operator.attrgetter(n.target)(gm)
-            attributes[n.target] = copy_graph_module(value) if isinstance(value, torch.fx.GraphModule) else value
-    out = torch.fx.GraphModule(attributes, graph, class_name=gm.__class__.__name__)
+    out = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), class_name=gm.__class__.__name__)
+    for target in dict.fromkeys(n.target for n in graph.nodes if n.op == "get_attr"):
+        _copy_attr(gm, out, target)
+    out._graph = graph  # GraphModule.graph's setter would compile it now
+    graph.owning_module = out
     out.meta.update(gm.meta)
-    return out
+    return out, env
 
 
 def body_signature(placeholders: list[torch.fx.Node], constant: set[torch.fx.Node]) -> ExportGraphSignature:
@@ -117,8 +122,21 @@ def constant_placeholders(hop: torch.fx.Node, body: torch.fx.GraphModule, is_con
 
 
 class _Hoist:
-    def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, object]) -> None:
+    def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, object], top: torch.fx.GraphModule) -> None:
         self.policy, self.clone_op, self.pins = policy, clone_op, pins
+        # Graphs this pass owns (copies; the caller's bodies are copied on first edit), each
+        # recompiled once at the end.
+        self.changed: dict[torch.fx.GraphModule, None] = {top: None}
+
+    def _own(self, gm, attr: str, body):
+        """`body`, copied into `gm` under `attr` unless it is a copy already; and the map from
+        the original's nodes (None when `body` was already owned)."""
+        if body in self.changed:
+            return body, None
+        copied, env = copy_uncompiled(body)
+        setattr(gm, attr, copied)
+        self.changed[copied] = None
+        return copied, env
 
     def graph(self, gm: torch.fx.GraphModule, is_constant: Callable[[torch.fx.Node], bool], prefix: str) -> None:
         for hop in list(gm.graph.nodes):
@@ -127,29 +145,38 @@ class _Hoist:
 
     def hop(self, gm, hop, is_constant, prefix) -> None:
         kind = hop_kind(hop)
-        moved: list[tuple[torch.fx.GraphModule, list[torch.fx.Node]]] = []
-        new_operands: list[torch.fx.Node] = []
+        plans = []
         for attr, body in bodies(hop):
             path = body_path(prefix, hop, attr)
+            if has_bodies(body):  # nested control flow: its bodies are edited first
+                body, _ = self._own(gm, attr, body)
+                sources = constant_placeholders(hop, body, is_constant)
+                self.graph(body, self._analyze(body, sources).is_constant, path)
             sources = constant_placeholders(hop, body, is_constant)
-            self.graph(body, self._analyze(body, sources).is_constant, path)  # innermost first
-            analysis = self._analyze(body, sources)
-            hoisted = self._hoistable(body, analysis, sources, path)
-            if not hoisted:
-                moved.append((body, []))
-                continue
+            hoisted = self._hoistable(body, self._analyze(body, sources), sources, path)
+            plans.append((attr, body, sources, hoisted, path))
+        if not any(hoisted for *_, hoisted, _ in plans):
+            return  # the bodies stay the caller's, untouched
+        moved: list[tuple[torch.fx.GraphModule, list[torch.fx.Node]]] = []
+        value_of: dict[torch.fx.Node, torch.fx.Node] = {}  # sink -> the caller's node for it
+        memo: dict[tuple, torch.fx.Node] = {}  # the same op on the same inputs, moved once
+        for attr, body, sources, hoisted, path in plans:
+            body, env = self._own(gm, attr, body)
+            if env is not None:
+                sources = {env[p]: o for p, o in sources.items()}
+                hoisted = {env[n]: None for n in hoisted}
             sinks = [n for n in hoisted if any(u not in hoisted for u in n.users)]
-            with gm.graph.inserting_before(hop):
-                if kind.wraps:
-                    values = self._wrap(gm, hop, body, hoisted, sinks, sources, path)
-                else:
-                    values = self._copy(gm, body, hoisted, sinks, sources, path)
-            new_operands.extend(values)
+            if hoisted:
+                with gm.graph.inserting_before(hop):
+                    if kind.wraps:
+                        values = self._wrap(gm, hop, body, hoisted, sinks, sources, path)
+                    else:
+                        values = self._copy(gm, body, hoisted, sinks, sources, path, memo)
+                value_of.update(zip(sinks, values))
             moved.append((body, sinks))
-        if not new_operands:
-            return
+        new_operands = list(dict.fromkeys(value_of.values()))  # identical values passed once
         for body, sinks in moved:
-            self._replace_with_operands(body, sinks, new_operands, moved)
+            self._replace_with_operands(body, sinks, new_operands, value_of)
         hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
         _drop_unused_operands(hop)
 
@@ -177,15 +204,23 @@ class _Hoist:
                 return out
             excluded |= stay
 
-    def _copy(self, gm, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
-        """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`."""
+    def _copy(self, gm, body, hoisted, sinks, sources, path, memo) -> list[torch.fx.Node]:
+        """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`.
+        A node computing the same op on the same inputs as one already moved for this HOP
+        (the other branch's ``linear(w, w)``) reuses it (`memo`)."""
         env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
         for n in hoisted:
             if n.op == "get_attr":
                 env[n] = gm.graph.get_attr(_move_attribute(gm, body, n.target))
                 env[n].meta = copy.copy(n.meta)
             else:
+                key = _key(n, env)
+                if key is not None and key in memo:
+                    env[n] = memo[key]
+                    continue
                 env[n] = gm.graph.node_copy(n, env.__getitem__)
+                if key is not None:
+                    memo[key] = env[n]
             env[n].meta.setdefault(BODY_PATH, path + n.name)
         return [env[s] for s in sinks]
 
@@ -201,7 +236,7 @@ class _Hoist:
         for n in hoisted:  # a get_attr resolves in the region: GraphModule copies it from `body`
             env[n] = copy_keeping_name(region, n, env.__getitem__)
         region.output(tuple(env[s] for s in sinks))
-        region_gm = torch.fx.GraphModule(body, region, class_name=body.__class__.__name__)
+        region_gm = graph_module(body, region, body.__class__.__name__)
         name = _free_attribute(gm, "submod_folded")
         setattr(gm, name, region_gm)
         attr = gm.graph.get_attr(name)
@@ -219,23 +254,24 @@ class _Hoist:
             out.append(g)
         return out
 
-    def _replace_with_operands(self, body, sinks, new_operands, moved) -> None:
+    def _replace_with_operands(self, body, sinks, new_operands, value_of) -> None:
         """Give `body` one new placeholder per new operand (all bodies of a HOP take the same
         operands), read its own sinks from them, and delete the moved nodes."""
         graph = body.graph
         last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+        own = {value_of[s]: s for s in sinks}
         placeholders = []
-        sources = [s for _, ss in moved for s in ss]
         with graph.inserting_after(last):
-            for value, sink in reversed(list(zip(new_operands, sources))):
-                p = graph.create_node("placeholder", sink.name, name=sink.name)
+            for value in reversed(new_operands):
+                name = own[value].name if value in own else value.name
+                p = graph.create_node("placeholder", name, name=name)
                 p.target = p.name
                 p.meta = {"val": value.meta.get("val")}
                 placeholders.append(p)
         placeholders.reverse()
-        replaced = dict(zip(sources, placeholders))
+        placeholder_of = dict(zip(new_operands, placeholders))
         for s in sinks:
-            s.replace_all_uses_with(replaced[s])
+            s.replace_all_uses_with(placeholder_of[value_of[s]])
         for n in reversed(_moved_nodes(graph, sinks)):
             graph.erase_node(n)
         self._copy_returned_operands(graph, set(placeholders))
@@ -250,6 +286,29 @@ class _Hoist:
                 copies[p] = graph.call_function(self.clone_op, (p,))
                 copies[p].meta = {"val": p.meta.get("val")}
             output.args = torch.fx.map_arg(output.args, lambda a: copies.get(a, a))
+
+
+def _key(node: torch.fx.Node, env) -> Optional[tuple]:
+    """What makes two moved nodes compute the same value: op, mapped inputs, literals; None
+    when an argument cannot be hashed (the node is then its own)."""
+    try:
+        key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env))
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def _freeze(value, env):
+    if isinstance(value, torch.fx.Node):
+        return env[value]
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple(_freeze(v, env) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v, env)) for k, v in value.items()))
+    if isinstance(value, float) and value != value:
+        return ("nan",)
+    return (type(value).__name__, value)
 
 
 def _drop_unused_operands(hop: torch.fx.Node) -> None:
@@ -339,3 +398,36 @@ def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[s
 
     visit(program.graph_module, top.is_constant, "")
     return out
+
+
+def merge_duplicate_operands(gm: torch.fx.GraphModule) -> bool:
+    """Pass each value once to each HOP of `gm`'s graph: after lifting, two moved values with
+    identical bytes read one placeholder, and a HOP given the same tensor twice is refused
+    (``cond_true might be aliasing the input``, torch/_higher_order_ops/utils.py). The
+    bodies' placeholders of a repeated operand are merged into the first one's. Returns True
+    when something changed (the caller recompiles `gm`; the bodies are recompiled here)."""
+    changed = False
+    for hop in gm.graph.nodes:
+        kind = hop_kind(hop)
+        if kind is None:
+            continue
+        operands = kind.invariant_operands(hop)
+        first: dict[torch.fx.Node, int] = {}
+        repeats: list[tuple[int, int]] = []
+        for i, o in enumerate(operands):
+            if isinstance(o, torch.fx.Node):
+                j = first.setdefault(o, i)
+                if j != i:
+                    repeats.append((i, j))
+        if not repeats:
+            continue
+        for _, body in bodies(hop):
+            placeholders = [n for n in body.graph.nodes if n.op == "placeholder"][kind.varying(hop):]
+            for i, j in repeats:
+                placeholders[i].replace_all_uses_with(placeholders[j])
+                body.graph.erase_node(placeholders[i])
+            recompile_shallow(body)
+        dropped = {i for i, _ in repeats}
+        hop.args = kind.with_operands(hop, [o for i, o in enumerate(operands) if i not in dropped])
+        changed = True
+    return changed

@@ -14,7 +14,8 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .bodies import BODY_PATH, body_decisions, hoist_body_constants
+from .bodies import BODY_PATH, body_decisions, hoist_body_constants, merge_duplicate_operands
+from .hops import recompile_shallow
 from .inline import inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .evaluate import AliasClassFailed, UndeclaredWrite, evaluate
@@ -120,6 +121,8 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
     while True:
         working = hoist_body_constants(current, policy, clone_op, pins)
         folded, report = _fold_once(working, policy, bytes_before)
+        if merge_duplicate_operands(folded.graph_module):
+            recompile_shallow(folded.graph_module)
         newly = _moved_but_kept(report)
         if newly.keys() - pins.keys():
             pins.update(newly)

@@ -20,6 +20,7 @@ torch/_higher_order_ops (cond.py, while_loop.py, map.py, scan.py, wrap.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
+import operator
 from typing import Callable, Optional
 
 import torch
@@ -113,3 +114,40 @@ def evaluable(node: torch.fx.Node) -> bool:
             if k is OpKind.CONTROL_FLOW and not (hop_kind(n) is not None and evaluable(n)):
                 return False
     return hop_kind(node) is not None
+
+
+def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
+    """``torch.fx.GraphModule(attributes_from, graph)`` that compiles `graph` only.
+
+    GraphModule's constructor (and ``recompile``) also recompiles every GraphModule child
+    (``GraphModule._recompile_submodules``): a program with a thousand bodies would compile
+    them all again at each rebuild of its top-level graph. Here the bodies `graph` calls are
+    attached after construction, as they are (already compiled).
+
+    Args:
+        attributes_from: a module, or a dict from ``get_attr`` target to value.
+    """
+    attributes: dict[str, object] = {}
+    later: dict[str, torch.fx.GraphModule] = {}
+    for n in graph.nodes:
+        if n.op != "get_attr" or n.target in attributes:
+            continue
+        value = attributes_from[n.target] if isinstance(attributes_from, dict) else operator.attrgetter(n.target)(attributes_from)
+        if isinstance(value, torch.fx.GraphModule):
+            later[n.target], value = value, torch.nn.Module()
+        attributes[n.target] = value
+    out = torch.fx.GraphModule(attributes, graph, class_name=class_name)
+    for target, body in later.items():
+        owner, _, name = target.rpartition(".")
+        setattr(out.get_submodule(owner) if owner else out, name, body)
+    return out
+
+
+def recompile_shallow(gm: torch.fx.GraphModule) -> None:
+    """``gm.recompile()`` without recompiling its GraphModule children (see `graph_module`)."""
+    children = gm._modules
+    gm._modules = {k: v for k, v in children.items() if not isinstance(v, torch.fx.GraphModule)}
+    try:
+        gm.recompile()
+    finally:
+        gm._modules = children

@@ -16,7 +16,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .bodies import BODY_PATH
-from .hops import bodies
+from .hops import bodies, recompile_shallow
 from .ops import op_name
 from .reasons import Reason
 from .report import Decision
@@ -74,7 +74,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
     if decisions:
         gm.graph.eliminate_dead_code(is_impure_node=_only_get_attrs_are_pure)
         _drop_unused_bodies(gm)
-        gm.recompile()
+        recompile_shallow(gm)
     return decisions
 
 

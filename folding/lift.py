@@ -30,6 +30,7 @@ from torch.export.graph_signature import (
 )
 
 from .dedup import IdenticalTensors
+from .hops import graph_module
 from .layout import has_canonical_layout
 from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
@@ -264,7 +265,7 @@ class _Rewrite:
             t = stored_tensor(self.specs[p.name], self.state_dict, self.constants)
             self.record.lifted.append(_row(p.name, self.specs[p.name].target, names, t, reused=True))
         refresh_meta(self.graph, bound, self.fake_mode)
-        gm = torch.fx.GraphModule(source.graph_module, self.graph, class_name=source.graph_module.__class__.__name__)
+        gm = graph_module(source.graph_module, self.graph, source.graph_module.__class__.__name__)
         gm.meta.update(source.graph_module.meta)
         reserve_node_names(gm)
         result = copy.copy(source)
