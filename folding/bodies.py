@@ -83,9 +83,8 @@ def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dic
     edited graph, however many bodies the program has)."""
     graph = torch.fx.Graph()
     graph._codegen = copy.deepcopy(gm.graph._codegen)
-    graph._graph_namespace._used_names.update(n.name for n in gm.graph.nodes)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for n in gm.graph.nodes:
+    for n in gm.graph.nodes:  # names are unique in `gm`: each copy gets its own back
         env[n] = copy_keeping_name(graph, n, env.__getitem__)
     out = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), class_name=gm.__class__.__name__)
     for target in dict.fromkeys(n.target for n in graph.nodes if n.op == "get_attr"):
