@@ -187,7 +187,8 @@ class _Hoist:
     def _hoistable(self, body, analysis, sources, path) -> dict[torch.fx.Node, None]:
         """The body's constant nodes, in order, whose inputs are constant operands or nodes
         moved before them; checks, pinned nodes and what reads them stay, and so does a
-        nested body (get_attr) that a HOP left in the body calls."""
+        nested body (get_attr) that a HOP left in the body calls. A tensor attribute moves
+        out whatever reads it: it becomes an operand, then a lifted constant."""
         excluded: set[torch.fx.Node] = set()
         while True:
             out: dict[torch.fx.Node, None] = {}
@@ -198,7 +199,8 @@ class _Hoist:
                     continue
                 if all(i in out or i in sources for i in n.all_input_nodes):
                     out[n] = None
-            stay = {n for n in out if n.op == "get_attr" and any(u not in out for u in n.users)}
+            stay = {n for n in out if n.op == "get_attr" and any(u not in out for u in n.users)
+                    and isinstance(getattr(body, n.target, None), torch.nn.Module)}
             if not stay:
                 return out
             excluded |= stay

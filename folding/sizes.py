@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 import hashlib
 import re
 from typing import Iterable, Mapping, Optional
 
 import torch
+import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
@@ -90,13 +94,27 @@ def stored_constant_bytes(program: ExportedProgram) -> int:
     `TENSOR_ALIGNMENT` bytes. Buffers the program mutates are not constant data: the emitter
     memory-plans them and stores at most their initial values in the mutable-data segment
     (``InitializedMutableBufferPass``), so they do not count (nor merge with an identical
-    constant)."""
+    constant). Tensor attributes that graphs read with ``get_attr`` (a scalar lifted to a
+    tensor inside a control-flow body by ``to_edge``) are stored too."""
     mutated = set(program.graph_signature.buffers_to_mutate.values())
-    return distinct_bytes(
+    specs = (
         stored_tensor(s, program.state_dict, program.constants)
         for s in program.graph_signature.input_specs
         if s.target not in mutated
     )
+    return distinct_bytes(itertools.chain(specs, attribute_tensors(program.graph_module)))
+
+
+def attribute_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The tensors that ``get_attr`` nodes of `gm` and of every body it calls read."""
+    out = []
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for n in module.graph.find_nodes(op="get_attr"):
+                value = operator.attrgetter(n.target)(module)
+                if isinstance(value, torch.Tensor):
+                    out.append(value)
+    return out
 
 
 def distinct_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:

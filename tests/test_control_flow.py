@@ -421,3 +421,27 @@ def test_random_constant_chains_in_bodies_fold_to_the_same_values(ops, which, si
     x = torch.rand(4, 4) * sign
     ep, result = fold_and_compare(Generated(), [(x,)], pte=False)
     assert not [t for t in body_targets(result.program) if t in ("aten.exp.default", "aten.linear.default", "aten.neg.default")]
+
+
+@pytest.mark.parametrize(
+    "make, inputs",
+    [
+        (BranchConstants, (torch.randn(3, 8).abs(),)),
+        (lambda: ConstantPredicate(True), (torch.randn(3, 8),)),
+        (MapAndScan, (torch.randn(5, 8),)),
+    ],
+    ids=["cond", "constant_predicate", "map_scan"],
+)
+def test_edge_dialect_programs_fold_their_bodies_and_their_pte_matches(make, inputs):
+    """The same in Edge dialect (``to_edge`` output, FoldConstantsPass's position): bodies hold
+    Edge ops, and ``to_edge`` lifts a scan body's scalar into a tensor attribute, which moves out
+    as an operand and is counted in the stored bytes (checked against the .pte by `fold`)."""
+    from tests.fold_checks import assert_edge_pte_matches, edge
+
+    module = make()
+    ep = edge(export(module, inputs))
+    result = fold(ep)
+    want = module(*inputs)
+    assert_edge_pte_matches(result.program, inputs, list(want) if isinstance(want, tuple) else [want])
+    assert not [t for t in body_targets(result.program) if t in ("aten.mm.default", "aten.tanh.default")] or \
+        make is not BranchConstants
