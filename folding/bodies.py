@@ -31,8 +31,8 @@ from torch.fx.graph_module import _copy_attr
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from .analysis import analyze
-from .hops import bodies, graph_module, hop_kind, recompile_shallow
-from .names import copy_keeping_name, reserve_node_names, unique_name
+from .hops import bodies, free_attribute, graph_module, hop_kind, recompile_shallow
+from .names import copy_keeping_name, reserve_node_names
 from .ops import OpKind
 from .policy import FoldPolicy
 
@@ -238,7 +238,7 @@ class _Hoist:
             env[n] = copy_keeping_name(region, n, env.__getitem__)
         region.output(tuple(env[s] for s in sinks))
         region_gm = graph_module(body, region, body.__class__.__name__)
-        name = _free_attribute(gm, "submod_folded")
+        name = free_attribute(gm, "submod_folded")
         setattr(gm, name, region_gm)
         attr = gm.graph.get_attr(name)
         call = gm.graph.call_function(
@@ -344,22 +344,10 @@ def _moved_nodes(graph: torch.fx.Graph, sinks: list[torch.fx.Node]) -> list[torc
     return [n for n in graph.nodes if n in dead]
 
 
-def _free_attribute(gm: torch.fx.GraphModule, base: str) -> str:
-    return unique_name(base, _HasAttr(gm))
-
-
-class _HasAttr:
-    def __init__(self, module) -> None:
-        self.module = module
-
-    def __contains__(self, name: object) -> bool:
-        return hasattr(self.module, str(name))
-
-
 def _move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target: str) -> str:
     """Make `body`'s attribute `target` (a nested body or a tensor) an attribute of `gm`."""
-    name = _free_attribute(gm, target.replace(".", "_"))
-    setattr(gm, name, getattr(body, target))
+    name = free_attribute(gm, target)
+    setattr(gm, name, operator.attrgetter(target)(body))
     return name
 
 

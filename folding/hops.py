@@ -26,6 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
+from .names import unique_name
 from .ops import OpKind, classify
 
 _hop = torch.ops.higher_order
@@ -151,3 +152,16 @@ def recompile_shallow(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
     finally:
         gm._modules = children
+
+
+def free_attribute(gm: torch.fx.GraphModule, target: str) -> str:
+    """An attribute name of `gm` not in use, derived from `target` (dots become ``_``)."""
+    return unique_name(target.replace(".", "_"), _Attributes(gm))
+
+
+class _Attributes:
+    def __init__(self, module) -> None:
+        self.module = module
+
+    def __contains__(self, name: object) -> bool:
+        return hasattr(self.module, str(name))

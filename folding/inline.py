@@ -16,7 +16,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .bodies import BODY_PATH
-from .hops import bodies, recompile_shallow
+from .hops import bodies, free_attribute, recompile_shallow
 from .ops import op_name
 from .reasons import Reason
 from .report import Decision
@@ -96,8 +96,8 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
             elif n.op == "output":
                 results = torch.fx.map_arg(n.args[0], env.__getitem__)
             elif n.op == "get_attr":
-                name = unique_name(n.target.replace(".", "_"), _HasAttr(gm))
-                setattr(gm, name, getattr(body, n.target))
+                name = free_attribute(gm, n.target)
+                setattr(gm, name, operator.attrgetter(n.target)(body))
                 env[n] = graph.get_attr(name)
             else:
                 copied = graph.node_copy(n, env.__getitem__)
@@ -145,11 +145,3 @@ def _drop_unused_bodies(gm: torch.fx.GraphModule) -> None:
     for name, module in list(gm.named_children()):
         if isinstance(module, torch.fx.GraphModule) and name not in used:
             delattr(gm, name)
-
-
-class _HasAttr:
-    def __init__(self, module) -> None:
-        self.module = module
-
-    def __contains__(self, name: object) -> bool:
-        return hasattr(self.module, str(name))
