@@ -61,6 +61,25 @@ def _template(dialect: str) -> ExportedProgram:
     return ep
 
 
+def _inputs(g, count, gen, state_dict, specs, fw, fb, fx_):
+    """Parameter placeholders ``p_w{i}`` [4, 4] and ``p_b{i}`` [4] for ``i < count`` (random
+    values from `gen` into `state_dict`), then the user input ``x`` [4, 4]; their specs go
+    to `specs`. Returns (the parameter placeholders in order, x)."""
+    params = []
+    for i in range(count):
+        for name, shape, fake in (("w", (WIDTH, WIDTH), fw), ("b", (WIDTH,), fb)):
+            target = f"{name}{i}"
+            ph = g.placeholder(f"p_{target}")
+            ph.meta["val"] = fake
+            state_dict[target] = nn.Parameter(torch.randn(*shape, generator=gen), requires_grad=False)
+            specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(ph.name), target))
+            params.append(ph)
+    x = g.placeholder("x")
+    x.meta["val"] = fx_
+    specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument("x"), None))
+    return params, x
+
+
 def chain_program(layers: int, dialect: str = "EDGE", seed: int = 0) -> ExportedProgram:
     """An ExportedProgram of `layers` layers (about ``8 * layers`` nodes) in ATen or Edge dialect.
 
@@ -82,18 +101,7 @@ def chain_program(layers: int, dialect: str = "EDGE", seed: int = 0) -> Exported
         fa = fu + fb
         fs = fa[0].contiguous()
         fo = fx_ + fs
-    params = []
-    for i in range(layers):
-        for name, shape, fake in (("w", (WIDTH, WIDTH), fw), ("b", (WIDTH,), fb)):
-            target = f"{name}{i}"
-            ph = g.placeholder(f"p_{target}")
-            ph.meta["val"] = fake
-            state_dict[target] = nn.Parameter(torch.randn(*shape, generator=gen), requires_grad=False)
-            specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(ph.name), target))
-            params.append(ph)
-    x = g.placeholder("x")
-    x.meta["val"] = fx_
-    specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument("x"), None))
+    params, x = _inputs(g, layers, gen, state_dict, specs, fw, fb, fx_)
     h = x
     for i in range(layers):
         w, b = params[2 * i], params[2 * i + 1]
@@ -153,18 +161,7 @@ def control_flow_program(calls: int, seed: int = 0) -> ExportedProgram:
     gen = torch.Generator().manual_seed(seed)
     state_dict: dict[str, torch.Tensor] = {}
     specs: list[InputSpec] = []
-    params = []
-    for i in range(calls):
-        for name, shape, fake in (("w", (WIDTH, WIDTH), fw), ("b", (WIDTH,), fb)):
-            target = f"{name}{i}"
-            ph = g.placeholder(f"p_{target}")
-            ph.meta["val"] = fake
-            state_dict[target] = nn.Parameter(torch.randn(*shape, generator=gen), requires_grad=False)
-            specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(ph.name), target))
-            params.append(ph)
-    x = g.placeholder("x")
-    x.meta["val"] = fx_
-    specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument("x"), None))
+    params, x = _inputs(g, calls, gen, state_dict, specs, fw, fb, fx_)
     h = x
     for i in range(calls):
         w, b = params[2 * i], params[2 * i + 1]

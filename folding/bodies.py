@@ -52,10 +52,11 @@ def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
 
 def hoist_body_constants(
     program: ExportedProgram, policy: FoldPolicy, clone_op, pins: Mapping[str, object] = {}
-) -> ExportedProgram:
-    """A copy of `program` (graph module and bodies copied; tensors, signature and dicts
-    shared) with the constant code of every body moved to its caller; `program` itself when
-    it has no control-flow body. `program` is never modified.
+) -> tuple[ExportedProgram, int]:
+    """A copy of `program` (the graphs it edits copied; tensors, signature, dicts and untouched
+    bodies shared) with the constant code of every body moved to its caller; `program` itself
+    when it has no control-flow body. `program` is never modified. Also returns the number of
+    nodes its analyses visited (`FoldReport.analysis_visits`).
 
     Args:
         clone_op: the program dialect's copy op, inserted where a body returns a value that
@@ -63,7 +64,7 @@ def hoist_body_constants(
         pins: body paths (``cond.true_graph_0/linear``) of nodes that stay in their body.
     """
     if not has_bodies(program.graph_module):
-        return program
+        return program, 0
     gm, _ = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
     top = analyze(gm.graph, program.graph_signature, policy)
@@ -73,7 +74,7 @@ def hoist_body_constants(
         recompile_shallow(module)
     result = copy.copy(program)
     result._graph_module = gm
-    return result
+    return result, top.graph_visits + hoist.visits
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
@@ -126,6 +127,7 @@ class _Hoist:
         # Graphs this pass owns (copies; the caller's bodies are copied on first edit), each
         # recompiled once at the end.
         self.changed: dict[torch.fx.GraphModule, None] = {top: None}
+        self.visits = 0  # nodes visited by the bodies' analyses
 
     def _own(self, gm, attr: str, body):
         """`body`, copied into `gm` under `attr` unless it is a copy already; and the map from
@@ -182,7 +184,9 @@ class _Hoist:
     def _analyze(self, body, sources):
         placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
         reserve_node_names(body)
-        return analyze(body.graph, body_signature(placeholders, set(sources)), self.policy)
+        analysis = analyze(body.graph, body_signature(placeholders, set(sources)), self.policy)
+        self.visits += analysis.graph_visits
+        return analysis
 
     def _hoistable(self, body, analysis, sources, path) -> dict[torch.fx.Node, None]:
         """The body's constant nodes, in order, whose inputs are constant operands or nodes

@@ -119,8 +119,9 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
     reports: list[FoldReport] = []
     current = program
     while True:
-        working = hoist_body_constants(current, policy, clone_op, pins)
+        working, visits = hoist_body_constants(current, policy, clone_op, pins)
         folded, report = _fold_once(working, policy, bytes_before)
+        report.analysis_visits += visits
         if merge_duplicate_operands(folded.graph_module):
             recompile_shallow(folded.graph_module)
         newly = _moved_but_kept(report)
@@ -189,6 +190,7 @@ def _merged(reports: list[FoldReport], program: ExportedProgram) -> FoldReport:
         timings=timings,
         peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
         evaluated_nodes=sum(r.evaluated_nodes for r in reports),
+        analysis_visits=sum(r.analysis_visits for r in reports),
     )
 
 
@@ -205,9 +207,11 @@ def _fold_once(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) 
     forced: dict = {}
     extra_writes: dict = {}
     budget_cut, attempts = 0, 0
+    analysis_visits = 0
     while True:
         t0 = time.perf_counter()
         analysis = analyze(gm.graph, program.graph_signature, policy, forced, extra_writes)
+        analysis_visits += analysis.graph_visits
         plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, budget_cut)
         t1 = time.perf_counter()
         try:
@@ -278,6 +282,7 @@ def _fold_once(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) 
         timings=timings,
         peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
         evaluated_nodes=evaluation.evaluated,
+        analysis_visits=analysis_visits,
     )
     return new_program, report
 

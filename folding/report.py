@@ -73,6 +73,7 @@ class FoldReport:
     timings: dict[str, float] = field(default_factory=dict)
     peak_intermediate_bytes: int = 0
     evaluated_nodes: int = 0
+    analysis_visits: int = 0  # nodes visited by analysis, top-level graph and bodies (work counting)
 
     @property
     def folded(self) -> list[Decision]:
@@ -102,6 +103,7 @@ class FoldReport:
             "timings_s": dict(self.timings),
             "peak_intermediate_bytes": self.peak_intermediate_bytes,
             "evaluated_nodes": self.evaluated_nodes,
+            "analysis_visits": self.analysis_visits,
             "lifted": [asdict(c) for c in self.lifted],
             "nonfinite_constants": [c.placeholder for c in self.nonfinite],
             "removed_placeholders": list(self.removed_placeholders),
