@@ -123,7 +123,8 @@ def assert_report_bytes_true(result, pte: Optional[bytes] = None,
 
 def constants_added_by_lowering(program: ExportedProgram, edge_program: ExportedProgram) -> list[torch.Tensor]:
     """Constant tensors of `edge_program` (not mutated) whose targets `program` does not store:
-    the scalar operands lowering lifted, and anything else lowering created."""
+    the scalar operands lowering lifted (at the top level and inside control-flow bodies), and
+    anything else lowering created."""
     ours = {s.target for s in program.graph_signature.input_specs if s.target is not None}
     mutated = set(edge_program.graph_signature.buffers_to_mutate.values())
     out = []
@@ -132,7 +133,19 @@ def constants_added_by_lowering(program: ExportedProgram, edge_program: Exported
             t = stored_tensor(s, edge_program.state_dict, edge_program.constants)
             if t is not None:
                 out.append(t)
+    # Tensor attributes of control-flow bodies (to_edge lifts a body's scalar operand into one).
+    theirs = {id(t) for t in _attribute_tensors(program.graph_module)}
+    out.extend(t for t in _attribute_tensors(edge_program.graph_module) if id(t) not in theirs)
     return out
+
+
+def _attribute_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    return [
+        getattr(m, n.target)
+        for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+        for n in m.graph.nodes
+        if n.op == "get_attr" and isinstance(getattr(m, n.target, None), torch.Tensor)
+    ]
 
 
 def assert_bytes_within_lowering(reported: int, pte: bytes, added: Sequence[torch.Tensor]) -> None:
