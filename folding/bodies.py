@@ -33,7 +33,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from .analysis import analyze
 from .hops import bodies, free_attribute, graph_module, hop_kind, recompile_shallow
 from .names import copy_keeping_name, reserve_node_names
-from .ops import OpKind
+from .ops import OpKind, freeze
 from .policy import FoldPolicy
 
 # node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``); a
@@ -297,23 +297,11 @@ def _key(node: torch.fx.Node, env) -> Optional[tuple]:
     """What makes two moved nodes compute the same value: op, mapped inputs, literals; None
     when an argument cannot be hashed (the node is then its own)."""
     try:
-        key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env))
+        key = (node.target, freeze(node.args, env), freeze(node.kwargs, env))
         hash(key)
         return key
     except TypeError:
         return None
-
-
-def _freeze(value, env):
-    if isinstance(value, torch.fx.Node):
-        return env[value]
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(_freeze(v, env) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v, env)) for k, v in value.items()))
-    if isinstance(value, float) and value != value:
-        return ("nan",)
-    return (type(value).__name__, value)
 
 
 def _drop_unused_operands(hop: torch.fx.Node) -> None:

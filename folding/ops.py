@@ -14,6 +14,7 @@ import operator
 from typing import Any, Optional
 
 import torch
+import torch.fx
 from torch.fx.node import _side_effectful_functions
 
 try:  # executorch's memory planning op: an allocation, never a value to fold.
@@ -247,3 +248,18 @@ def _has_registered_effect(overload: torch._ops.OpOverload) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return _get_effect(overload) is not None
+
+
+def freeze(value: Any, canon) -> Any:
+    """A hashable key for an op's arguments: nodes replaced by ``canon.get(node, node)`` (their
+    representative), lists and dicts by tuples, NaN by a marker (NaN != NaN would split equal
+    ops). Two nodes with the same target and frozen arguments compute the same value."""
+    if isinstance(value, torch.fx.Node):
+        return canon.get(value, value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple(freeze(v, canon) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v, canon)) for k, v in value.items()))
+    if isinstance(value, float) and value != value:
+        return ("nan",)
+    return (type(value).__name__, value)

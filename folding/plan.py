@@ -24,7 +24,7 @@ import torch
 from .analysis import Analysis, is_scalar
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import observes_layout, reads_storage, strided_like_stored
-from .ops import aliased_arg_position, packet_name, reads_only_metadata
+from .ops import aliased_arg_position, freeze, packet_name, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -138,23 +138,11 @@ def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.f
     seen: dict[tuple, torch.fx.Node] = {}
     for n in nodes:
         try:
-            key = (n.target, _freeze(n.args, canon), _freeze(n.kwargs, canon))
+            key = (n.target, freeze(n.args, canon), freeze(n.kwargs, canon))
             canon[n] = seen.setdefault(key, n)
         except TypeError:  # an unhashable argument: the node is its own class
             canon[n] = n
     return canon
-
-
-def _freeze(value, canon):
-    if isinstance(value, torch.fx.Node):
-        return canon.get(value, value)
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(_freeze(v, canon) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v, canon)) for k, v in value.items()))
-    if isinstance(value, float) and value != value:  # NaN != NaN would split equal nodes
-        return ("nan",)
-    return (type(value).__name__, value)
 
 
 def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:

@@ -436,3 +436,32 @@ def test_edge_dialect_programs_fold_their_bodies_and_their_pte_matches(make, inp
     assert_edge_pte_matches(result.program, inputs, list(want) if isinstance(want, tuple) else [want])
     assert not [t for t in body_targets(result.program) if t in ("aten.mm.default", "aten.tanh.default")] or \
         make is not BranchConstants
+
+
+UPSTREAM = ["FTCondBasic", "FTCondDynShape", "FTCondDeadCode", "FTMapBasic", "FTMapDynShape"]
+
+
+@pytest.mark.parametrize("dialect", ["ATEN", "EDGE"])
+@pytest.mark.parametrize("name", UPSTREAM)
+def test_executorch_control_flow_test_models_fold_and_run(name, dialect):
+    """executorch's own control-flow test models (exir/tests/control_flow_models.py: cond and
+    map, static and dynamic shapes, dead code in branches): programs nobody here wrote."""
+    import copy
+
+    from executorch.exir.tests import control_flow_models
+
+    from tests.fold_checks import edge, edge_pte
+    from tests.invariants import lower_to_pte, run_pte
+
+    module = getattr(control_flow_models, name)()
+    inputs = module.get_random_inputs()
+    shapes = module.get_dynamic_shapes() if hasattr(module, "get_dynamic_shapes") else None
+    ep = export(module, inputs, dynamic_shapes=shapes)
+    program = ep if dialect == "ATEN" else edge(copy.deepcopy(ep))
+    result = fold(program)
+    want = module(*inputs)
+    want = list(want) if isinstance(want, (list, tuple)) else [want]
+    assert_close_all(want, outputs(result.program, inputs))
+    pte = lower_to_pte(result.program) if dialect == "ATEN" else edge_pte(result.program)
+    assert_close_all(want, run_pte(pte, inputs), atol=1e-4)
+    assert [d for d in result.report.decisions if "/" in d.node], "body nodes have decisions"
