@@ -33,8 +33,10 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from .analysis import analyze
 from .hops import bodies, free_attribute, graph_module, hop_kind, recompile_shallow
 from .names import copy_keeping_name, reserve_node_names
-from .ops import OpKind, freeze
+from .ops import OpKind, freeze, op_name
 from .policy import FoldPolicy
+from .reasons import Reason
+from .report import Decision
 
 # node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``); a
 # tuple of paths for a new autocast region (it holds several moved nodes), None for glue.
@@ -349,10 +351,6 @@ def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[s
     operand, the loop carry or a mapped slice has that reason; a constant node stayed because
     the fold would have kept it at runtime (`pins`: the reason it was pinned), or it is a
     check, which runs where its body runs."""
-    from .ops import op_name
-    from .reasons import Reason
-    from .report import Decision
-
     top = analyze(program.graph, program.graph_signature, policy)
     out: list = []
 
