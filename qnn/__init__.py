@@ -7,8 +7,12 @@
     # to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[qnn.QnnPartitioner(specs)])
 """
 
+from .sdk import QnnSdk, load_qnn_sdk, prevent_sdk_download, try_load_qnn_sdk
+
+try_load_qnn_sdk()  # before executorch's QNN code first reads QNN_SDK_ROOT (it downloads when unset)
+
 from .compile_spec import FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs
-from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLostError, QnnFoldingError
+from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLostError, QnnFoldingError, QnnSdkError
 from .lowering import PartitionSummary, describe_partitions, to_edge_transform_and_lower_to_qnn
 from .partitioner import QnnPartitioner, kept_whole_ops
 from .report import PartitionRecord, QnnPartitionReport
@@ -24,9 +28,14 @@ __all__ = [
     "QnnFoldingError",
     "QnnPartitionReport",
     "QnnPartitioner",
+    "QnnSdk",
+    "QnnSdkError",
     "describe_partitions",
     "generate_qnn_executorch_compiler_spec",
     "kept_whole_ops",
+    "load_qnn_sdk",
+    "prevent_sdk_download",
+    "try_load_qnn_sdk",
     "split_compile_specs",
     "to_edge_transform_and_lower_to_qnn",
 ]

@@ -27,3 +27,8 @@ class ControlFlowNotSupportedError(QnnFoldingError):
     lift_constant_scalar_operands.py, in both ``transform_for_export_pipeline`` and the to-edge
     passes) reads ``node.target._schema`` of every call_function node, and higher-order ops
     have no schema (``AttributeError: 'CondOp' object has no attribute '_schema'``)."""
+
+
+class QnnSdkError(QnnFoldingError, RuntimeError):
+    """The QNN HTP libraries are missing, do not load, or are a QNN build executorch 1.5.1
+    cannot use (qnn/sdk.py); the message says what to install."""

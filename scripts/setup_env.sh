@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (when missing or stale) and installs the project with its benchmark extra.
+# Creates .venv (when missing or stale) and installs the project with its benchmark and QNN extras.
 # Idempotent: a second run with an unchanged pyproject.toml does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,7 @@ stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[benchmarks]"
+    .venv/bin/python -m pip install --quiet -e ".[benchmarks,qnn]"
     rm -f .venv/.installed-*
     touch "$stamp"
 fi
