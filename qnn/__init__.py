@@ -16,6 +16,7 @@ from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLost
 from .lowering import PartitionSummary, describe_partitions, to_edge_transform_and_lower_to_qnn
 from .partitioner import QnnPartitioner, kept_whole_ops
 from .report import PartitionRecord, QnnPartitionReport
+from .runtime import run_pte
 
 __all__ = [
     "FOLD_CONSTANTS_KEY",
@@ -35,6 +36,7 @@ __all__ = [
     "kept_whole_ops",
     "load_qnn_sdk",
     "prevent_sdk_download",
+    "run_pte",
     "try_load_qnn_sdk",
     "split_compile_specs",
     "to_edge_transform_and_lower_to_qnn",

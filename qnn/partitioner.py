@@ -57,6 +57,16 @@ from .report import PartitionRecord, QnnPartitionReport
 logger = logging.getLogger(__name__)
 
 
+def is_core_aten_op(target) -> bool:
+    """A core ATen op (``torch.Tag.core``; for an Edge op, its ATen overload): it has no
+    decomposition, so keeping it whole changes nothing but executorch's check that it was
+    delegated (``_sanity_check_graph_for_non_decomp_ops``, exir/program/_program.py). HTP's op
+    validation refuses some of them on runtime inputs (``scatter_add``, ``scatter_reduce``: QNN
+    2.49's ``ScatterElements`` accepts only reduction NONE), and they then run on the CPU."""
+    overload = getattr(target, "_op", target)
+    return torch.Tag.core in getattr(overload, "tags", ())
+
+
 def kept_whole_ops() -> frozenset[str]:
     """Names (``aten.linear.default``) of the ops QNN keeps whole (``get_skip_decomp_table``,
     executorch/backends/qualcomm/partition/utils.py), quantize/dequantize primitives excluded:
@@ -181,11 +191,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         fold stage declined (they are decomposed, and the report lists them)."""
         table = get_skip_decomp_table()
         decompose = self._declined_nodes(ep)
-        if not decompose:
-            return table, filter_fn
 
         def keep_whole(node: torch.fx.Node) -> bool:
-            return node not in decompose and filter_fn(node)
+            return node not in decompose and filter_fn(node) and not is_core_aten_op(node.target)
 
         return table, keep_whole
 

@@ -50,6 +50,7 @@ WHEEL_VERSION = "2.5.0"
 INSTALL_HINT = f"pip install 'et-constant-folding[qnn]' (that is, {WHEEL}=={WHEEL_VERSION}) or set QNN_SDK_ROOT to a QNN 2.49 SDK"
 _ARCH_DIR = ("lib", "x86_64-linux-clang")
 _LIBRARIES = ("libQnnHtp.so", "libQnnSystem.so")
+_OPTIONAL = ("libQnnGpu.so",)  # QNN's GPU backend, opened when present (the wheel ships it)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,12 @@ def _load() -> QnnSdk:
                 f"{path} does not load ({exc}); the QNN 2.49 libraries need x86-64 Linux, glibc >= 2.34 "
                 f"and libatomic.so.1 (Debian/Ubuntu: apt install libatomic1); {INSTALL_HINT}"
             ) from exc
+    for path in (libdir / name for name in _OPTIONAL):
+        if path.is_file():
+            try:
+                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass  # only the GPU backend needs it; executorch reports its absence there
     build_id = _htp_build_id(handles[0], paths[0])
     if not build_id.startswith(SUPPORTED_BUILD_PREFIX):
         raise QnnSdkError(
@@ -233,8 +240,9 @@ def _sdk_layout(wheel: Path) -> Path:
     libs = root / "lib" / "onnxruntime_qnn.libs"
     arch.mkdir(parents=True, exist_ok=True)
     libs.mkdir(parents=True, exist_ok=True)
-    for name in _LIBRARIES:
-        _link(wheel / name, arch / name)
+    for name in _LIBRARIES + _OPTIONAL:
+        if (wheel / name).is_file():
+            _link(wheel / name, arch / name)
     if runtime.is_dir():
         for item in runtime.iterdir():
             _link(item, libs / item.name)

@@ -114,6 +114,38 @@ def partitioner_of(manager: EdgeProgramManager) -> "qnn.QnnPartitioner":
 
 # -- checks ------------------------------------------------------------------------------
 
+# The emulated HTP against eager, relative to the output's scale (max |eager output|). fp16: HTP
+# computes in fp16 (11-bit significand, 2^-11 ~ 4.9e-4 per rounding); the test models chain up
+# to ~5 roundings per output, measured at most 1.4e-3 of scale. Quantized: against the
+# converted (q/dq) module, HTP differs by a few steps of the output encoding (8 bits: 1/255 of
+# the output range, about 2/255 of scale for a signed output); measured at most 2.1e-2.
+HTP_TOLERANCE = {"fp16": 5e-3, "quantized": 6e-2}
+
+
+def assert_runs_on_htp(manager: EdgeProgramManager, reference, inputs: Sequence, *,
+                       quantized: bool = False) -> bytes:
+    """Serialise `manager` to a .pte, run it on the emulated HTP (`qnn.run_pte`) and compare each
+    output with `reference(*inputs)` (the eager module; for a quantized program the converted
+    q/dq module) relative to the output's scale (`HTP_TOLERANCE`). Returns the .pte bytes."""
+    buffer = manager.to_executorch().buffer
+    got = qnn.run_pte(buffer, inputs)
+    with torch.no_grad():
+        want = _as_list(reference(*inputs))
+    assert len(got) == len(want), (len(got), len(want))
+    tolerance = HTP_TOLERANCE["quantized" if quantized else "fp16"]
+    for index, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (index, g.shape, w.shape, g.dtype, w.dtype)
+        if not w.dtype.is_floating_point:
+            assert torch.equal(g, w), index
+            continue
+        scale = w.abs().max().item()
+        assert scale > 1e-3, f"output {index}: eager output of scale {scale:.3g} proves nothing"
+        diff = (g - w).abs().max().item()
+        print(f"HTP vs eager, output {index}: max abs diff {diff:.3g}, scale {scale:.3g}")
+        assert diff <= tolerance * scale, (index, diff, scale)
+    return buffer
+
+
 
 def assert_no_static_partition(report: "qnn.QnnPartitionReport") -> None:
     """Every partition found has a runtime input, so none had to stay on the CPU."""
@@ -124,10 +156,14 @@ def assert_no_static_partition(report: "qnn.QnnPartitionReport") -> None:
 
 
 def assert_kept_whole_ops_gone(manager: EdgeProgramManager) -> None:
-    """No op of QNN's kept-whole table is left on the CPU (it was folded or delegated)."""
+    """No op of QNN's kept-whole table is left on the CPU (it was folded or delegated), except
+    core ATen ops (`qnn.partitioner.is_core_aten_op`: HTP refuses ``scatter_add`` and
+    ``scatter_reduce`` on runtime inputs, and they run on the CPU undecomposed)."""
+    from qnn.partitioner import is_core_aten_op
+
     table = qnn.kept_whole_ops()
     left = [n.name for n in manager.exported_program().graph.nodes
-            if n.op == "call_function" and op_name(n.target) in table]
+            if n.op == "call_function" and op_name(n.target) in table and not is_core_aten_op(n.target)]
     assert not left, left
 
 

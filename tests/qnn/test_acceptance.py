@@ -20,6 +20,7 @@ from .helpers import (
     compiler_specs,
     export_for_qnn,
     lower_stock_with,
+    assert_runs_on_htp,
     lower_with_wrapper,
     partitioner_of,
 )
@@ -27,7 +28,9 @@ from .models import CASES
 
 import qnn
 
-STRANDING = [name for name in CASES if name != "linear_feeds_add_and_masked_select"]
+# scatter_on_constants strands nothing: its constant scatters are core ATen ops, which run on the
+# CPU undecomposed (test_constant_scatters_run_on_the_cpu_without_folding)
+STRANDING = [name for name in CASES if name not in ("linear_feeds_add_and_masked_select", "scatter_on_constants")]
 
 
 def _lower_off(case, module, inputs):
@@ -40,14 +43,14 @@ def _lower_off(case, module, inputs):
 
 
 @pytest.mark.parametrize("name", STRANDING)
-def test_fold_off_strands_kept_whole_op_on_htp(name, qnn_sdk_stand_in):
+def test_fold_off_strands_kept_whole_op_on_htp(name):
     case = CASES[name]
     error, report = _lower_off(case, case.make().eval(), case.inputs())
     assert_stranded_by_htp_rule(error, report)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_fold_on_lowers(name, qnn_sdk_stand_in):
+def test_fold_on_lowers(name):
     case = CASES[name]
     module, inputs = case.make().eval(), case.inputs()
     manager = lower_with_wrapper(module, inputs, compiler_specs(True), case.skip_ops, preserve_names=True)
@@ -60,6 +63,7 @@ def test_fold_on_lowers(name, qnn_sdk_stand_in):
     assert not constant_kept_whole, constant_kept_whole
     assert any(d.folded and d.target in kept_whole for d in folded.values())
     assert not report.decomposed
+    assert_runs_on_htp(manager, module, inputs)
 
     # the same names as without folding (fold off: the partitioner's view before it fails)
     off = qnn.QnnPartitioner(compiler_specs(False), skip_node_op_set=set(case.skip_ops))
@@ -72,7 +76,33 @@ def test_fold_on_lowers(name, qnn_sdk_stand_in):
         assert report.renamed, "folding shifted no name: the model does not exercise renaming"
 
 
-def test_masked_select_case_is_not_stranded_without_folding(qnn_sdk_stand_in):
+class _RuntimeScatterAdd(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.register_buffer("base", torch.randn(4, 8, generator=g))
+        self.register_buffer("index", torch.randint(0, 4, (2, 8), generator=g))
+        self.register_buffer("src", torch.randn(2, 8, generator=g))
+
+    def forward(self, x):
+        return torch.relu(self.base.scatter_add(0, self.index, self.src)) + x.scatter_add(0, self.index, self.src)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_runtime_scatter_add_runs_on_the_cpu(fold):
+    """Real HTP validates ``ScatterElements`` only with reduction NONE (QNN 2.49: "incorrect
+    Value 1, expected < 1"), so a runtime ``scatter_add`` stays on the CPU; being a core ATen op
+    it has nothing to decompose into, so the partitioner does not keep it whole and the program
+    lowers. The constant one folds (fold on) or runs on the CPU too (fold off: the HTP rule
+    refuses its constant-only partition)."""
+    module, inputs = _RuntimeScatterAdd().eval(), (torch.randn(4, 8, generator=torch.Generator().manual_seed(6)),)
+    manager = lower_with_wrapper(module, inputs, compiler_specs(fold), {"aten.relu.default"})
+    cpu = qnn.describe_partitions(manager).cpu_ops
+    assert cpu.get("aten.scatter_add.default") == (1 if fold else 2), cpu
+    assert_runs_on_htp(manager, module, inputs)
+
+
+def test_masked_select_case_is_not_stranded_without_folding():
     """The constant linear feeding ``x + k`` and ``k[mask].sum()`` shares its partition with
     the runtime add, so the HTP rule does not strand it even without folding; the masked
     select (data-dependent size) stays on the CPU in both cases."""

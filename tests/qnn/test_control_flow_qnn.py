@@ -66,7 +66,7 @@ CASES = [LinearFeedsCond, KeptWholeInBranch]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-def test_review_cases_with_a_constant_predicate_lower_with_fold_on(case, qnn_sdk_stand_in):
+def test_review_cases_with_a_constant_predicate_lower_with_fold_on(case):
     module, inputs = case(constant_predicate=True).eval(), (torch.randn(8, 8),)
     manager = lower_with_wrapper(module, inputs, compiler_specs(True))
     report = partitioner_of(manager).reports[-1]
@@ -79,7 +79,7 @@ def test_review_cases_with_a_constant_predicate_lower_with_fold_on(case, qnn_sdk
 
 @pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-def test_runtime_predicate_stops_with_a_typed_error_naming_the_upstream_pass(case, fold, qnn_sdk_stand_in):
+def test_runtime_predicate_stops_with_a_typed_error_naming_the_upstream_pass(case, fold):
     with pytest.raises(qnn.ControlFlowNotSupportedError, match="'cond'.*LiftConstantScalarOperands") as error:
         lower_with_wrapper(case(constant_predicate=False).eval(), (torch.randn(8, 8),), compiler_specs(fold))
     assert ("reads runtime values" in str(error.value)) is fold

@@ -51,7 +51,7 @@ def _aten(quantized):
     return export_for_qnn(module, inputs)
 
 
-def test_stock_flow_fold_off_strands(quantized, qnn_sdk_stand_in):
+def test_stock_flow_fold_off_strands(quantized):
     ep = _aten(quantized)
     specs = compiler_specs(False, quantized=True)
     with pytest.raises(RuntimeError, match=STRANDED) as error:
@@ -63,7 +63,7 @@ def test_stock_flow_fold_off_strands(quantized, qnn_sdk_stand_in):
     assert_stranded_by_htp_rule(error.value, partitioner.reports[-1])
 
 
-def test_stock_flow_fold_on_keeps_encodings_and_names(quantized, qnn_sdk_stand_in):
+def test_stock_flow_fold_on_keeps_encodings_and_names(quantized):
     """The hook folds the very program object QNN's to-edge passes were built from, so the
     lifted integer constants get the encodings QNN reads without folding."""
     name, module, inputs = quantized
@@ -87,7 +87,7 @@ def test_stock_flow_fold_on_keeps_encodings_and_names(quantized, qnn_sdk_stand_i
     assert_same_outputs(unfolded, ep, inputs)
 
 
-def test_wrapper_fold_on_lowers(quantized, qnn_sdk_stand_in):
+def test_wrapper_fold_on_lowers(quantized):
     name, module, inputs = quantized
     manager = lower_with_wrapper(module, inputs, compiler_specs(True, quantized=True), {RELU})
     report = partitioner_of(manager).reports[-1]
@@ -99,7 +99,7 @@ def test_wrapper_fold_on_lowers(quantized, qnn_sdk_stand_in):
     assert summary.partitions == 1 and summary.cpu_op_count == 0
 
 
-def test_passes_bound_to_another_object_fail_loudly(quantized, qnn_sdk_stand_in):
+def test_passes_bound_to_another_object_fail_loudly(quantized):
     """docs/design.md's binding hazard: QNN's to-edge passes built from a program object other than
     the one folded miss the new constants; FoldQDQ would then drop their dequantize and hand
     HTP raw integers. The partitioner refuses to lower that."""

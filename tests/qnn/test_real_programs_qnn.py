@@ -21,7 +21,7 @@ CASES = {
 
 @pytest.mark.parametrize("preserve_names", [None, True], ids=["default_names", "restored_names"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_real_program_kinds_lower_on_htp_with_folding(name, preserve_names, qnn_sdk_stand_in):
+def test_real_program_kinds_lower_on_htp_with_folding(name, preserve_names):
     """With names restored, the copy of the unfolded program keeps the placeholder named
     ``input`` (a graph copy would rename it ``input_1``, away from its InputSpec)."""
     make, shape = CASES[name]

@@ -21,7 +21,7 @@ from .helpers import (
 
 
 @pytest.mark.slow
-def test_swin_v2_t_8a8w_leaves_only_io_on_cpu(qnn_sdk_stand_in):
+def test_swin_v2_t_8a8w_leaves_only_io_on_cpu():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.swin_v2_t().eval()
