@@ -1,4 +1,4 @@
-"""Control flow on the QNN path (issue 12), with the SDK stand-in.
+"""Control flow on the QNN path (issue 12), on the real HTP backend.
 
 executorch 1.5.1's QNN pass ``LiftConstantScalarOperands`` crashes on every higher-order op,
 in ``transform_for_export_pipeline`` already (pinned below, so a fixed executorch shows up
@@ -21,6 +21,7 @@ import qnn
 from .helpers import (
     assert_kept_whole_ops_gone,
     assert_no_static_partition,
+    assert_runs_on_htp,
     compiler_specs,
     lower_with_wrapper,
     partitioner_of,
@@ -75,6 +76,7 @@ def test_review_cases_with_a_constant_predicate_lower_with_fold_on(case):
     program = manager.exported_program()
     assert not [n for n in program.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)
                 and n.target is not torch.ops.higher_order.executorch_call_delegate]
+    assert_runs_on_htp(manager, module, inputs)
 
 
 @pytest.mark.parametrize("fold", [False, True])

@@ -19,6 +19,7 @@ from .helpers import (
     assert_kept_whole_ops_gone,
     assert_names_kept,
     assert_no_static_partition,
+    assert_runs_on_htp,
     assert_same_outputs,
     assert_stranded_by_htp_rule,
     compiler_specs,
@@ -85,6 +86,7 @@ def test_stock_flow_fold_on_keeps_encodings_and_names(quantized):
     assert on.renamed  # the runtime linear got its unfolded name back
     # the hook folded `ep` in place; its values are those of the unfolded program
     assert_same_outputs(unfolded, ep, inputs)
+    assert_runs_on_htp(manager, module, inputs, quantized=True)
 
 
 def test_wrapper_fold_on_lowers(quantized):
@@ -97,6 +99,7 @@ def test_wrapper_fold_on_lowers(quantized):
     assert encoded and all(p in report.quant_attrs for p in encoded)
     summary = qnn.describe_partitions(manager)
     assert summary.partitions == 1 and summary.cpu_op_count == 0
+    assert_runs_on_htp(manager, module, inputs, quantized=True)
 
 
 def test_passes_bound_to_another_object_fail_loudly(quantized):

@@ -1,4 +1,4 @@
-"""Issue 10's name kind through the QNN path (SDK stand-in for the two SDK calls): an
+"""Issue 10's name kind through the QNN path, on the real HTP backend: an
 ``nn.Sequential`` (its argument is named ``input``) lowers with folding on, with the runtime
 names of folding off. (A constant table lookup, ``table[idx]``, does not get this far: the
 wrapper's ``torch.export.export(strict=True)`` itself fails on it, before folding.)"""
@@ -9,7 +9,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from .helpers import assert_kept_whole_ops_gone, assert_no_static_partition, compiler_specs, lower_with_wrapper, partitioner_of
+from .helpers import (
+    assert_kept_whole_ops_gone,
+    assert_no_static_partition,
+    assert_runs_on_htp,
+    compiler_specs,
+    lower_with_wrapper,
+    partitioner_of,
+)
 
 
 CASES = {
@@ -35,3 +42,4 @@ def test_real_program_kinds_lower_on_htp_with_folding(name, preserve_names):
     off = lower_with_wrapper(module, inputs, compiler_specs(False))
     names = lambda m: [n.name for n in m.exported_program().graph.nodes]  # noqa: E731
     assert names(manager) == names(off)
+    assert_runs_on_htp(manager, module, inputs)
