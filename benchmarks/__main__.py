@@ -168,28 +168,30 @@ def _meta(args: argparse.Namespace, argv: Optional[List[str]], wall: float) -> d
 
 def _main_qnn(args: argparse.Namespace, argv: Optional[List[str]]) -> int:
     """``--qnn``: one (model, precision) at a time in a worker process; print the table."""
-    from qnn.testing.sdk_stand_in import real_sdk_root
+    import qnn
 
     from . import qnn_rows
 
     os.makedirs(args.out, exist_ok=True)
-    sdk_root = real_sdk_root()
+    sdk = qnn.load_qnn_sdk()  # QnnSdkError (what to install) before any worker starts
+    sdk_text = f"QNN {sdk.build_id} ({sdk.source})"
 
     def on_done(row: dict) -> None:
-        print(f"{row['model']}/{row['precision']}/fold {'on' if row['fold'] else 'off'}: "
+        print(f"{row['model']}/{row['precision']}/{row['mode']}: "
               f"{row['status'][:80]} ({row['wall_time_s'] or 0:.0f} s)", file=sys.stderr)
 
     start = time.perf_counter()
     rows = qnn_rows.run_all(args.models, quick=args.quick, log_path=os.path.join(args.out, "workers.log"),
                             on_done=on_done)
     wall = time.perf_counter() - start
-    meta = dict(_meta(args, argv, wall), soc=qnn_rows.SOC_NAME, qnn_sdk=sdk_root or "absent (stand-in)")
-    paths = qnn_rows.write_all(rows, args.out, meta, sdk_root)
-    print(qnn_rows.to_markdown(rows, sdk_root))
+    meta = dict(_meta(args, argv, wall), soc=qnn_rows.SOC_NAME, qnn_sdk=sdk_text, qnn_sdk_root=sdk.root)
+    paths = qnn_rows.write_all(rows, args.out, meta, sdk_text)
+    print(qnn_rows.to_markdown(rows, sdk_text))
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"{ok}/{len(rows)} rows ok, wall time {wall:.0f} s; wrote {', '.join(paths.values())}", file=sys.stderr)
-    # a fold-off row may fail by design (stranded constant-only op); a fold-on failure is a bug
-    return 1 if any(r["fold"] and r["status"] != "ok" for r in rows) else 0
+    # a fold-off or constant_prop_pass row may fail by design (stranded constant-only op); a
+    # fold-on failure is a bug
+    return 1 if any(r["mode"] == "on" and r["status"] != "ok" for r in rows) else 0
 
 
 def _cpu_time() -> float:

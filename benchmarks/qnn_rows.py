@@ -1,18 +1,26 @@
-"""QNN rows: each model lowered for Qualcomm HTP, fp16 and 8a8w, with and without the fold stage.
+"""QNN rows: each model lowered for Qualcomm HTP on the real backend (QNN 2.49.40, qnn/sdk.py),
+fp16 and 8a8w (and llama in 16a4w), each three ways: fold off, executorch's
+``constant_prop_pass``, and the fold stage.
 
 ``python -m benchmarks --qnn [--models ...] [--quick] [--out DIR]``
 
-One row per (model, precision, fold): QNN partitions, ops left on the CPU, constant bytes
-entering QNN partitions and left on the CPU (`qnn.describe_partitions`), the fold stage's time
-(its `FoldReport` timings, as run inside `qnn.to_edge_transform_and_lower_to_qnn`), the rest of
-the lowering's time and, when the Qualcomm SDK is present, the ``.pte`` size. Without the SDK,
-op support comes from `qnn.testing.sdk_stand_in` (QNN's op table) and no context binary is
-compiled, so the ``.pte`` size is not reported (the table says why).
+One row per (model, precision, mode): QNN partitions (and those the HTP rule refused), ops left
+on the CPU, constant bytes entering QNN partitions and left on the CPU
+(`qnn.describe_partitions`), the real ``.pte`` size and its change against fold off, the
+emulated HTP's output against eager (`qnn.run_pte`; max abs difference and the output's scale,
+max |eager output|; quantized rows against the converted q/dq program), and times.
+
+Modes:
+- ``off``: `qnn.to_edge_transform_and_lower_to_qnn` without the ``fold_constants`` spec;
+- ``constant_prop_pass``: executorch's ``constant_prop_pass`` (exir/passes/constant_prop_pass.py)
+  at the fold stage's position (after QNN's export passes, before QNN's to-edge passes, which
+  are built from its result), then the stock ``to_edge_transform_and_lower``;
+- ``on``: `qnn.to_edge_transform_and_lower_to_qnn` with ``fold_constants``.
 
 A fold-off row may fail ("... was not decomposed or delegated": a constant-only op QNN keeps
-whole, refused by HTP, left on the CPU); that is a result, recorded in the row's status.
-Each (model, precision) runs in its own spawned process, one at a time, so a crash or an
-out-of-memory kill loses only that pair's rows.
+whole, left on the CPU; or HTP's "No graph inputs present"); that is a result, recorded in the
+row's status. Each (model, precision) runs in its own spawned process, one at a time, so a
+crash or an out-of-memory kill loses only that pair's rows.
 """
 
 from __future__ import annotations
@@ -31,33 +39,28 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from qnn.testing.sdk_stand_in import real_sdk_root, use_no_sdk_download
-
 from . import _worker, models, quantized, report
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp16", "8a8w")
-FOLDS = (False, True)
-# The benchmark models QNN rows are built for: the float ones (8a8w is QNN's own quantization).
+EXTRA_PRECISIONS = {"llama": ("16a4w",)}
+MODES = ("off", "constant_prop_pass", "on")
+# The benchmark models QNN rows are built for: the float ones (quantization is QNN's own).
 MODELS = [name for name in models.BUILDERS if not name.endswith(quantized.SUFFIX)]
 QUICK_MODELS = ["mobilenet_v3_small", "llama"]
 SOC_NAME = "SM8650"
 TOP_CPU_OPS = 3
-# Calibration batches for 8a8w besides the example input (seeded random, like benchmarks.quantized).
+# Calibration batches besides the example input (seeded random, like benchmarks.quantized).
 CALIBRATION_BATCHES = 2
-
-NO_SDK_PTE = "n/a: no QNN SDK (op support from QNN's op table stand-in; context binary not compiled)"
-NO_SDK_HEADER = ("Without the Qualcomm QNN SDK: op support answered by `qnn.testing.sdk_stand_in` "
-                 "(an op is supported when QNN's node visitor builds it and QNN's op table defines "
-                 "it), context binaries not compiled, so no `.pte` size.")
 
 
 @dataclasses.dataclass
 class QnnRow:
-    """One (model, precision, fold) lowering for QNN HTP.
+    """One (model, precision, mode) lowering for QNN HTP.
 
     Attributes:
+        mode: ``off``, ``constant_prop_pass`` or ``on`` (module docstring).
         status: "ok", or ``error (<stage>): <exception type>: <first line>``.
         partitions: QNN delegate calls in the lowered program.
         refused_partitions: partitions QNN's op support found but the HTP rule kept on the CPU
@@ -65,21 +68,23 @@ class QnnRow:
         static_partitions: delegated partitions without a runtime input (0 on HTP).
         cpu_ops: op name -> count of the ops left outside any delegate.
         constant_bytes_in_partitions / constant_bytes_on_cpu: see `qnn.PartitionSummary` (bytes).
-        fold_time_s: the fold stage (``FoldReport.timings["total"]``); None when folding is off.
-        naming_time_s: giving the folded program's Edge nodes their unfolded names
-            (``QnnPartitionReport.naming_seconds``: one more ``to_edge`` + QNN to-edge passes
-            of the unfolded program, `qnn.names`; 0 unless names are restored); part of
-            `lower_time_s`. None when folding is off.
-        lower_time_s: export + QNN passes + ``to_edge`` + partitioning + preprocess, fold excluded.
-        quantize_time_s: 8a8w only: export, ``prepare_pt2e``, calibration, ``convert_pt2e``
-            (done once per model, shared by its two rows).
-        wall_time_s: the whole row (lowering, fold and ``.pte`` serialisation; not quantization).
-        pte_bytes: size of the ``.pte`` (real SDK only); `pte` is the cell text either way.
+        fold_time_s: the fold stage (``FoldReport.timings["total"]``) or ``constant_prop_pass``;
+            None when off.
+        naming_time_s: restoring unfolded Edge names (``QnnPartitionReport.naming_seconds``);
+            part of `lower_time_s`. None unless mode is ``on``.
+        lower_time_s: export + QNN passes + ``to_edge`` + partitioning + HTP compiles, fold excluded.
+        quantize_time_s: quantized rows: export, ``prepare_pt2e``, calibration, ``convert_pt2e``
+            (once per model and precision, shared by its rows).
+        wall_time_s: the row (lowering, fold, ``.pte`` serialisation and the HTP run).
+        pte_bytes: size of the ``.pte``.
+        htp_max_abs_diff: max |emulated HTP output - eager output| over the float outputs.
+        output_scale: max |eager output| over the same outputs.
+        htp_run_ms: one run of the ``.pte`` on the emulated HTP (first call, loading excluded).
     """
 
     model: str
     precision: str
-    fold: bool
+    mode: str
     status: str = "ok"
     partitions: Optional[int] = None
     refused_partitions: Optional[int] = None
@@ -93,7 +98,9 @@ class QnnRow:
     quantize_time_s: Optional[float] = None
     wall_time_s: Optional[float] = None
     pte_bytes: Optional[int] = None
-    pte: str = NO_SDK_PTE
+    htp_max_abs_diff: Optional[float] = None
+    output_scale: Optional[float] = None
+    htp_run_ms: Optional[float] = None
     traceback: Optional[str] = None
 
     @property
@@ -111,7 +118,7 @@ def _error(row: QnnRow, stage: str, exc: BaseException, tb: Optional[str] = None
     first = text.splitlines()[0] if text else ""
     row.status = f"error ({stage}): {type(exc).__name__}: {first}"[:300]
     row.traceback = tb or traceback.format_exc()
-    logger.warning("%s/%s/fold %s: %s", row.model, row.precision, "on" if row.fold else "off", row.status)
+    logger.warning("%s/%s/%s: %s", row.model, row.precision, row.mode, row.status)
 
 
 def compiler_specs(precision: str, fold: bool) -> list:
@@ -125,17 +132,18 @@ def compiler_specs(precision: str, fold: bool) -> list:
     return qnn.generate_qnn_executorch_compiler_spec(getattr(QcomChipset, SOC_NAME), options, fold_constants=fold)
 
 
-def quantize_8a8w(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...]) -> torch.fx.GraphModule:
-    """PT2E with executorch's QnnQuantizer (8-bit activations and weights, per-channel conv and
-    linear weights), calibrated on `CALIBRATION_BATCHES` seeded random batches and `inputs`.
+def quantize_for_htp(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str) -> torch.fx.GraphModule:
+    """PT2E with executorch's QnnQuantizer (``8a8w`` or ``16a4w``; per-channel conv and linear
+    weights), calibrated on `CALIBRATION_BATCHES` seeded random batches and `inputs`.
 
     Export is non-strict (``torch.export.export``'s default; HF models do not trace strictly)."""
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
     from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    dtype = {"8a8w": QuantDtype.use_8a8w, "16a4w": QuantDtype.use_16a4w}[precision]
     quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=getattr(QcomChipset, SOC_NAME))
-    quantizer.set_default_quant_config(QuantDtype.use_8a8w, is_conv_per_channel=True, is_linear_per_channel=True)
+    quantizer.set_default_quant_config(dtype, is_conv_per_channel=True, is_linear_per_channel=True)
     with torch.no_grad():
         graph_module = torch.export.export(module.eval(), inputs, strict=False).module()
     prepared = prepare_pt2e(graph_module, quantizer)
@@ -147,33 +155,80 @@ def quantize_8a8w(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...]) -> 
     return convert_pt2e(prepared)
 
 
-def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str,
-               folds: Sequence[bool] = FOLDS, *, skip_node_op_set: Optional[set] = None,
-               quantize_time_s: Optional[float] = None) -> List[QnnRow]:
-    """Lower `module` (already quantized for 8a8w) for HTP once per fold setting. Never raises.
+def _lower_with_constant_prop_pass(module, inputs, specs, skip_node_op_set):
+    """executorch's ``constant_prop_pass`` at the fold stage's position, then the stock flow.
+    Returns (manager, partitioner, seconds in ``constant_prop_pass``)."""
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager
+    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
-    Uses whatever QNN manager is in place: the caller enters
-    `qnn.testing.sdk_stand_in.qnn_sdk_stand_in` when there is no SDK. The ``.pte`` is serialised only with the real SDK (`real_sdk_root`).
-    """
     import qnn
 
+    ep = QnnPassManager().transform_for_export_pipeline(torch.export.export(module, inputs, strict=True))
+    start = time.perf_counter()
+    ep = constant_prop_pass(ep)
+    seconds = time.perf_counter() - start
+    partitioner = qnn.QnnPartitioner(specs, skip_node_op_set=skip_node_op_set)
+    manager = to_edge_transform_and_lower(ep, transform_passes=partitioner.default_to_edge_passes(ep),
+                                          partitioner=[partitioner], compile_config=qnn_edge_config())
+    return manager, partitioner, seconds
+
+
+def _lower(row: QnnRow, module, inputs, skip_node_op_set):
+    """Lower for `row.mode`; returns (manager, partitioner) and sets the row's fold time."""
+    import qnn
+
+    specs = compiler_specs(row.precision, row.mode == "on")
+    if row.mode == "constant_prop_pass":
+        manager, partitioner, row.fold_time_s = _lower_with_constant_prop_pass(module, inputs, specs, skip_node_op_set)
+        return manager, partitioner
+    manager = qnn.to_edge_transform_and_lower_to_qnn(module, inputs, specs, skip_node_op_set=skip_node_op_set)
+    partitioner = manager.qnn_partitioners["forward"]
+    if partitioner.fold_reports:
+        row.fold_time_s = sum(r.timings.get("total", 0.0) for r in partitioner.fold_reports)
+    return manager, partitioner
+
+
+def _float_outputs(outputs) -> List[torch.Tensor]:
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.dtype.is_floating_point]
+
+
+def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor]) -> None:
+    import qnn
+
+    start = time.perf_counter()
+    got = _float_outputs(qnn.run_pte(buffer, inputs))
+    row.htp_run_ms = (time.perf_counter() - start) * 1e3
+    if len(got) != len(expected) or any(g.shape != w.shape for g, w in zip(got, expected)):
+        raise ValueError(f"HTP outputs {[tuple(g.shape) for g in got]} != eager {[tuple(w.shape) for w in expected]}")
+    row.htp_max_abs_diff = max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, expected))
+    row.output_scale = max(float(w.float().abs().max()) for w in expected)
+
+
+def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str,
+               modes: Sequence[str] = MODES, *, skip_node_op_set: Optional[set] = None,
+               quantize_time_s: Optional[float] = None, run: bool = True) -> List[QnnRow]:
+    """Lower `module` (already quantized for a quantized `precision`) for HTP once per mode,
+    serialise the ``.pte`` and, when `run`, run it on the emulated HTP against `module`'s own
+    outputs. Never raises: failures are recorded in the rows."""
+    with torch.no_grad():
+        expected = _float_outputs(module(*inputs))
     rows = []
-    for fold in folds:
-        row = QnnRow(model, precision, fold, quantize_time_s=quantize_time_s)
+    for mode in modes:
+        row = QnnRow(model, precision, mode, quantize_time_s=quantize_time_s)
         rows.append(row)
         start = time.perf_counter()
         try:
-            manager = qnn.to_edge_transform_and_lower_to_qnn(
-                module, inputs, compiler_specs(precision, fold), skip_node_op_set=skip_node_op_set)
+            manager, partitioner = _lower(row, module, inputs, skip_node_op_set)
         except Exception as exc:  # noqa: BLE001 - recorded in the row
             row.wall_time_s = row.lower_time_s = time.perf_counter() - start
             _error(row, "lower", exc)
             continue
-        elapsed = time.perf_counter() - start
-        partitioner = manager.qnn_partitioners["forward"]
-        if partitioner.fold_reports:
-            row.fold_time_s = sum(r.timings.get("total", 0.0) for r in partitioner.fold_reports)
-        row.lower_time_s = elapsed - (row.fold_time_s or 0.0)
+        import qnn
+
+        row.lower_time_s = time.perf_counter() - start - (row.fold_time_s or 0.0)
         summary = qnn.describe_partitions(manager)
         row.partitions = summary.partitions
         row.cpu_ops = summary.cpu_ops
@@ -182,82 +237,94 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
         if partitioner.reports:
             decisions = partitioner.reports[-1]
             row.refused_partitions = len(decisions.refused)
-            if row.fold:
+            if mode == "on":
                 row.naming_time_s = decisions.naming_seconds
             row.static_partitions = sum(1 for p in decisions.delegated if not p.runtime_inputs)
-        if real_sdk_root():
-            try:
-                row.pte_bytes = len(manager.to_executorch().buffer)
-                row.pte = f"{row.pte_bytes:,}"
-            except Exception as exc:  # noqa: BLE001
-                _error(row, "to_executorch", exc)
-                row.pte = "—"
+        stage = "to_executorch"
+        try:
+            buffer = manager.to_executorch().buffer
+            row.pte_bytes = len(buffer)
+            del manager
+            stage = "run on HTP"
+            if run:
+                _run_on_htp(row, buffer, inputs, expected)
+        except Exception as exc:  # noqa: BLE001
+            _error(row, stage, exc)
         row.wall_time_s = time.perf_counter() - start
-        del manager
     return rows
 
 
-def run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
-    """One (model, precision): build, quantize for 8a8w, lower fold off and on. Never raises.
+def precisions_of(model: str) -> Tuple[str, ...]:
+    return PRECISIONS + EXTRA_PRECISIONS.get(model, ())
 
-    Runs in a worker process; without the SDK inside `qnn.testing.sdk_stand_in.qnn_sdk_stand_in`.
-    QnnQuantizer prints ("No quant config is implemented for op ...") go to stderr, i.e. the
-    worker log, not into the parent's table output."""
+
+def run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
+    """One (model, precision): build, quantize when quantized, lower every mode. Never raises.
+
+    Runs in a worker process. QnnQuantizer's and QNN's prints go to stderr, i.e. the worker
+    log, not into the parent's table output."""
     with contextlib.redirect_stdout(sys.stderr):
         return _run_unit(model, precision, quick)
 
 
 def _run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
-    use_no_sdk_download()
-    from qnn.testing.sdk_stand_in import qnn_sdk_stand_in
+    import qnn
 
-    rows = [QnnRow(model, precision, fold) for fold in FOLDS]
+    rows = [QnnRow(model, precision, mode) for mode in MODES]
     try:
+        qnn.load_qnn_sdk()
         spec = models.build(model, quick=quick)
         module, quantize_time = spec.module, None
         start = time.perf_counter()
-        if precision == "8a8w":
-            module = quantize_8a8w(spec.module, spec.inputs)
+        if precision != "fp16":
+            module = quantize_for_htp(spec.module, spec.inputs, precision)
             quantize_time = time.perf_counter() - start
         else:
             # non-strict export first; the wrapper's strict export then traces a plain GraphModule
             with torch.no_grad():
                 module = torch.export.export(spec.module, spec.inputs, strict=False).module()
     except Exception as exc:  # noqa: BLE001
-        stage = "quantize" if precision == "8a8w" else "export"
+        stage = "export" if precision == "fp16" else "quantize"
         for row in rows:
             _error(row, stage, exc)
         return [r.to_dict() for r in rows]
-    stand_in = contextlib.nullcontext() if real_sdk_root() else qnn_sdk_stand_in()
-    with stand_in, torch.no_grad():
+    with torch.no_grad():
         rows = lower_rows(model, module, spec.inputs, precision, quantize_time_s=quantize_time)
     return [r.to_dict() for r in rows]
 
 
-def run_all(model_names: Sequence[str], precisions: Sequence[str] = PRECISIONS, quick: bool = False,
-            log_path: Optional[str] = None,
+def run_all(model_names: Sequence[str], quick: bool = False, log_path: Optional[str] = None,
             on_done: Callable[[Dict[str, Any]], None] = lambda row: None) -> List[Dict[str, Any]]:
     """Every (model, precision) in a fresh spawned process, one at a time; returns the row dicts.
 
     A worker that dies (crash, out of memory) fails only its own rows."""
-    use_no_sdk_download()  # inherited by the spawned workers
     ctx = multiprocessing.get_context("spawn")
     rows: List[Dict[str, Any]] = []
     for model in model_names:
-        for precision in precisions:
+        for precision in precisions_of(model):
             try:
                 with ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker.init, initargs=(log_path,)) as pool:
                     unit_rows = pool.submit(run_unit, model, precision, quick).result()
             except Exception as exc:  # noqa: BLE001 - a dead worker
                 unit_rows = []
-                for fold in FOLDS:
-                    row = QnnRow(model, precision, fold)
+                for mode in MODES:
+                    row = QnnRow(model, precision, mode)
                     _error(row, "worker", exc, tb="".join(traceback.format_exception(exc)))
                     unit_rows.append(row.to_dict())
+            add_size_change(unit_rows)
             for row in unit_rows:
                 rows.append(row)
                 on_done(row)
     return rows
+
+
+def add_size_change(rows: List[Dict[str, Any]]) -> None:
+    """Set each row's ``pte_change``: its ``.pte`` bytes against the fold-off row of the same
+    (model, precision), as a fraction (None when either has no ``.pte``)."""
+    off = {(r["model"], r["precision"]): r.get("pte_bytes") for r in rows if r["mode"] == "off"}
+    for r in rows:
+        base = off.get((r["model"], r["precision"]))
+        r["pte_change"] = (r["pte_bytes"] / base - 1.0) if base and r.get("pte_bytes") else None
 
 
 # -- report ------------------------------------------------------------------------------
@@ -265,17 +332,17 @@ def run_all(model_names: Sequence[str], precisions: Sequence[str] = PRECISIONS, 
 COLUMNS = [
     ("model", "model"),
     ("precision", "precision"),
-    ("fold", "fold"),
+    ("mode", "fold"),
     ("status", "status"),
     ("partitions", "QNN partitions (refused)"),
     ("cpu_ops", "ops left on CPU"),
-    ("constant_bytes_in_partitions", "const bytes → QNN"),
-    ("constant_bytes_on_cpu", "const bytes on CPU"),
+    ("pte", ".pte bytes"),
+    ("pte_change", "vs off"),
+    ("htp_max_abs_diff", "HTP vs eager: max abs diff"),
+    ("output_scale", "output scale"),
     ("fold_time_s", "fold s"),
-    ("naming_time_s", "names s"),
     ("lower_time_s", "lower s"),
     ("wall_time_s", "row s"),
-    ("pte", ".pte bytes"),
 ]
 
 
@@ -292,35 +359,35 @@ def _cpu_ops_cell(row: Dict[str, Any]) -> str:
 def _cell(row: Dict[str, Any], key: str) -> str:
     if key == "status":
         return str(row["status"]).replace("|", "\\|").replace("\n", " ")
-    if key == "fold":
-        return "on" if row["fold"] else "off"
     if key == "partitions":
         n = report._int(row.get("partitions"))
         refused = row.get("refused_partitions")
         return n if not refused else f"{n} ({refused})"
     if key == "cpu_ops":
         return _cpu_ops_cell(row)
-    if key in ("constant_bytes_in_partitions", "constant_bytes_on_cpu"):
-        return report._int(row.get(key))
-    if key in ("fold_time_s", "naming_time_s", "lower_time_s"):
+    if key == "pte":
+        return report._int(row.get("pte_bytes"))
+    if key == "pte_change":
+        change = row.get("pte_change")
+        return "—" if change is None else f"{change:+.2%}"
+    if key in ("htp_max_abs_diff", "output_scale"):
+        return report._float(row.get(key), ".3g")
+    if key in ("fold_time_s", "lower_time_s"):
         return report._float(row.get(key), ".2f")
     if key == "wall_time_s":
         return report._float(row.get(key), ".1f")
-    if key == "pte":
-        return str(row.get("pte", "—")).replace("|", "\\|")
     return str(row.get(key))
 
 
-def header(sdk_root: Optional[str]) -> str:
-    """The line above the table saying where op support and the ``.pte`` come from."""
-    if sdk_root:
-        return f"Qualcomm QNN SDK at `{sdk_root}`: op support and context binaries from the SDK."
-    return NO_SDK_HEADER
+def header(sdk: Optional[str]) -> str:
+    """The line above the table: which QNN build answered op support and compiled."""
+    return (f"QNN HTP ({SOC_NAME}), real backend: {sdk}. Op validation and context binaries from "
+            "QNN; `.pte` run on the x86-64 HTP emulation (`qnn.run_pte`).")
 
 
-def to_markdown(rows: Sequence[Dict[str, Any]], sdk_root: Optional[str] = None) -> str:
+def to_markdown(rows: Sequence[Dict[str, Any]], sdk: Optional[str] = None) -> str:
     """Render QNN rows (`QnnRow.to_dict`) as a header line and a Markdown table."""
-    lines = [f"QNN HTP ({SOC_NAME}). {header(sdk_root)}", "",
+    lines = [header(sdk), "",
              "| " + " | ".join(title for _, title in COLUMNS) + " |",
              "|" + "|".join("---" for _ in COLUMNS) + "|"]
     for row in rows:
@@ -329,10 +396,10 @@ def to_markdown(rows: Sequence[Dict[str, Any]], sdk_root: Optional[str] = None) 
 
 
 def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any],
-              sdk_root: Optional[str] = None) -> Dict[str, str]:
+              sdk: Optional[str] = None) -> Dict[str, str]:
     """Write ``qnn.json`` and ``qnn.md`` (table, then the failed rows' tracebacks) into `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "qnn.json"), "md": os.path.join(out_dir, "qnn.md")}
-    report.write_json_and_md(paths["json"], paths["md"], "QNN benchmark rows", to_markdown(rows, sdk_root), rows, meta,
-                             lambda r: f"{r['model']} / {r['precision']} / fold {'on' if r['fold'] else 'off'}")
+    report.write_json_and_md(paths["json"], paths["md"], "QNN benchmark rows", to_markdown(rows, sdk), rows, meta,
+                             lambda r: f"{r['model']} / {r['precision']} / {r['mode']}")
     return paths
