@@ -134,25 +134,54 @@ def compiler_specs(precision: str, fold: bool) -> list:
 
 def quantize_for_htp(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str) -> torch.fx.GraphModule:
     """PT2E with executorch's QnnQuantizer (``8a8w`` or ``16a4w``; per-channel conv and linear
-    weights), calibrated on `CALIBRATION_BATCHES` seeded random batches and `inputs`.
+    weights), calibrated on `CALIBRATION_BATCHES` seeded random batches and `inputs`. Nodes whose
+    calibration values are not finite are left unquantized (`_non_finite_observed`).
 
     Export is non-strict (``torch.export.export``'s default; HF models do not trace strictly)."""
+    import qnn  # noqa: F401  (sets QNN_SDK_ROOT: QnnQuantizer downloads an SDK when it is unset)
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
     from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     dtype = {"8a8w": QuantDtype.use_8a8w, "16a4w": QuantDtype.use_16a4w}[precision]
-    quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=getattr(QcomChipset, SOC_NAME))
-    quantizer.set_default_quant_config(dtype, is_conv_per_channel=True, is_linear_per_channel=True)
-    with torch.no_grad():
-        graph_module = torch.export.export(module.eval(), inputs, strict=False).module()
-    prepared = prepare_pt2e(graph_module, quantizer)
-    g = torch.Generator().manual_seed(models.SEED + 2)
-    with torch.no_grad():
-        for _ in range(CALIBRATION_BATCHES):
-            prepared(*quantized._like(inputs, g))
-        prepared(*inputs)
-    return convert_pt2e(prepared)
+    discard: set = set()
+    for _ in range(3):  # each round discards the nodes whose values could not be observed
+        quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=getattr(QcomChipset, SOC_NAME))
+        quantizer.set_default_quant_config(dtype, is_conv_per_channel=True, is_linear_per_channel=True)
+        quantizer.add_discard_nodes(sorted(discard))
+        with torch.no_grad():
+            graph_module = torch.export.export(module.eval(), inputs, strict=False).module()
+        prepared = prepare_pt2e(graph_module, quantizer)
+        g = torch.Generator().manual_seed(models.SEED + 2)
+        with torch.no_grad():
+            for _ in range(CALIBRATION_BATCHES):
+                prepared(*quantized._like(inputs, g))
+            prepared(*inputs)
+        unobservable = _non_finite_observed(prepared) - discard
+        if not unobservable:
+            return convert_pt2e(prepared)
+        logger.info("not quantizing %s: non-finite values in calibration", sorted(unobservable))
+        discard |= unobservable
+    raise RuntimeError(f"calibration still sees non-finite values after discarding {sorted(discard)}")
+
+
+def _non_finite_observed(prepared: torch.fx.GraphModule) -> set:
+    """Names of the nodes whose output observer saw -inf, inf or NaN in calibration.
+
+    Such a value has no quantization encoding (torchao's observers then fail with "min nan
+    should be less than max"). T5's relative-position buckets compute ``log(0) = -inf`` on
+    the way to an integer bucket; that code reads no runtime input and runs in float."""
+    names = set()
+    for node in prepared.graph.nodes:
+        if node.op != "call_module" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        observer = prepared.get_submodule(node.target)
+        low, high = getattr(observer, "min_val", None), getattr(observer, "max_val", None)
+        if isinstance(low, torch.Tensor) and low.numel() and not (
+                torch.isfinite(low).all() and torch.isfinite(high).all()):
+            names.add(node.args[0].name)  # the node observed, and those that read the observer
+            names.update(user.name for user in node.users if user.op == "call_function")
+    return names
 
 
 def _lower_with_constant_prop_pass(module, inputs, specs, skip_node_op_set):
