@@ -79,6 +79,7 @@ class QnnRow:
         pte_bytes: size of the ``.pte``.
         htp_max_abs_diff: max |emulated HTP output - eager output| over the float outputs.
         output_scale: max |eager output| over the same outputs.
+        htp_integer_mismatch: fraction of integer output elements that differ from eager.
         htp_run_ms: one run of the ``.pte`` on the emulated HTP (first call, loading excluded).
     """
 
@@ -100,6 +101,7 @@ class QnnRow:
     pte_bytes: Optional[int] = None
     htp_max_abs_diff: Optional[float] = None
     output_scale: Optional[float] = None
+    htp_integer_mismatch: Optional[float] = None
     htp_run_ms: Optional[float] = None
     traceback: Optional[str] = None
 
@@ -219,21 +221,28 @@ def _lower(row: QnnRow, module, inputs, skip_node_op_set):
     return manager, partitioner
 
 
-def _float_outputs(outputs) -> List[torch.Tensor]:
+def _tensors(outputs) -> List[torch.Tensor]:
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    return [o for o in outputs if isinstance(o, torch.Tensor) and o.dtype.is_floating_point]
+    return [o for o in outputs if isinstance(o, torch.Tensor)]
 
 
 def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor]) -> None:
+    """Run the ``.pte`` on the emulated HTP; float outputs give `htp_max_abs_diff` and
+    `output_scale`, integer outputs `htp_integer_mismatch` (fraction of elements that differ)."""
     import qnn
 
     start = time.perf_counter()
-    got = _float_outputs(qnn.run_pte(buffer, inputs))
+    got = _tensors(qnn.run_pte(buffer, inputs))
     row.htp_run_ms = (time.perf_counter() - start) * 1e3
     if len(got) != len(expected) or any(g.shape != w.shape for g, w in zip(got, expected)):
         raise ValueError(f"HTP outputs {[tuple(g.shape) for g in got]} != eager {[tuple(w.shape) for w in expected]}")
-    row.htp_max_abs_diff = max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, expected))
-    row.output_scale = max(float(w.float().abs().max()) for w in expected)
+    floats = [(g, w) for g, w in zip(got, expected) if w.dtype.is_floating_point]
+    ints = [(g, w) for g, w in zip(got, expected) if not w.dtype.is_floating_point]
+    if floats:
+        row.htp_max_abs_diff = max(float((g.float() - w.float()).abs().max()) for g, w in floats)
+        row.output_scale = max(float(w.float().abs().max()) for _, w in floats)
+    if ints:
+        row.htp_integer_mismatch = sum(int((g != w).sum()) for g, w in ints) / sum(w.numel() for _, w in ints)
 
 
 def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str,
@@ -243,7 +252,7 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
     serialise the ``.pte`` and, when `run`, run it on the emulated HTP against `module`'s own
     outputs. Never raises: failures are recorded in the rows."""
     with torch.no_grad():
-        expected = _float_outputs(module(*inputs))
+        expected = _tensors(module(*inputs))
     rows = []
     for mode in modes:
         row = QnnRow(model, precision, mode, quantize_time_s=quantize_time_s)

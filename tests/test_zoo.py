@@ -41,7 +41,7 @@ def test_fold_rows_pass(name):
 def test_full_row_gpt2():
     """Every step on one model (tied embeddings, causal mask, an integer output: argmax ids,
     compared exactly): folded .pte runs and matches where the unfolded one runs, and
-    QNN HTP fp16 with folding lowers with no input-less partition (SDK stand-in)."""
+    QNN HTP fp16 with folding lowers with no input-less partition and runs on the emulated HTP."""
     torch.set_num_threads(1)
     row = run_model("hf/gpt2", xnnpack_variants=("none", "fold_constants"))
     assert verdict.problems(row) == [], row["tracebacks"]
@@ -51,6 +51,8 @@ def test_full_row_gpt2():
     assert folded["pte_bytes"] < none["pte_bytes"]  # the folded causal mask is smaller than its ops
     assert row["qnn"]["status"] == "ok" and row["qnn"]["static_partitions"] == 0
     assert not row["qnn"]["not_decomposed_or_delegated"]
+    assert row["qnn"]["pte_bytes"] > 0 and row["qnn"]["htp_run_ms"] > 0
+    assert row["qnn"]["htp_max_abs_diff"] is not None or row["qnn"]["htp_integer_mismatch"] is not None
 
 
 def test_compare_is_exact_for_integers_and_scaled_for_floats():

@@ -83,8 +83,9 @@ def meta(argv: Optional[Sequence[str]], wall: float) -> Dict[str, Any]:
     """Command, date, wall time, versions, machine and git commit of the run."""
     from importlib.metadata import version
 
-    from qnn.testing.sdk_stand_in import real_sdk_root
+    import qnn
 
+    sdk = qnn.try_load_qnn_sdk()
     def v(dist: str) -> str:
         try:
             return version(dist)
@@ -103,7 +104,7 @@ def meta(argv: Optional[Sequence[str]], wall: float) -> Dict[str, Any]:
         "transformers": v("transformers"), "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "qnn_sdk": real_sdk_root() or "absent (stand-in)", "tv_max_params": TV_MAX_PARAMS,
+        "qnn_sdk": f"QNN {sdk.build_id} ({sdk.source})" if sdk else "absent", "tv_max_params": TV_MAX_PARAMS,
     }
 
 

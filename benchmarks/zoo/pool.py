@@ -21,14 +21,13 @@ STEPS = ("build", "export", "aten", "edge", "xnnpack", "qnn")
 
 def _child(name: str, checkpoint: str, log_path: Optional[str], steps: Sequence[str],
            xnnpack_variants: Sequence[str]) -> None:
-    """Worker entry point: log setup, one torch thread, no hub, no QNN SDK download; then the model."""
+    """Worker entry point: log setup, one torch thread, no hub, the real QNN libraries (no SDK download); then the model."""
     from .. import _worker
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from qnn.testing.sdk_stand_in import use_no_sdk_download
+    import qnn  # noqa: F401  (finds the QNN libraries and sets QNN_SDK_ROOT: executorch downloads no SDK)
 
-    use_no_sdk_download()
     _worker.init(log_path)
     from .run import run_model
 
