@@ -16,6 +16,7 @@ from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLost
 from .lowering import PartitionSummary, describe_partitions, to_edge_transform_and_lower_to_qnn
 from .partitioner import QnnPartitioner, kept_whole_ops
 from .report import PartitionRecord, QnnPartitionReport
+from .recipes import export_recipe
 from .runtime import run_pte
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "QnnSdk",
     "QnnSdkError",
     "describe_partitions",
+    "export_recipe",
     "generate_qnn_executorch_compiler_spec",
     "kept_whole_ops",
     "load_qnn_sdk",
