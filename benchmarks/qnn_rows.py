@@ -51,6 +51,7 @@ MODELS = [name for name in models.BUILDERS if not name.endswith(quantized.SUFFIX
 QUICK_MODELS = ["mobilenet_v3_small", "llama"]
 SOC_NAME = "SM8650"
 TOP_CPU_OPS = 3
+STATUS_CHARS = 110  # the table's status cell; the JSON and the Errors section keep the whole text
 # Calibration batches besides the example input (seeded random, like benchmarks.quantized).
 CALIBRATION_BATCHES = 2
 
@@ -396,7 +397,9 @@ def _cpu_ops_cell(row: Dict[str, Any]) -> str:
 
 def _cell(row: Dict[str, Any], key: str) -> str:
     if key == "status":
-        return str(row["status"]).replace("|", "\\|").replace("\n", " ")
+        text = str(row["status"]).replace("\n", " ")
+        text = text if len(text) <= STATUS_CHARS else text[:STATUS_CHARS - 1] + "…"
+        return text.replace("|", "\\|")
     if key == "partitions":
         n = report._int(row.get("partitions"))
         refused = row.get("refused_partitions")
