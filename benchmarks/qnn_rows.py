@@ -436,11 +436,66 @@ def to_markdown(rows: Sequence[Dict[str, Any]], sdk: Optional[str] = None) -> st
     return "\n".join(lines) + "\n"
 
 
+def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
+    """The QNN panels of the size chart: ``.pte`` change (%) against fold off, one panel per
+    precision, a bar per (model, mode); "err" where the row failed, "off err" where fold off
+    failed (nothing to compare with). Returns `path`, or None when there is nothing to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    precisions = list(dict.fromkeys(r["precision"] for r in rows))
+    models_ = list(dict.fromkeys(r["model"] for r in rows))
+    modes = [m for m in MODES if m != "off"]
+    if not precisions or not models_:
+        return None
+    fig, axes = plt.subplots(1, len(precisions), figsize=(max(6, 1.6 * len(models_)) * len(precisions) / 1.4, 4.5),
+                             squeeze=False)
+    width = 0.8 / len(modes)
+    for ax, precision in zip(axes[0], precisions):
+        for i, mode in enumerate(modes):
+            xs, ys = [], []
+            for j, model in enumerate(models_):
+                match = [r for r in rows if (r["model"], r["precision"], r["mode"]) == (model, precision, mode)]
+                if not match:
+                    continue
+                x = j + (i - (len(modes) - 1) / 2) * width
+                change = match[0].get("pte_change")
+                if change is None:
+                    off_failed = not any(r.get("pte_bytes") for r in rows
+                                         if (r["model"], r["precision"], r["mode"]) == (model, precision, "off"))
+                    text = "off err" if off_failed and match[0].get("pte_bytes") else "err"
+                    ax.text(x, 0, text, ha="center", va="bottom", fontsize=6, color="red", rotation=90)
+                    continue
+                xs.append(x)
+                ys.append(100 * change)
+            bars = ax.bar(xs, ys, width, label=mode)
+            ax.bar_label(bars, fmt="%+.2f", fontsize=6, padding=2)
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xticks(range(len(models_)))
+        ax.set_xticklabels(models_, rotation=20, ha="right", fontsize=8)
+        ax.set_title(f"QNN HTP {precision}: .pte vs fold off", fontsize=10)
+        ax.set_ylabel("% change (lower is smaller)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any],
               sdk: Optional[str] = None) -> Dict[str, str]:
-    """Write ``qnn.json`` and ``qnn.md`` (table, then the failed rows' tracebacks) into `out_dir`."""
+    """Write ``qnn.json``, ``qnn.md`` (table, then the failed rows' tracebacks) and
+    ``qnn_pte_size_change.png`` (`plot_pte_change`) into `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "qnn.json"), "md": os.path.join(out_dir, "qnn.md")}
     report.write_json_and_md(paths["json"], paths["md"], "QNN benchmark rows", to_markdown(rows, sdk), rows, meta,
                              lambda r: f"{r['model']} / {r['precision']} / {r['mode']}")
+    try:
+        png = plot_pte_change(rows, os.path.join(out_dir, "qnn_pte_size_change.png"))
+        if png:
+            paths["png"] = png
+    except Exception:  # noqa: BLE001 - a broken chart must not lose the results
+        logger.exception("could not draw the QNN chart")
     return paths
