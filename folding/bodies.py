@@ -31,7 +31,7 @@ from torch.fx.graph_module import _copy_attr
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from .analysis import analyze
-from .hops import bodies, free_attribute, graph_module, hop_kind, recompile_shallow
+from .hops import bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, recompile_shallow
 from .names import copy_keeping_name, reserve_node_names
 from .ops import OpKind, freeze, op_name
 from .policy import FoldPolicy
@@ -72,7 +72,8 @@ def hoist_body_constants(
     top = analyze(gm.graph, program.graph_signature, policy)
     hoist = _Hoist(policy, clone_op, pins, gm)
     hoist.graph(gm, top.is_constant, "")
-    for module in hoist.changed:
+    for module in hoist.changed:  # copies this pass made: what they no longer read goes
+        drop_unused_attributes(module)
         recompile_shallow(module)
     result = copy.copy(program)
     result._graph_module = gm
@@ -265,17 +266,17 @@ class _Hoist:
         """Give `body` one new placeholder per new operand (all bodies of a HOP take the same
         operands), read its own sinks from them, and delete the moved nodes."""
         graph = body.graph
-        last = [n for n in graph.nodes if n.op == "placeholder"][-1]
         own = {value_of[s]: s for s in sinks}
         placeholders = []
-        with graph.inserting_after(last):
-            for value in reversed(new_operands):
+        # After the existing placeholders; a body may have none (a region or branch whose
+        # code reads no operand), so insert before the first other node.
+        with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
+            for value in new_operands:
                 name = own[value].name if value in own else value.name
                 p = graph.create_node("placeholder", name, name=name)
                 p.target = p.name
                 p.meta = {"val": value.meta.get("val")}
                 placeholders.append(p)
-        placeholders.reverse()
         placeholder_of = dict(zip(new_operands, placeholders))
         for s in sinks:
             s.replace_all_uses_with(placeholder_of[value_of[s]])
@@ -291,7 +292,7 @@ class _Hoist:
             copies = {}
             for p in [a for a in output.all_input_nodes if a in new]:
                 copies[p] = graph.call_function(self.clone_op, (p,))
-                copies[p].meta = {"val": p.meta.get("val")}
+                copies[p].meta = {"val": p.meta.get("val"), BODY_PATH: None}  # glue: no decision
             output.args = torch.fx.map_arg(output.args, lambda a: copies.get(a, a))
 
 
@@ -367,6 +368,8 @@ def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[s
                     if n.op != "call_function":
                         continue
                     name = n.meta.get(BODY_PATH, path + n.name)
+                    if name is None:
+                        continue  # glue the fold inserted (a copy of a moved value returned)
                     reason, detail = analysis.reason[n], analysis.detail.get(n, "")
                     if reason is None:
                         reason, detail = pins.get(name) or (Reason.CONTROL_FLOW, "a check on constants runs where its body runs")
@@ -383,30 +386,51 @@ def merge_duplicate_operands(gm: torch.fx.GraphModule) -> bool:
     """Pass each value once to each HOP of `gm`'s graph: after lifting, two moved values with
     identical bytes read one placeholder, and a HOP given the same tensor twice is refused
     (``cond_true might be aliasing the input``, torch/_higher_order_ops/utils.py). The
-    bodies' placeholders of a repeated operand are merged into the first one's. Returns True
-    when something changed (the caller recompiles `gm`; the bodies are recompiled here)."""
+    bodies of such a HOP are replaced by copies (`copy_uncompiled`) in which the placeholders
+    of a repeated operand are merged into the first one's; a HOP nested in such a copy now
+    receives repeated operands too and is merged the same way.
+
+    `gm` must be the stage's own module (`lift` built it); the bodies are never edited in
+    place: they may be the caller's (invariant 7, docs/DESIGN.md) or shared with the program
+    a rerun of the fold starts from. Returns True when something changed (the caller
+    recompiles `gm`; the copied bodies are compiled here)."""
     changed = False
     for hop in gm.graph.nodes:
         kind = hop_kind(hop)
         if kind is None:
             continue
         operands = kind.invariant_operands(hop)
-        first: dict[torch.fx.Node, int] = {}
-        repeats: list[tuple[int, int]] = []
-        for i, o in enumerate(operands):
-            if isinstance(o, torch.fx.Node):
-                j = first.setdefault(o, i)
-                if j != i:
-                    repeats.append((i, j))
+        repeats = _repeats(operands)
         if not repeats:
             continue
-        for _, body in bodies(hop):
-            placeholders = [n for n in body.graph.nodes if n.op == "placeholder"][kind.varying(hop):]
-            for i, j in repeats:
-                placeholders[i].replace_all_uses_with(placeholders[j])
-                body.graph.erase_node(placeholders[i])
-            recompile_shallow(body)
+        for attr, body in bodies(hop):
+            setattr(gm, attr, _merged_copy(body, kind.varying(hop), repeats))
         dropped = {i for i, _ in repeats}
         hop.args = kind.with_operands(hop, [o for i, o in enumerate(operands) if i not in dropped])
         changed = True
     return changed
+
+
+def _repeats(operands: list) -> list[tuple[int, int]]:
+    """(position, position of its first occurrence) of every repeated node in `operands`."""
+    first: dict[torch.fx.Node, int] = {}
+    out: list[tuple[int, int]] = []
+    for i, o in enumerate(operands):
+        if isinstance(o, torch.fx.Node):
+            j = first.setdefault(o, i)
+            if j != i:
+                out.append((i, j))
+    return out
+
+
+def _merged_copy(body: torch.fx.GraphModule, varying: int, repeats: list[tuple[int, int]]) -> torch.fx.GraphModule:
+    """A compiled copy of `body` whose invariant placeholder ``i`` is merged into ``j`` for
+    each ``(i, j)`` of `repeats` (positions after the `varying` leading placeholders)."""
+    copied, _ = copy_uncompiled(body)
+    placeholders = [n for n in copied.graph.nodes if n.op == "placeholder"][varying:]
+    for i, j in repeats:
+        placeholders[i].replace_all_uses_with(placeholders[j])
+        copied.graph.erase_node(placeholders[i])
+    merge_duplicate_operands(copied)
+    recompile_shallow(copied)
+    return copied

@@ -154,6 +154,18 @@ def recompile_shallow(gm: torch.fx.GraphModule) -> None:
         gm._modules = children
 
 
+def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
+    """Delete `gm`'s submodules and tensor attributes that no ``get_attr`` of its graph reads
+    (a body moved out, a tensor moved out as an operand): a folded program keeps no dead
+    attribute (issue 21). Only for modules the stage owns (a copy it made or built)."""
+    read = {n.target.split(".")[0] for n in gm.graph.find_nodes(op="get_attr")}
+    names = list(gm._modules) + list(gm._parameters) + list(gm._buffers)
+    names += [k for k, v in vars(gm).items() if isinstance(v, torch.Tensor)]
+    for name in names:
+        if name not in read:
+            delattr(gm, name)
+
+
 def free_attribute(gm: torch.fx.GraphModule, target: str) -> str:
     """An attribute name of `gm` not in use, derived from `target` (dots become ``_``)."""
     return unique_name(target.replace(".", "_"), _Attributes(gm))

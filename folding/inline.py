@@ -16,7 +16,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .bodies import BODY_PATH
-from .hops import bodies, free_attribute, recompile_shallow
+from .hops import bodies, drop_unused_attributes, free_attribute, recompile_shallow
 from .ops import op_name
 from .reasons import Reason
 from .report import Decision
@@ -73,7 +73,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
                 decisions.append(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result"))
     if decisions:
         gm.graph.eliminate_dead_code(is_impure_node=_only_get_attrs_are_pure)
-        _drop_unused_bodies(gm)
+        drop_unused_attributes(gm)
         recompile_shallow(gm)
     return decisions
 
@@ -138,10 +138,3 @@ def _only_get_attrs_are_pure(node: torch.fx.Node) -> bool:
     if node.op == "get_attr" or node.target is torch.ops.higher_order.cond or node.target is operator.getitem:
         return False
     return True
-
-
-def _drop_unused_bodies(gm: torch.fx.GraphModule) -> None:
-    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-    for name, module in list(gm.named_children()):
-        if isinstance(module, torch.fx.GraphModule) and name not in used:
-            delattr(gm, name)

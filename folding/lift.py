@@ -215,11 +215,16 @@ class _Rewrite:
             self.constants[c.target] = c.value
             self.new_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
 
-    # 4. Ops and the output, with their names; folded nodes are not copied.
+    # 4. Ops and the output, with their names; folded nodes are not copied, nor a get_attr
+    # that only folded nodes read (the bodies of a control-flow op folded whole): the new
+    # GraphModule attaches only what its get_attrs read (`hops.graph_module`), so the
+    # attribute goes with it.
     def copy_ops(self) -> None:
         lookup = _Lookup(self.env, self.target_of, self.private)
         for node in self.source.graph.nodes:
             if node.op == "placeholder" or node in self.folded:
+                continue
+            if node.op == "get_attr" and all(u in self.folded for u in node.users):
                 continue
             if node.op == "output":
                 self._copy_output(node, lookup)

@@ -1,0 +1,300 @@
+"""Issue 21, faults 1-3, each as a kind: the caller's program is never rewritten (invariant 7),
+bodies and regions without operands fold, and a folded program keeps no dead leftover of the
+control flow it folded away. Every program goes through `test_control_flow.fold_and_compare`:
+caller snapshot before/after, a second fold giving the same program, no dead leftovers, and
+eager outputs (and .pte where executorch emits the op) against the unfolded program on inputs
+that take each branch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
+from torch._higher_order_ops.while_loop import while_loop
+
+from folding import FoldPolicy
+from tests.fold_checks import call_targets
+from tests.test_control_flow import body_targets, fold_and_compare
+
+X = torch.randn(4)
+BOTH = [(X.abs() + 0.1,), (-X.abs() - 0.1,)]  # x.sum() > 0, then not
+
+
+# Fault 1: operands identical after folding. Lifting stores identical bytes once, so the HOP
+# is given one placeholder twice and its bodies must be rebuilt with one operand fewer.
+
+def _same_after_folding(w: torch.Tensor, how: str) -> torch.Tensor:
+    return {"mul1": lambda: w * 1.0, "add0": lambda: w + 0.0, "clone": lambda: w.clone()}[how]()
+
+
+class CondRepeated(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.w, self.how = nn.Parameter(torch.randn(4)), how
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x, a, b: (x + a) * b, lambda x, a, b: (x - a) * b,
+                          (x, self.w, _same_after_folding(self.w, self.how)))
+
+
+@pytest.mark.parametrize("how", ["mul1", "add0", "clone"])
+def test_cond_given_a_weight_and_its_identical_copy_leaves_the_caller_running(how):
+    ep, result = fold_and_compare(CondRepeated(how), BOTH)
+    ep.module()(X)  # the caller's bodies still take three operands
+
+
+class CondTwoMasks(nn.Module):
+    def forward(self, x):
+        m1 = (torch.arange(4) % 2 == 0).float()
+        m2 = (torch.arange(4) % 2 == 0).float()
+        return torch.cond(x.sum() > 0, lambda x, a, b: (x * a + b,), lambda x, a, b: (x * b - a,), (x, m1, m2))
+
+
+def test_cond_given_two_identical_masks_leaves_the_caller_running():
+    ep, _ = fold_and_compare(CondTwoMasks(), BOTH)
+    ep.module()(X)
+
+
+class MapRepeated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, xs):
+        return hop_map(lambda xi, a, b: (xi + a) * b, xs, self.w, self.w + 0.0)
+
+
+def test_map_given_a_weight_and_its_identical_copy_leaves_the_caller_running():
+    xs = torch.randn(3, 4)
+    ep, _ = fold_and_compare(MapRepeated(), [(xs,)])
+    ep.module()(xs)
+
+
+class ScanRepeated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, xs):
+        a, b = self.w, self.w * 1.0
+
+        def combine(carry, xi):  # a and b become the scan's additional inputs
+            y = carry * a + xi * b
+            return y, y.clone()
+
+        return scan(combine, torch.zeros(4), xs)
+
+
+def test_scan_given_a_weight_and_its_identical_copy_leaves_the_caller_running():
+    xs = torch.randn(3, 4)
+    ep, _ = fold_and_compare(ScanRepeated(), [(xs,)])
+    ep.module()(xs)
+
+
+class NestedUnderConstantPredicate(nn.Module):
+    """A runtime cond inside the branch a constant predicate takes: inlining brings the inner
+    cond (and the caller's inner bodies) to the top level, with repeated operands."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("flag", torch.tensor(True))
+
+    def forward(self, x):
+        def inner(x, a, b):
+            return torch.cond(x.sum() > 0, lambda x, a, b: (x + a) * b, lambda x, a, b: (x - a) * b, (x, a, b))
+
+        return torch.cond(self.flag, inner, lambda x, a, b: (x * 0 + a,), (x, self.w, self.w * 1.0))
+
+
+def test_nested_cond_under_a_constant_predicate_cond_leaves_the_caller_running():
+    ep, result = fold_and_compare(NestedUnderConstantPredicate(), BOTH,
+                                  one_branch={"cond"})  # the constant predicate (a buffer)
+    ep.module()(X)
+    assert call_targets(result.program).count("higher_order.cond") == 1  # the inner one, inlined
+
+
+class NestedRepeated(nn.Module):
+    """Repeated operands two levels down: merging the outer bodies' placeholders repeats the
+    operands of the inner cond as well."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        def outer_true(x, a, b):
+            return torch.cond(x[0] > 0, lambda x, a, b: ((x + a) * b,), lambda x, a, b: ((x - a) * b,), (x, a, b))
+
+        return torch.cond(x.sum() > 0, outer_true, lambda x, a, b: (x * b - a,), (x, self.w, self.w + 0.0))[0]
+
+
+def test_repeated_operands_of_a_nested_cond_are_merged_at_every_level():
+    inputs = BOTH + [(torch.tensor([-1.0, 2.0, 2.0, 2.0]),)]
+    ep, _ = fold_and_compare(NestedRepeated(), inputs)
+    ep.module()(X)
+
+
+class AutocastStrict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = self.w @ self.w.t()
+            b = x @ a + x @ (self.w * 1.0)
+        return b.float()
+
+
+@pytest.mark.parametrize("policy", [FoldPolicy(), FoldPolicy.strict()], ids=["default", "strict"])
+def test_autocast_region_of_the_caller_is_not_rewritten(policy):
+    x = torch.randn(2, 16)
+    ep, _ = fold_and_compare(AutocastStrict(), [(x,)], pte=False, policy=policy)
+    ep.module()(x)
+
+
+# Fault 2: bodies and regions with constant code and no operands.
+
+class NoGradConstants(nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            c = torch.ones(4) * 2.0
+        return (x + c,)
+
+
+class AutocastConstants(nn.Module):
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            c = torch.ones(4, 4) @ torch.full((4, 4), 0.5)
+        return (x + c.float(),)
+
+
+class CondWithoutOperands(nn.Module):
+    def forward(self, x):
+        c = torch.cond(x.sum() > 0, lambda a: (torch.full((4,), -0.5) * 1.0,), lambda a: (torch.ones(4) * 2.0,), (x,))
+        return c[0] + x
+
+
+class NoGradInsideABranch(nn.Module):
+    def forward(self, x):
+        def true_fn(x):
+            with torch.no_grad():
+                c = torch.ones(4) * 3.0
+            return (x + c,)
+
+        return torch.cond(x.sum() > 0, true_fn, lambda x: (x - 1.0,), (x,))[0]
+
+
+@pytest.mark.parametrize("make", [NoGradConstants, AutocastConstants, CondWithoutOperands, NoGradInsideABranch],
+                         ids=["no_grad", "autocast", "cond", "no_grad_in_branch"])
+def test_a_body_with_constant_code_and_no_operands_folds(make):
+    ep, result = fold_and_compare(make(), BOTH, pte=False)
+    constant_code = {"aten.mul.Tensor", "aten.ones.default", "aten.full.default", "aten.matmul.default"}
+    assert not constant_code & set(body_targets(result.program)), body_targets(result.program)
+
+
+# Fault 3: control flow folded away entirely leaves nothing behind (checked by
+# `fold_and_compare` through `test_control_flow.leftovers`).
+
+class ConstantCond(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("flag", torch.tensor(False))
+
+    def forward(self, x):
+        c = torch.cond(self.flag, lambda w: (w.exp(),), lambda w: (w.cos() * 2,), (self.w,))[0]
+        return x + c
+
+
+class ConstantWhile(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        i, acc = while_loop(lambda i, acc: i < 3, lambda i, acc: (i + 1, acc * 0.5 + self.w),
+                            (torch.zeros((), dtype=torch.int64), self.w))
+        return x + acc
+
+
+class ConstantMap(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, x):
+        return x + hop_map(lambda wi: wi.exp() * 2, self.w).sum(0)
+
+
+class ConstantScan(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, x):
+        def combine(carry, wi):
+            y = carry + wi.sin()
+            return y, y.clone()
+
+        carry, ys = scan(combine, torch.zeros(4), self.w)
+        return x + carry + ys.sum(0)
+
+
+class ConstantNoGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        with torch.no_grad():
+            c = self.w.exp() * 2
+        return x + c
+
+
+class ConstantAutocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            c = self.w @ self.w
+        return x + c.float().sum(0)
+
+
+@pytest.mark.parametrize(
+    "make, pte",
+    [(ConstantCond, True), (ConstantWhile, True), (ConstantMap, True), (ConstantScan, True),
+     (ConstantNoGrad, True), (ConstantAutocast, True)],
+    ids=["cond", "while_loop", "map", "scan", "no_grad", "autocast"],
+)
+def test_control_flow_folded_away_leaves_no_get_attr_submodule_or_tensor(make, pte):
+    ep, result = fold_and_compare(make(), BOTH[:1], pte=pte)
+    assert not [n for n in result.program.graph.nodes if n.op == "get_attr"]
+    assert not list(result.program.graph_module.named_children())
+    assert set(result.program.state_dict) | set(result.program.constants) == {
+        s.target for s in result.program.graph_signature.input_specs if s.target is not None}
+
+
+class AutocastMixed(nn.Module):
+    """Constant code moved out of an autocast region into a region of its own, which then folds
+    whole: that region (``submod_folded``) must not stay attached."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            b = x @ (self.w @ self.w.t())
+        return b.float()
+
+
+def test_code_moved_out_of_an_autocast_region_leaves_no_region_behind():
+    ep, result = fold_and_compare(AutocastMixed(), [(torch.randn(2, 4),)], pte=False)
+    children = [name for name, _ in result.program.graph_module.named_children()]
+    assert len(children) == 1, children  # the region that reads x
