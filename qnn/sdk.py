@@ -18,9 +18,9 @@ Where the libraries come from, in order:
    ``QNN_SDK_ROOT`` is set to ``ROOT``, so executorch code that needs a root (``backend_opinfo``,
    ``executorch.export`` recipes) finds one.
 
-`load_qnn_sdk` then opens both libraries with ``RTLD_GLOBAL`` (after ``import torch``: opened
-before it, they crash the process), so executorch's bare-name ``dlopen`` finds them without
-``LD_LIBRARY_PATH``, and checks the build id HTP reports (``QnnBackend_getBuildId`` in QNN's
+`load_qnn_sdk` then opens both libraries (after ``import torch``: opened before it, they crash
+the process; and after GCC's C++ runtime, `_keep_gnu_cxx_runtime_first`), so executorch's
+bare-name ``dlopen`` finds them loaded without ``LD_LIBRARY_PATH``, and checks the build id HTP reports (``QnnBackend_getBuildId`` in QNN's
 interface table, QnnInterface.h) against `SUPPORTED_BUILD_PREFIX`.
 
 Importing `qnn` calls `try_load_qnn_sdk`, which sets ``QNN_SDK_ROOT`` either way: executorch's ``setup_qnn_sdk``
@@ -132,10 +132,11 @@ def _load() -> QnnSdk:
     for path in paths:
         if not path.is_file():
             raise QnnSdkError(f"QNN_SDK_ROOT={root} has no {path.name} in {libdir}; {INSTALL_HINT}")
+    _keep_gnu_cxx_runtime_first()
     handles = []
     for path in paths:
         try:
-            handles.append(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
+            handles.append(ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL))
         except OSError as exc:
             raise QnnSdkError(
                 f"{path} does not load ({exc}); the QNN 2.49 libraries need x86-64 Linux, glibc >= 2.34 "
@@ -144,7 +145,7 @@ def _load() -> QnnSdk:
     for path in (libdir / name for name in _OPTIONAL):
         if path.is_file():
             try:
-                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+                ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
             except OSError:
                 pass  # only the GPU backend needs it; executorch reports its absence there
     build_id = _htp_build_id(handles[0], paths[0])
@@ -155,6 +156,20 @@ def _load() -> QnnSdk:
         )
     source = "QNN_SDK_ROOT" if _wheel_dir() is None or not _is_wheel_layout(Path(root)) else f"{WHEEL} {WHEEL_VERSION}"
     return QnnSdk(root, str(paths[0].resolve()), str(paths[1].resolve()), build_id, source)
+
+
+def _keep_gnu_cxx_runtime_first() -> None:
+    """Put GCC's C++ runtime (``libstdc++.so.6``) in the process's global symbol scope before
+    the QNN libraries bring LLVM's (the wheel's relocated ``libc++abi``): executorch opens
+    ``libQnnHtp.so`` with global scope, and a C++ extension loaded later (matplotlib's
+    ``ft2font``, any pybind11 module built with GCC) would otherwise bind
+    ``__gxx_personality_v0`` to ``libc++abi``'s, whose unwinder crashes on the first exception
+    that module throws (seen: a segfault in ``unw_get_proc_info`` on ``import
+    matplotlib.pyplot`` after a QNN lowering)."""
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass  # no GCC runtime on this machine: nothing built with GCC to protect
 
 
 class _Version(ctypes.Structure):
@@ -185,7 +200,10 @@ def _htp_build_id(library: ctypes.CDLL, path: Path) -> str:
     """``QnnBackend_getBuildId`` of the first interface ``QnnInterface_getProviders`` lists."""
     providers = ctypes.POINTER(ctypes.POINTER(_Interface))()
     count = ctypes.c_uint32()
-    get_providers = library.QnnInterface_getProviders
+    try:
+        get_providers = library.QnnInterface_getProviders
+    except AttributeError:
+        raise QnnSdkError(f"{path} is not a QNN backend library (no QnnInterface_getProviders); {INSTALL_HINT}") from None
     get_providers.restype = ctypes.c_uint64
     if get_providers(ctypes.byref(providers), ctypes.byref(count)) != 0 or count.value == 0:
         raise QnnSdkError(f"{path}: QnnInterface_getProviders lists no interface; {INSTALL_HINT}")
