@@ -117,6 +117,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
     clone_op = clone_op_of(program)
     pins: dict[str, tuple[Reason, str]] = {}
     reports: list[FoldReport] = []
+    reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
     current = program
     while True:
         working, visits = hoist_body_constants(current, policy, clone_op, pins)
@@ -129,7 +130,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldRe
             pins.update(newly)
             continue
         reports.append(report)
-        inlined = inline_constant_conds(folded, clone_op)
+        inlined = inline_constant_conds(folded, clone_op, reserved)
         if not inlined:
             break
         reports.append(FoldReport(decisions=inlined))

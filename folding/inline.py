@@ -9,7 +9,7 @@ deletes the ``cond``; a following fold then folds across the inlined code.
 from __future__ import annotations
 
 import operator
-from typing import Optional
+from typing import Container, Optional
 
 import torch
 import torch.fx
@@ -25,13 +25,16 @@ from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, stored_tensor
 
 
-def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
+def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Container[str] = ()) -> list[Decision]:
     """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
     is a literal or a parameter, buffer or lifted constant the program does not mutate.
 
     Args:
         clone_op: the dialect's copy op, for a graph output that the taken branch returns
             unchanged from its operands (the output spec keeps naming a node of its own).
+        reserved: names an inlined node must not take although no node of the graph has them
+            now: the caller's node names, which the report uses (a node folded away earlier
+            keeps its decision under its name; invariant 6, docs/DESIGN.md).
 
     Returns:
         A `Decision` for each inlined cond (`Reason.INLINED`) and for each op of the branches
@@ -69,7 +72,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
                 Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
                 for n in untaken.graph.nodes if n.op == "call_function"
             )
-            for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name):
+            for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved):
                 decisions.append(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result"))
     if decisions:
         gm.graph.eliminate_dead_code(is_impure_node=_only_get_attrs_are_pure)
@@ -78,14 +81,15 @@ def inline_constant_conds(program: ExportedProgram, clone_op) -> list[Decision]:
     return decisions
 
 
-def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str) -> list[str]:
+def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str,
+            reserved: Container[str]) -> list[str]:
     """Copy `branch` into `gm` before `cond` and make the cond's getitems read its results;
     `name`: the cond's report name (its body path when it came out of a body). Returns the
     names of the getitems removed (an inlined node takes the name of the others)."""
     attr, body = branch
     path = f"{name}.{attr}/"
     graph = gm.graph
-    names = {n.name for n in graph.nodes}
+    names = _Taken({n.name for n in graph.nodes}, reserved)
     operands = list(cond.args[3])
     env: dict[torch.fx.Node, object] = {}
     computed: set[torch.fx.Node] = set()
@@ -129,12 +133,25 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
             user.replace_all_uses_with(copied)
             graph.erase_node(user)
             keep_name(copied, user.name)
+    graph.erase_node(cond)
     return removed
 
 
 def _only_get_attrs_are_pure(node: torch.fx.Node) -> bool:
-    """Dead-code rule after inlining: only the cond's getitems, the cond and its body
-    get_attrs may go (everything else keeps fx's default, impure placeholders included)."""
-    if node.op == "get_attr" or node.target is torch.ops.higher_order.cond or node.target is operator.getitem:
-        return False
-    return True
+    """Dead-code rule after inlining (`_inline` erased the conds and their getitems): only the
+    get_attrs of their bodies may go. Everything else stays, an unused node of the caller's
+    too (a ``getitem`` torch.export left without users keeps its name: invariant 6)."""
+    return node.op != "get_attr"
+
+
+class _Taken:
+    """The graph's names (`add` records a new one) and the reserved ones, as one container."""
+
+    def __init__(self, names: set[str], reserved: Container[str]) -> None:
+        self.names, self.reserved = names, reserved
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names or name in self.reserved
+
+    def add(self, name: str) -> None:
+        self.names.add(name)

@@ -298,3 +298,41 @@ def test_code_moved_out_of_an_autocast_region_leaves_no_region_behind():
     ep, result = fold_and_compare(AutocastMixed(), [(torch.randn(2, 4),)], pte=False)
     children = [name for name, _ in result.program.graph_module.named_children()]
     assert len(children) == 1, children  # the region that reads x
+
+
+# Siblings found by generating programs: inlining a constant-predicate cond after the first
+# fold must not reuse the caller's names (the report names the caller's nodes), nor drop a
+# node of the caller that torch.export left unused.
+
+class InlinedNameOfAFoldedNode(nn.Module):
+    """`add` (constant, folded in the first fold) and the taken branch's own `add`."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("flag", torch.tensor(True))
+
+    def forward(self, x):
+        y = torch.cond(self.flag, lambda x, a: ((x + a) * a,), lambda x, a: (x - a,), (x, self.w))[0]
+        return y + ((torch.arange(4) % 2 == 0).float() + self.w * 0)
+
+
+class UnusedGetitemBesideAConstantCond(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("flag", torch.tensor(True))
+
+    def forward(self, x):
+        y = torch.cond(self.flag, lambda x, a: (x + a,), lambda x, a: (x - a,), (x, self.w))[0]
+        i, acc = while_loop(lambda i, acc: i < 2, lambda i, acc: (i + 1, acc * 0.5), (torch.zeros((), dtype=torch.int64), y))
+        return acc  # the loop counter's getitem is left without users by torch.export
+
+
+@pytest.mark.parametrize("make", [InlinedNameOfAFoldedNode, UnusedGetitemBesideAConstantCond],
+                         ids=["folded_name", "unused_getitem"])
+def test_inlining_a_constant_cond_keeps_the_callers_names(make):
+    ep, result = fold_and_compare(make(), BOTH, pte=False, one_branch={"cond"})
+    names = {n.name for n in result.program.graph.nodes}
+    folded = {d.node for d in result.report.decisions if d.folded and "/" not in d.node}
+    assert not names & folded, names & folded
