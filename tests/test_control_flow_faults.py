@@ -336,3 +336,29 @@ def test_inlining_a_constant_cond_keeps_the_callers_names(make):
     names = {n.name for n in result.program.graph.nodes}
     folded = {d.node for d in result.report.decisions if d.folded and "/" not in d.node}
     assert not names & folded, names & folded
+
+
+@pytest.mark.parametrize(
+    "make, rows",
+    [(lambda: CondRepeated("mul1"), False), (MapRepeated, True), (ScanRepeated, True),
+     (NestedUnderConstantPredicate, False), (CondWithoutOperands, False), (ConstantCond, False), (ConstantScan, False)],
+    ids=["cond_repeated", "map_repeated", "scan_repeated", "nested_constant_predicate", "cond_no_operands",
+         "constant_cond", "constant_scan"],
+)
+def test_the_same_programs_in_edge_dialect_and_their_pte(make, rows):
+    """FoldConstantsPass's position (``to_edge`` output): the same checks (`fold_checked`), and
+    the folded program's .pte against the unfolded program on inputs taking each branch."""
+    import copy
+
+    from tests.fold_checks import assert_close_all, edge, export
+    from tests.invariants import edge_program_pte, outputs, run_pte
+    from tests.test_control_flow import fold_checked
+
+    inputs = [(torch.randn(3, 4),)] if rows else BOTH
+    ep = edge(export(make(), inputs[0]))
+    ref = copy.deepcopy(ep)
+    result = fold_checked(ep)
+    pte = edge_program_pte(result.program)  # serialised from a copy: the program stays Edge
+    for x in inputs:
+        assert_close_all(outputs(ref, x), outputs(result.program, x))
+        assert_close_all(outputs(ref, x), run_pte(pte, x), atol=1e-4)
