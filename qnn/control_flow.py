@@ -44,15 +44,25 @@ def fold_control_flow_first(program: ExportedProgram, policy: Optional[FoldPolic
     return program
 
 
-def require_no_control_flow(program: ExportedProgram, *, folded: bool = True) -> None:
-    """Raises:
+QUANTIZATION_HINT = (
+    "QnnQuantizer's annotation pipeline runs the same pass; fold the float program first "
+    "(folding.fold_constants(ep).program) to remove conds with constant predicates and loops on constants"
+)
+
+
+def require_no_control_flow(program: ExportedProgram, *, folded: bool = True, hint: Optional[str] = None) -> None:
+    """Stop before QNN's passes crash on control flow (`ControlFlowNotSupportedError`): called
+    before the QNN export and to-edge pipelines, and before QNN's quantization annotation
+    (``QnnQuantizer.transform_for_annotation`` runs ``LiftConstantScalarOperands`` too).
+
+    Raises:
     ControlFlowNotSupportedError: `program` calls a higher-order op; the message names the
         node, what it reads at runtime, and the upstream limitation."""
     nodes = control_flow_nodes(program)
     if not nodes:
         return
     n = nodes[0]
-    hint = (
+    hint = hint or (
         "folding removed every cond with a constant predicate and every loop on constants; this one reads "
         "runtime values"
         if folded
@@ -61,6 +71,7 @@ def require_no_control_flow(program: ExportedProgram, *, folded: bool = True) ->
     raise ControlFlowNotSupportedError(
         f"node {n.name!r} ({op_name(n.target)}) is control flow, which executorch 1.5.1's QNN passes cannot lower: "
         "LiftConstantScalarOperands (backends/qualcomm/_passes/lift_constant_scalar_operands.py) reads "
-        f"node.target._schema, which higher-order ops do not have. {hint}. Lower this program with another "
+        "node.target._schema, which higher-order ops do not have, and I64toI32 (_passes/i64_to_i32.py) reads "
+        f"meta['val'] of each body's get_attr, which has none. {hint}. Lower this program with another "
         f"backend (XNNPACK, portable), or export the part around the control flow separately."
     )

@@ -24,9 +24,13 @@ class ControlFlowNotSupportedError(QnnFoldingError):
     """The program still calls a control-flow higher-order op (``cond`` on a runtime predicate,
     ``map``, ``scan``, a loop on runtime values) that QNN's passes in executorch 1.5.1 cannot
     process: ``LiftConstantScalarOperands`` (backends/qualcomm/_passes/
-    lift_constant_scalar_operands.py, in both ``transform_for_export_pipeline`` and the to-edge
-    passes) reads ``node.target._schema`` of every call_function node, and higher-order ops
-    have no schema (``AttributeError: 'CondOp' object has no attribute '_schema'``)."""
+    lift_constant_scalar_operands.py, in the export, annotation and to-edge pipelines) reads
+    ``node.target._schema`` of every call_function node, and higher-order ops have no schema
+    (``AttributeError: 'CondOp' object has no attribute '_schema'``). With that pass made to
+    skip higher-order ops (executorch PR 22252's shape), the to-edge pass ``I64toI32``
+    (_passes/i64_to_i32.py, through builders/utils.py ``is_constant``) fails next: it reads
+    ``meta["val"]`` of the ``get_attr`` of each body, which has none
+    (tests/qnn/test_control_flow_qnn.py pins both)."""
 
 
 class QnnSdkError(QnnFoldingError, RuntimeError):

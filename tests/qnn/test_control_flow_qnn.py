@@ -93,3 +93,95 @@ def test_upstream_export_pipeline_still_crashes_on_cond():
     with pytest.raises(Exception, match="LiftConstantScalarOperands") as error:
         QnnPassManager().transform_for_export_pipeline(ep)
     assert "_schema" in repr(error.value.__cause__ or error.value) or "_schema" in str(error.value)
+
+
+# -- where executorch 1.5.1 stops a runtime-predicate cond on QNN ---------------------------
+# executorch PR 22252 ("skip higher-order ops in LiftConstantScalarOperands") has this shape: a
+# variant of the pass that leaves higher-order ops alone. With it, QNN's export pipeline passes
+# a runtime cond; the to-edge pass I64toI32 then fails on the cond's body get_attr (no
+# meta["val"], builders/utils.py is_constant). The test pins both and passes (strict xfail
+# turns into a failure) once executorch lowers the cond with its bodies on the CPU.
+
+
+def _hop_aware_pass_manager():
+    from types import BuiltinFunctionType, BuiltinMethodType
+
+    from executorch.backends.qualcomm._passes.lift_constant_scalar_operands import (
+        SKIP_LIFT_OPS,
+        LiftConstantScalarOperands,
+    )
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+
+    class SkipHigherOrderOps(LiftConstantScalarOperands):
+        def _lift(self, gm):
+            for n in gm.graph.nodes:
+                if (n.op != "call_function" or n.target in SKIP_LIFT_OPS or isinstance(
+                        n.target, (BuiltinMethodType, BuiltinFunctionType, torch._ops.HigherOrderOperator))):
+                    continue
+                if tensor_args := self._create_tensor_args(n, gm):
+                    self._update_node(n, tensor_args)
+
+    def swap(p):
+        return SkipHigherOrderOps if p is LiftConstantScalarOperands else p
+
+    base = get_qnn_pass_manager_cls()
+
+    class HopAware(base):
+        @classmethod
+        def get_export_passes(cls):
+            return [swap(p) for p in super().get_export_passes()]
+
+        @classmethod
+        def get_default_pass_activations(cls):
+            return [(swap(p), on) for p, on in super().get_default_pass_activations()]
+
+        @classmethod
+        def get_passes_dependency_for_capture_program(cls):
+            return {swap(k): [swap(v) for v in vs] for k, vs in super().get_passes_dependency_for_capture_program().items()}
+
+    return HopAware
+
+
+def test_upstream_lift_fix_lets_the_export_pipeline_pass_a_runtime_cond():
+    ep = torch.export.export(LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8),), strict=True)
+    ep = _hop_aware_pass_manager()().transform_for_export_pipeline(ep)
+    assert any(n.target is torch.ops.higher_order.cond for n in ep.graph.nodes)
+
+
+def _lower_runtime_cond_with_the_upstream_lift_fix():
+    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+    from executorch.exir import to_edge_transform_and_lower
+
+    module, inputs = LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8),)
+    manager_cls = _hop_aware_pass_manager()
+    ep = manager_cls().transform_for_export_pipeline(torch.export.export(module, inputs, strict=True))
+    partitioner = qnn.QnnPartitioner(compiler_specs(False), to_edge_passes=lambda p: manager_cls().get_to_edge_transform_passes(p))
+    manager = to_edge_transform_and_lower(ep, transform_passes=partitioner.to_edge_passes(ep),
+                                          partitioner=[partitioner], compile_config=qnn_edge_config())
+    return manager, module, inputs
+
+
+def test_with_the_upstream_lift_fix_i64toi32_is_where_a_runtime_cond_stops():
+    with pytest.raises(Exception, match="'I64toI32' pass") as error:
+        _lower_runtime_cond_with_the_upstream_lift_fix()
+    assert isinstance(error.value.__cause__, KeyError) and error.value.__cause__.args == ("val",)
+
+
+@pytest.mark.xfail(strict=True, raises=Exception,
+                   reason="executorch 1.5.1: I64toI32 reads meta['val'] of a control-flow body's get_attr")
+def test_runtime_cond_lowers_with_its_bodies_on_the_cpu_once_upstream_allows():
+    from .helpers import assert_runs_on_htp
+
+    manager, module, inputs = _lower_runtime_cond_with_the_upstream_lift_fix()
+    assert qnn.describe_partitions(manager).partitions >= 1
+    assert_runs_on_htp(manager, module, inputs)
+    assert_runs_on_htp(manager, module, (-inputs[0],))
+
+
+def test_quantizing_a_runtime_cond_stops_with_the_typed_error():
+    """QnnQuantizer's annotation pipeline runs LiftConstantScalarOperands too: the benchmark's
+    quantization (and any caller of `qnn.control_flow.require_no_control_flow`) stops first."""
+    from benchmarks.qnn_rows import quantize_for_htp
+
+    with pytest.raises(qnn.ControlFlowNotSupportedError, match="QnnQuantizer's annotation pipeline"):
+        quantize_for_htp(LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8),), "8a8w")
