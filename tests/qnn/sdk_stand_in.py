@@ -1,25 +1,15 @@
-"""A stand-in for the two QNN SDK calls, for machines without the Qualcomm SDK.
+"""A stand-in for the two QNN SDK calls, for QNN's GPU backend only (test tooling).
 
-Without the Qualcomm SDK (libQnnHtp.so) only two calls cannot run: the op-support query
-``QnnManager.IsNodeSupportedByBackend`` and the context compile ``QnnManager.Compile`` in
-preprocess. Executorch's Python creates every ``QnnManager`` it uses in one place,
-``QnnManagerRegistry.get_or_create_qnn_manager``
-(executorch/backends/qualcomm/utils/qnn_manager_lifecycle.py), which both
-``get_current_qnn_manager`` (called by partition/qnn_partitioner.py and qnn_preprocess.py) and
-``QnnManagerContext`` (entered by the lowering wrappers) go through. `qnn_sdk_stand_in` patches
-that one factory to return a `QnnManagerStandIn`; node visitors and their ``define_node``, QNN's
-passes, the quantizer, the partitioner and preprocess's wrapper building and I/O check all run
-for real.
-
-Executorch's QNN code calls ``setup_qnn_sdk()`` (QnnQuantizer, the manager registry), which
-downloads an SDK when ``QNN_SDK_ROOT`` is unset. An empty value means "the caller manages the
-SDK" (utils/qnn_sdk_setup.py): no download, and QnnQuantizer falls back to its abstract op-info
-tables. `use_no_sdk_download` sets it; call it before executorch first sets up the SDK (it reads
-the variable then: creating a quantizer or a QNN manager), e.g. right after the imports.
-
-Used by the ``qnn_sdk_stand_in`` test fixture (tests/qnn/conftest.py), by
-``python -m benchmarks --qnn`` (benchmarks/qnn_rows.py) and ``--zoo`` (benchmarks/zoo/), and by
-the README's QNN example.
+The QNN tests run on the real HTP backend (qnn/sdk.py). The one backend the real libraries cannot
+serve here is QNN GPU: on x86-64, ``libQnnGpu.so`` refuses to start without tuning mode
+(``GPU_ERROR_INVALID_ARG: TuningMode must be enabled on x86_64-linux-clang platforms``), and
+executorch 1.5.1's ``generate_gpu_compiler_spec`` cannot enable it. For that test the two calls
+that need the backend, the op-support query ``QnnManager.IsNodeSupportedByBackend`` and the
+context compile ``QnnManager.Compile``, are answered here. Executorch creates every
+``QnnManager`` in ``QnnManagerRegistry.get_or_create_qnn_manager``
+(executorch/backends/qualcomm/utils/qnn_manager_lifecycle.py); `qnn_sdk_stand_in` patches that
+one factory to return a `QnnManagerStandIn`; node visitors, QNN's passes, the partitioner and
+preprocess's wrapper building run for real.
 """
 
 from __future__ import annotations
@@ -27,22 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import os
-from typing import Dict, Iterator, Optional
-
-def real_sdk_root() -> Optional[str]:
-    """``QNN_SDK_ROOT`` when it names a directory with a ``lib/`` folder (a real SDK), else None."""
-    root = os.environ.get("QNN_SDK_ROOT")
-    if root and os.path.isdir(os.path.join(root, "lib")):
-        return root
-    return None
-
-
-def use_no_sdk_download() -> None:
-    """Set ``QNN_SDK_ROOT=""`` when it is unset, so executorch does not download an SDK."""
-    if not os.environ.get("QNN_SDK_ROOT"):
-        os.environ["QNN_SDK_ROOT"] = ""
-
+from typing import Dict, Iterator
 
 def _qnn_op_types() -> frozenset[str]:
     """Every op type QNN defines, from QNN's own op table (builders/qnn_constants.py)."""
