@@ -68,6 +68,8 @@ class QnnRow:
             (no runtime input, `qnn.htp_rule`).
         static_partitions: delegated partitions without a runtime input (0 on HTP).
         cpu_ops: op name -> count of the ops left outside any delegate.
+        cpu_op_reasons: op name -> why QNN declined its nodes (``QnnPartitionReport.declined_by_qnn``,
+            or the HTP rule's reason for a refused partition).
         constant_bytes_in_partitions / constant_bytes_on_cpu: see `qnn.PartitionSummary` (bytes).
         fold_time_s: the fold stage (``FoldReport.timings["total"]``) or ``constant_prop_pass``;
             None when off.
@@ -102,6 +104,7 @@ class QnnRow:
     pte_bytes: Optional[int] = None
     htp_max_abs_diff: Optional[float] = None
     output_scale: Optional[float] = None
+    cpu_op_reasons: Optional[Dict[str, str]] = None
     htp_integer_mismatch: Optional[float] = None
     htp_run_ms: Optional[float] = None
     traceback: Optional[str] = None
@@ -224,6 +227,21 @@ def _lower(row: QnnRow, module, inputs, skip_node_op_set):
     return manager, partitioner
 
 
+def _cpu_op_reasons(manager, decisions) -> Dict[str, str]:
+    """Op name -> why its nodes left on the CPU are there: the HTP rule for a refused partition,
+    else QNN's operator-support check (several reasons are joined)."""
+    from folding.ops import op_name
+
+    refused = {name: p.reason for p in decisions.refused for name in p.nodes}
+    reasons: Dict[str, set] = {}
+    for node in manager.exported_program().graph.nodes:
+        if node.op != "call_function" or str(node.target) in ("executorch_call_delegate", "<built-in function getitem>"):
+            continue
+        why = refused.get(node.name) or decisions.declined_by_qnn.get(node.name, "not claimed by any partition")
+        reasons.setdefault(op_name(node.target), set()).add(why)
+    return {op: "; ".join(sorted(whys)) for op, whys in sorted(reasons.items())}
+
+
 def _tensors(outputs) -> List[torch.Tensor]:
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     return [o for o in outputs if isinstance(o, torch.Tensor)]
@@ -281,6 +299,7 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
             if mode == "on":
                 row.naming_time_s = decisions.naming_seconds
             row.static_partitions = sum(1 for p in decisions.delegated if not p.runtime_inputs)
+            row.cpu_op_reasons = _cpu_op_reasons(manager, decisions)
         stage = "to_executorch"
         try:
             buffer = manager.to_executorch().buffer
@@ -435,6 +454,12 @@ def to_markdown(rows: Sequence[Dict[str, Any]], sdk: Optional[str] = None) -> st
              "|" + "|".join("---" for _ in COLUMNS) + "|"]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row, key) for key, _ in COLUMNS) + " |")
+    why = [r for r in rows if r["mode"] == "on" and r.get("cpu_op_reasons")]
+    if why:
+        lines += ["", "Ops left on the CPU with folding on, and why:", ""]
+        for r in why:
+            reasons = "; ".join(f"`{op}`: {reason}" for op, reason in r["cpu_op_reasons"].items())
+            lines.append(f"- {r['model']} {r['precision']}: {reasons}")
     return "\n".join(lines) + "\n"
 
 

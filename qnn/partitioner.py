@@ -229,7 +229,8 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         fold = self._fold_for(edge_program)
         report = self._report(edge_program, fold)
         kept, report.partitions = screen_partitions(
-            edge_program, self._candidate_partitions(edge_program), refuses_static_graphs(self.backend)
+            edge_program, self._candidate_partitions(edge_program, report.declined_by_qnn),
+            refuses_static_graphs(self.backend),
         )
         self.tag_nodes(kept, edge_program)
         tag_constant_data(edge_program)
@@ -246,9 +247,11 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         )
         return kept
 
-    def _candidate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
-        """executorch's ``generate_partitions``, with the support check of `_OperatorSupport`."""
-        support = _OperatorSupport(edge_program, self.compiler_specs_snapshot, self.skip_node_id_set, self.skip_node_op_set)
+    def _candidate_partitions(self, edge_program: ExportedProgram, declined: Optional[dict] = None) -> List[Partition]:
+        """executorch's ``generate_partitions``, with the support check of `_OperatorSupport`
+        (which records in `declined` why each node it declines stays on the CPU)."""
+        support = _OperatorSupport(edge_program, self.compiler_specs_snapshot, self.skip_node_id_set,
+                                   self.skip_node_op_set, declined=declined)
         return generate_partitions_from_list_of_nodes(edge_program.graph_module, op_support=support)
 
     def _report(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> QnnPartitionReport:
@@ -306,11 +309,39 @@ class _OperatorSupport(QnnOperatorSupport):
     (builders/node_visitor.py) raises ``TypeError`` on such a node (``k[mask].sum()``) instead
     of declining it."""
 
+    def __init__(self, *args, declined: Optional[dict] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.declined = {} if declined is None else declined
+
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         if node.op == "call_function" and _has_unbacked_size(node):
             logger.info("%s | data-dependent size, stays on the CPU", node.name)
+            self.declined[node.name] = "data-dependent size (QNN's node visitors need concrete sizes)"
             return False
-        return super().is_node_supported(submodules, node)
+        supported = super().is_node_supported(submodules, node)
+        if not supported and node.op == "call_function":
+            self.declined[node.name] = self._why_declined(node)
+        return supported
+
+    def _why_declined(self, node: torch.fx.Node) -> str:
+        """Which of ``QnnOperatorSupport.is_node_supported``'s checks declined `node`, in its order."""
+        from executorch.backends.qualcomm.partition.common_defs import (
+            not_supported_operator,
+            to_be_implemented_operator,
+        )
+        from executorch.backends.qualcomm.utils.constants import QCOM_FALLBACK_NODE
+
+        if node.target in not_supported_operator:
+            return "not supported by QNN (executorch's not_supported_operator)"
+        if node.target in to_be_implemented_operator:
+            return "not implemented in executorch's QNN backend (to_be_implemented_operator)"
+        if node.meta.get(QCOM_FALLBACK_NODE, False):
+            return "forced CPU fallback"
+        if node.name in self.skip_node_id_set or node.target.__name__ in self.skip_node_op_set:
+            return "skip_node_id_set / skip_node_op_set"
+        if node.target.__name__ not in self.node_visitors:
+            return "no QNN node visitor (builders/)"
+        return "refused by QNN's op validation (QnnBackend_validateOpConfig)"
 
 
 def screen_partitions(

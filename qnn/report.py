@@ -54,6 +54,8 @@ class QnnPartitionReport:
             when the partitioner saw the ATen program (its pre-decomposition hook ran).
         naming_seconds: wall time spent giving back the unfolded names (lowering the folded
             region and replaying the names; 0 when names were not restored).
+        declined_by_qnn: node name -> why QNN's operator-support check declined it (no node
+            visitor, QNN's op validation, skip sets, data-dependent size, ...).
     """
 
     backend: str
@@ -65,6 +67,7 @@ class QnnPartitionReport:
     renamed: dict[str, str] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
     naming_seconds: float = 0.0
+    declined_by_qnn: dict[str, str] = field(default_factory=dict)
 
     @property
     def delegated(self) -> list[PartitionRecord]:
