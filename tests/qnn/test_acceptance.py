@@ -99,6 +99,10 @@ def test_runtime_scatter_add_runs_on_the_cpu(fold):
     manager = lower_with_wrapper(module, inputs, compiler_specs(fold), {"aten.relu.default"})
     cpu = qnn.describe_partitions(manager).cpu_ops
     assert cpu.get("aten.scatter_add.default") == (1 if fold else 2), cpu
+    declined = partitioner_of(manager).reports[-1].declined_by_qnn
+    scatters = [n.name for n in manager.exported_program().graph.nodes if n.target is not None
+                and "scatter_add" in str(n.target) and declined.get(n.name, "").startswith("refused by QNN's op validation")]
+    assert len(scatters) == cpu["aten.scatter_add.default"], declined  # every one: HTP refuses reduction ADD
     assert_runs_on_htp(manager, module, inputs)
 
 
