@@ -83,6 +83,8 @@ class QnnRow:
         htp_max_abs_diff: max |emulated HTP output - eager output| over the float outputs.
         output_scale: max |eager output| over the same outputs.
         htp_integer_mismatch: fraction of integer output elements that differ from eager.
+        qnn_error: a failed lowering: the first error QNN's libraries printed (e.g. HTP's graph
+            prepare naming the op), which executorch's exception does not carry.
         htp_run_ms: one run of the ``.pte`` on the emulated HTP (first call, loading excluded).
     """
 
@@ -105,6 +107,7 @@ class QnnRow:
     htp_max_abs_diff: Optional[float] = None
     output_scale: Optional[float] = None
     cpu_op_reasons: Optional[Dict[str, str]] = None
+    qnn_error: Optional[str] = None
     htp_integer_mismatch: Optional[float] = None
     htp_run_ms: Optional[float] = None
     traceback: Optional[str] = None
@@ -227,6 +230,37 @@ def _lower(row: QnnRow, module, inputs, skip_node_op_set):
     return manager, partitioner
 
 
+@contextlib.contextmanager
+def _qnn_messages():
+    """Collect the ``ERROR:`` lines QNN's C++ libraries print (file descriptors 1 and 2) while
+    the block runs, most specific first (HTP's own ``file.cc:line::ERROR:`` lines before
+    executorch's ``<E>`` summaries); everything printed still reaches the original stderr."""
+    import tempfile
+
+    messages: List[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 1)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield messages
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            capture.seek(0)
+            text = capture.read().decode("utf-8", "replace")
+            os.write(2, text.encode("utf-8"))
+            lines = [line.strip() for line in text.splitlines() if "ERROR" in line]
+            specific = [line.split("::ERROR:", 1)[1] for line in lines if "::ERROR:" in line]
+            messages.extend(specific + [line for line in lines if "<E>" in line])
+
+
 def _cpu_op_reasons(manager, decisions) -> Dict[str, str]:
     """Op name -> why its nodes left on the CPU are there: the HTP rule for a refused partition,
     else QNN's operator-support check (several reasons are joined)."""
@@ -280,10 +314,13 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
         rows.append(row)
         start = time.perf_counter()
         try:
-            manager, partitioner = _lower(row, module, inputs, skip_node_op_set)
+            with _qnn_messages() as messages:
+                manager, partitioner = _lower(row, module, inputs, skip_node_op_set)
         except Exception as exc:  # noqa: BLE001 - recorded in the row
             row.wall_time_s = row.lower_time_s = time.perf_counter() - start
             _error(row, "lower", exc)
+            if messages:
+                row.qnn_error = messages[0]
             continue
         import qnn
 
@@ -378,6 +415,18 @@ def run_all(model_names: Sequence[str], quick: bool = False, log_path: Optional[
     return rows
 
 
+def regressions(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Fold-on rows that failed where fold off of the same model and precision did not fail at
+    the same stage (a model QNN refuses either way is QNN's limit, not the fold stage's)."""
+    off = {(r["model"], r["precision"]): r["status"] for r in rows if r["mode"] == "off"}
+
+    def stage(status: str) -> str:
+        return status.split(")", 1)[0] if status.startswith("error (") else status
+
+    return [r for r in rows if r["mode"] == "on" and r["status"] != "ok"
+            and stage(off.get((r["model"], r["precision"]), "ok")) != stage(r["status"])]
+
+
 def add_size_change(rows: List[Dict[str, Any]]) -> None:
     """Set each row's ``pte_change``: its ``.pte`` bytes against the fold-off row of the same
     (model, precision), as a fraction (None when either has no ``.pte``)."""
@@ -454,6 +503,10 @@ def to_markdown(rows: Sequence[Dict[str, Any]], sdk: Optional[str] = None) -> st
              "|" + "|".join("---" for _ in COLUMNS) + "|"]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row, key) for key, _ in COLUMNS) + " |")
+    qnn_errors = [r for r in rows if r.get("qnn_error")]
+    if qnn_errors:
+        lines += ["", "What QNN said when a lowering failed:", ""]
+        lines += [f"- {r['model']} {r['precision']} {r['mode']}: {r['qnn_error']}" for r in qnn_errors]
     why = [r for r in rows if r["mode"] == "on" and r.get("cpu_op_reasons")]
     if why:
         lines += ["", "Ops left on the CPU with folding on, and why:", ""]

@@ -79,3 +79,27 @@ def test_rows_agree_with_describe_partitions():
     rows = [r.to_dict() for r in (off, cpp, on)]
     qnn_rows.add_size_change(rows)
     assert rows[2]["pte_change"] == on.pte_bytes / off.pte_bytes - 1 < 0  # the 16x16 weight is no longer stored
+
+
+def test_a_fold_on_failure_is_a_regression_only_where_fold_off_got_further():
+    def row(model, mode, status):
+        return {"model": model, "precision": "fp16", "mode": mode, "status": status}
+
+    rows = [row("a", "off", "error (lower): AssertionError: Failed to generate Qnn context binary."),
+            row("a", "on", "error (lower): AssertionError: Failed to generate Qnn context binary."),
+            row("b", "off", "ok"), row("b", "on", "error (lower): RuntimeError: x"),
+            row("c", "off", "error (lower): RuntimeError: stranded"), row("c", "on", "ok")]
+    assert [r["model"] for r in qnn_rows.regressions(rows)] == ["b"]
+
+
+def test_qnn_messages_are_kept_when_htp_refuses():
+    """What HTP prints when it refuses a compile reaches the row (executorch's exception only
+    says "Failed to generate Qnn context binary")."""
+    from .helpers import lower_executorch_stock
+
+    import pytest
+
+    with pytest.raises(AssertionError, match="Failed to generate Qnn context binary"):
+        with qnn_rows._qnn_messages() as messages:
+            lower_executorch_stock(LinearCutOffByRelu().eval(), _x(4, 64), {RELU}, fold=False)
+    assert any("No graph inputs present for graph" in m for m in messages), messages
