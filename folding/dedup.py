@@ -1,48 +1,186 @@
-"""Finding a stored tensor with the same bytes as a new value, so it is stored once."""
+"""Which tensors hold identical bytes: the one rule behind the byte accounting (`sizes`) and
+the reuse of a stored tensor for a folded value (`lift`).
+
+The ExecuTorch emitter stores a constant buffer once per distinct byte content: it keys
+buffers by the SHA-256 of their bytes, whatever their dtype or shape
+(executorch/exir/emit/_emitter.py, ``_tensor_spec_to_evalue``: ``cached_spec_hash_values``).
+Deciding that by hashing every weight costs more than the rest of a fold on weight-heavy
+programs, so the decision reads as few bytes as it can:
+
+1. tensors that view one storage the same way (data pointer, offset, shape, strides, dtype)
+   are identical without reading them;
+2. tensors of different byte lengths cannot be identical;
+3. among the rest, a fingerprint of a few sampled bytes (all of them for small tensors)
+   separates tensors that differ;
+4. only tensors whose fingerprints collide are digested, and each at most once per fold
+   (`fold_scope`).
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import contextvars
+import hashlib
+import weakref
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
+import numpy as np
 import torch
 
-from .sizes import content_digest, is_subclass
+from .layout import raw_bytes
+from .sizes import is_subclass
+
+# Bytes sampled per tensor for its fingerprint; a tensor this small is fingerprinted whole,
+# so its fingerprint decides alone.
+_SAMPLES = 128
+
+
+@dataclass
+class _Entry:
+    ref: weakref.ref
+    version: Optional[int]
+    fingerprint: Optional[tuple] = None
+    digest: Optional[bytes] = None
+
+
+class _Memo:
+    """Fingerprints and digests of tensors, keyed by identity. Entries hold weak references
+    (a memo never keeps an intermediate alive) and the tensor's version counter (an in-place
+    write invalidates them)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, _Entry] = {}
+
+    def _entry(self, p: torch.Tensor) -> _Entry:
+        e = self._entries.get(id(p))
+        version = _version(p)
+        if e is None or e.ref() is not p or e.version != version:
+            e = self._entries[id(p)] = _Entry(weakref.ref(p), version)
+        return e
+
+    def fingerprint(self, p: torch.Tensor) -> tuple:
+        e = self._entry(p)
+        if e.fingerprint is None:
+            e.fingerprint = (p.nbytes, _sampled_bytes(p))
+        return e.fingerprint
+
+    def digest(self, p: torch.Tensor) -> bytes:
+        e = self._entry(p)
+        if e.digest is None:
+            e.digest = hashlib.blake2b(raw_bytes(p), digest_size=20).digest()
+        return e.digest
+
+
+_ACTIVE: contextvars.ContextVar[Optional[_Memo]] = contextvars.ContextVar("folding_bytes_memo", default=None)
+
+
+@contextlib.contextmanager
+def fold_scope() -> Iterator[None]:
+    """Within the block, every `IdenticalBytes` shares one memo: a tensor is fingerprinted and
+    digested at most once (the stored tensors of the program before and after a fold are
+    mostly the same objects). Outside any scope each index has its own memo."""
+    token = _ACTIVE.set(_Memo())
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+class IdenticalBytes:
+    """Plain tensors grouped by identical serialized bytes (row-major, the emitter's
+    ``buffer_data``), in first-seen order: ``groups[i][0]`` is the first tensor of group i.
+    Meta tensors hold no bytes: each is its own group."""
+
+    def __init__(self) -> None:
+        self._memo = _ACTIVE.get() or _Memo()
+        self._by_view: dict[tuple, int] = {}
+        self._by_fingerprint: dict[tuple, list[int]] = {}
+        self.groups: list[list[torch.Tensor]] = []
+
+    def add(self, p: torch.Tensor) -> int:
+        """Record the plain tensor `p`; returns its group's index."""
+        view = _view_key(p)
+        g = self._by_view.get(view)
+        if g is None:
+            g = self._match(p)
+            self._by_view[view] = g
+        self.groups[g].append(p)
+        return g
+
+    def _match(self, p: torch.Tensor) -> int:
+        """The group holding `p`'s bytes, created when there is none (`p` not added yet)."""
+        key = ("meta", id(p)) if p.device.type == "meta" else self._memo.fingerprint(p)
+        candidates = self._by_fingerprint.setdefault(key, [])
+        if candidates and p.nbytes <= _SAMPLES:  # the fingerprint is the whole content
+            return candidates[0]
+        if candidates:
+            digest = self._memo.digest(p)
+            for g in candidates:
+                if self._memo.digest(self.groups[g][0]) == digest:
+                    return g
+        candidates.append(len(self.groups))
+        self.groups.append([])
+        return candidates[-1]
 
 
 class IdenticalTensors:
-    """Finds a stored tensor with the same dtype, shape and bytes as a given one.
-
-    Each tensor is hashed at most once, and only when another tensor has its dtype and shape
-    (most weights differ in shape). Tensor subclasses (torchao's quantized weights) are never
-    matched.
-    """
+    """Finds a stored tensor with the same dtype, shape and bytes as a given one (bytes as in
+    `IdenticalBytes`). Tensor subclasses (torchao's quantized weights) are never matched."""
 
     def __init__(self, existing: dict[object, Optional[torch.Tensor]]) -> None:
-        """`existing`: {owner: stored tensor or None}, e.g. the program's constant placeholders."""
-        self._pending: dict[tuple, list[tuple[object, torch.Tensor]]] = {}
-        self._by_digest: dict[tuple, object] = {}
-        self._last: tuple = (None, ())
+        """`existing`: {owner: stored tensor or None}, e.g. the program's constant placeholders;
+        the first owner of identical tensors is the one found."""
+        self._bytes = IdenticalBytes()
+        self._owners: dict[tuple, object] = {}
         for owner, t in existing.items():
-            if t is not None and not is_subclass(t):
-                self._pending.setdefault(_shape_key(t), []).append((owner, t))
+            if t is not None:
+                self.add(owner, t)
 
     def find(self, t: torch.Tensor) -> Optional[object]:
-        """The owner storing the same bytes as `t`, or None; remembers `t`'s digest for `add`."""
+        """The owner storing the same dtype, shape and bytes as `t`, or None."""
         if is_subclass(t):
             return None
-        key = _shape_key(t)
-        for owner, other in self._pending.pop(key, ()):
-            self._by_digest.setdefault(key + (content_digest(other),), owner)
-        self._last = (t, key + (content_digest(t),))
-        return self._by_digest.get(self._last[1])
+        return self._owners.get(self._key(t))
 
     def add(self, owner: object, t: torch.Tensor) -> None:
         """Record that `owner` stores `t` (for later `find` calls)."""
-        if is_subclass(t):
-            return
-        full_key = self._last[1] if self._last[0] is t else _shape_key(t) + (content_digest(t),)
-        self._by_digest.setdefault(full_key, owner)
+        if not is_subclass(t):
+            self._owners.setdefault(self._key(t), owner)
+
+    def _key(self, t: torch.Tensor) -> tuple:
+        return (t.dtype, tuple(t.shape), self._bytes.add(t))
 
 
-def _shape_key(t: torch.Tensor) -> tuple:
-    return (t.dtype, tuple(t.shape))
+def _version(p: torch.Tensor) -> Optional[int]:
+    try:
+        return p._version
+    except RuntimeError:  # an inference tensor tracks no version
+        return None
+
+
+def _view_key(p: torch.Tensor) -> tuple:
+    """Equal for two tensors that read the same bytes of one storage in the same order."""
+    if p.device.type == "meta":
+        return ("meta", id(p))
+    return (p.device, p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), p.stride(), p.dtype)
+
+
+def _sampled_bytes(p: torch.Tensor) -> bytes:
+    """`_SAMPLES` bytes of `p`'s row-major bytes at evenly spaced positions (all of them when
+    `p` is smaller), read in place from its storage for a strided CPU tensor."""
+    n = p.nbytes
+    if n == 0:
+        return b""
+    positions = np.arange(n) if n <= _SAMPLES else np.linspace(0, n - 1, _SAMPLES).astype(np.int64)
+    size = p.element_size()
+    plain = (p.device.type == "cpu" and p.layout == torch.strided and not p.is_conj() and not p.is_neg()
+             and p.numel() * size == n)
+    if not plain:
+        return np.frombuffer(raw_bytes(p), dtype=np.uint8)[positions].tobytes()
+    element, byte = np.divmod(positions, size)
+    shape, strides = (tuple(p.shape), p.stride()) if p.dim() else ((1,), (1,))
+    index = np.unravel_index(element, shape)
+    offset = p.storage_offset() + sum(i * s for i, s in zip(index, strides))
+    storage = torch.empty(0, dtype=torch.uint8).set_(p.untyped_storage()).numpy()
+    return storage[offset * size + byte].tobytes()

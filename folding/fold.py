@@ -6,7 +6,6 @@ import contextlib
 import gc
 import logging
 import operator
-import time
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +13,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
+from .dedup import IdenticalBytes, fold_scope
 from .bodies import BODY_PATH, body_decisions, hoist_body_constants, merge_duplicate_operands
 from .hops import recompile_shallow
 from .inline import inline_constant_conds
@@ -25,9 +25,9 @@ from .ops import op_name
 from .plan import make_plan
 from .quant import describe_encoding
 from .policy import FoldPolicy
-from .report import Decision, FoldReport, Reason
+from .report import Decision, FoldReport, PhaseTimer, Reason
 from .signature import input_specs_by_name
-from .sizes import STORED_KINDS, aligned, distinct_buffers, inner_tensors, stored_constant_bytes, stored_tensor
+from .sizes import STORED_KINDS, aligned, inner_tensors, stored_constant_bytes, stored_tensor
 from torch.export.graph_signature import InputKind
 
 logger = logging.getLogger(__name__)
@@ -73,16 +73,18 @@ def fold_constants(
         FoldInvariantError: the folded program failed torch's checks (a bug here).
         FoldInternalError: any other exception inside the stage (a bug here), chained.
     """
+    timer = PhaseTimer()
     if not isinstance(program, ExportedProgram):
         hint = " (export it first: torch.export.export(module, inputs))" if isinstance(program, torch.nn.Module) else ""
         raise InvalidProgramError(f"fold_constants expects a torch.export.ExportedProgram, got {type(program).__name__}{hint}")
     if policy is not None and not isinstance(policy, FoldPolicy):
         raise PolicyError(f"policy must be a folding.FoldPolicy or None, got {type(policy).__name__}")
-    _check_signature(program)
-    _check_stored_tensors(program)
+    with timer.phase("checks"):
+        _check_signature(program)
+        _check_stored_tensors(program)
     try:
-        with _no_cyclic_gc():
-            return _fold(program, policy or FoldPolicy(), inplace)
+        with _no_cyclic_gc(), fold_scope():
+            return _fold(program, policy or FoldPolicy(), inplace, timer)
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
@@ -107,40 +109,48 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool) -> FoldResult:
+def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: PhaseTimer) -> FoldResult:
     """Fold `program`, control-flow bodies included (`bodies`, `inline`): constant code moves
     out of its bodies and folds at the top level; a node moved out but kept at runtime is
     pinned in its body and the fold reruns (each rerun pins at least one more node); a
     ``cond`` whose predicate became a stored constant is inlined and the result folded again."""
-    start = time.perf_counter()
-    bytes_before = stored_constant_bytes(program)
-    clone_op = clone_op_of(program)
+    with timer.phase("bytes"):
+        bytes_before = stored_constant_bytes(program)
+    with timer.phase("bodies"):
+        clone_op = clone_op_of(program)
     pins: dict[str, tuple[Reason, str]] = {}
-    reports: list[FoldReport] = []
+    steps: list[FoldReport | list[Decision]] = []  # folds, and the decisions of inlining
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
     current = program
     while True:
-        working, visits = hoist_body_constants(current, policy, clone_op, pins)
-        folded, report = _fold_once(working, policy, bytes_before)
-        report.analysis_visits += visits
-        if merge_duplicate_operands(folded.graph_module):
-            recompile_shallow(folded.graph_module)
-        newly = _moved_but_kept(report)
-        if newly.keys() - pins.keys():
-            pins.update(newly)
-            continue
-        reports.append(report)
-        inlined = inline_constant_conds(folded, clone_op, reserved)
+        with timer.attempt() as attempt:
+            with timer.phase("bodies"):
+                working, visits = hoist_body_constants(current, policy, clone_op, pins)
+            folded, report = _fold_once(working, policy, bytes_before, timer)
+            report.analysis_visits += visits
+            with timer.phase("bodies"):
+                if merge_duplicate_operands(folded.graph_module):
+                    recompile_shallow(folded.graph_module)
+                newly = _moved_but_kept(report)
+            if newly.keys() - pins.keys():
+                pins.update(newly)
+                attempt.discard()
+                continue
+        steps.append(report)
+        with timer.phase("inlining"):
+            inlined = inline_constant_conds(folded, clone_op, reserved)
         if not inlined:
             break
-        reports.append(FoldReport(decisions=inlined))
+        steps.append(inlined)
         current = folded
-    report = _merged(reports, folded)
-    report.decisions.extend(body_decisions(folded, policy, pins))
-    report.timings["total"] = time.perf_counter() - start
+    with timer.phase("report"):
+        report = _merged(steps, folded)
+    with timer.phase("bodies"):
+        report.decisions.extend(body_decisions(folded, policy, pins))
     if inplace:  # only a program that passed lift's checks replaces the caller's
         program.__dict__.update(folded.__dict__)
         folded = program
+    report.timings = timer.timings()
     logger.info(
         "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
         len(report.folded), len(report.lifted), report.constant_bytes_before, report.constant_bytes_after,
@@ -160,14 +170,15 @@ def _report_names(path) -> tuple[str, ...]:
     return path if isinstance(path, tuple) else (path,)
 
 
-def _merged(reports: list[FoldReport], program: ExportedProgram) -> FoldReport:
-    """One report for successive folds of one program (after inlining a cond): a node's last
-    decision wins; lifted constants are those the final program still has."""
-    if len(reports) == 1:
-        return reports[0]
+def _merged(steps: list[FoldReport | list[Decision]], program: ExportedProgram) -> FoldReport:
+    """One report for successive folds of one program and the decisions of inlining a cond
+    between them: a node's last decision wins; lifted constants are those the final program
+    still has. Timings are the driver's (`PhaseTimer`)."""
+    if len(steps) == 1:
+        return steps[0]
     decisions: dict[str, Decision] = {}
-    for r in reports:
-        decisions.update((d.node, d) for d in r.decisions)
+    for step in steps:
+        decisions.update((d.node, d) for d in (step.decisions if isinstance(step, FoldReport) else step))
     # Code moved out of a branch that an inlined cond does not take is gone with that branch.
     untaken = tuple(d.detail for d in decisions.values() if d.reason is Reason.BRANCH_NOT_TAKEN and d.node.endswith("/"))
     for name, d in list(decisions.items()):
@@ -175,117 +186,131 @@ def _merged(reports: list[FoldReport], program: ExportedProgram) -> FoldReport:
             decisions[name] = Decision(name, d.target, Reason.BRANCH_NOT_TAKEN)
     decisions = {k: d for k, d in decisions.items() if not k.endswith("/")}
     placeholders = {n.name for n in program.graph.nodes if n.op == "placeholder"}
+    reports = [step for step in steps if isinstance(step, FoldReport)]
     lifted = {c.placeholder: c for r in reports for c in r.lifted if c.placeholder in placeholders}
     created = {c.placeholder for r in reports for c in r.lifted}
-    timings: dict[str, float] = {}
-    for r in reports:
-        for k, v in r.timings.items():
-            timings[k] = timings.get(k, 0.0) + v
-    reports = [r for r in reports if r.timings]  # the inlining records carry decisions only
     return FoldReport(
         decisions=list(decisions.values()),
         lifted=list(lifted.values()),
         removed_placeholders=list(dict.fromkeys(p for r in reports for p in r.removed_placeholders if p not in created)),
         constant_bytes_before=reports[0].constant_bytes_before,
         constant_bytes_after=reports[-1].constant_bytes_after,
-        timings=timings,
         peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
         evaluated_nodes=sum(r.evaluated_nodes for r in reports),
         analysis_visits=sum(r.analysis_visits for r in reports),
     )
 
 
-def _fold_once(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> tuple[ExportedProgram, FoldReport]:
+def _fold_once(
+    program: ExportedProgram, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer
+) -> tuple[ExportedProgram, FoldReport]:
     """One fold of the top-level graph; `program` is only read. `bytes_before`: the stored
-    constant bytes of the caller's program (the growth budget's reference)."""
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
+    constant bytes of the caller's program (the growth budget's reference). An attempt that
+    learns a new constraint (an in-place class kept whole, an undeclared write, a tighter
+    budget) is discarded and redone; its time counts as ``reruns``."""
     gm = program.graph_module  # read only: `lift` builds the new graph
-    state_dict, constants = program.state_dict, program.constants
-
-    placeholder_bytes = _placeholder_bytes(gm.graph, program)
+    with timer.phase("bytes"):
+        placeholder_bytes = _placeholder_bytes(gm.graph, program)
     budget = policy.growth_budget(bytes_before)
     forced: dict = {}
     extra_writes: dict = {}
     budget_cut, attempts = 0, 0
     analysis_visits = 0
     while True:
-        t0 = time.perf_counter()
-        analysis = analyze(gm.graph, program.graph_signature, policy, forced, extra_writes)
-        analysis_visits += analysis.graph_visits
-        plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, budget_cut)
-        t1 = time.perf_counter()
-        try:
-            evaluation = evaluate(
-                plan,
-                analysis,
-                gm,
-                lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants),
-            )
-        except AliasClassFailed as failure:
-            # An in-place class can only fold whole: keep it and rerun (rare: each rerun keeps
-            # one more class, so at most one rerun per failing class).
-            logger.info("keeping in-place alias class of %s: %s", failure.root.name, failure.detail)
-            for n, root in analysis.alias_root.items():
-                if root is failure.root:
-                    forced[n] = (failure.reason, failure.detail)
-            forced[failure.root] = (failure.reason, failure.detail)
-            continue
-        except UndeclaredWrite as write:
-            # The op updates that input in place: rerun with the write known, so the input's
-            # class (or buffer) is no longer constant after it. Each rerun adds one write.
-            logger.info("%s", write)
-            extra_writes.setdefault(write.node, set()).add(write.written)
-            continue
-        t2 = time.perf_counter()
-        folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
-        # Tensor attributes (``get_attr`` constants a transform pass inserted) are lifted like
-        # folded values: no get_attr tensor is left in the program.
-        attributes = _attribute_tensors(gm)
-        folded |= attributes.keys()
-        values = {**evaluation.values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
-        constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
-        kept_constant_only = frozenset(plan.runtime) | frozenset(evaluation.kept)
-        new_program, lifting = lift(
-            program, folded, values, constant_placeholders,
-            bound=evaluation.symbols, private_readers=kept_constant_only,
+        with timer.attempt() as attempt:
+            with timer.phase("analysis"):
+                analysis = analyze(gm.graph, program.graph_signature, policy, forced, extra_writes)
+            analysis_visits += analysis.graph_visits
+            with timer.phase("planning"):
+                plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, budget_cut)
+            with timer.phase("evaluation"):
+                evaluation = _evaluate(program, analysis, plan, forced, extra_writes)
+            if evaluation is None:
+                attempt.discard()
+                continue
+            with timer.phase("lift"):
+                new_program, lifting = _lift(program, analysis, plan, evaluation)
+            with timer.phase("bytes"):
+                bytes_after = stored_constant_bytes(new_program)
+            excess = 0 if budget is None else bytes_after - bytes_before - (budget - budget_cut)
+            if excess <= 0 or budget - budget_cut < 0:
+                break
+            # The planner counts bytes from metadata; the serializer merges buffers with identical
+            # bytes that only evaluation reveals. Measured growth over the budget: tighten and
+            # replan; the second miss plans with no growth at all (every region as it is).
+            attempts += 1
+            logger.info("measured growth exceeds the budget by %d bytes; replanning", excess)
+            budget_cut = budget_cut + excess if attempts < 2 else budget + 1
+            attempt.discard()
+    with timer.phase("report"):
+        report = FoldReport(
+            decisions=_once_decisions(gm, analysis, plan, evaluation, lifting),
+            lifted=lifting.lifted,
+            removed_placeholders=lifting.removed,
+            constant_bytes_before=bytes_before,
+            constant_bytes_after=bytes_after,
+            peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
+            evaluated_nodes=evaluation.evaluated,
+            analysis_visits=analysis_visits,
         )
-        bytes_after = stored_constant_bytes(new_program)
-        excess = 0 if budget is None else bytes_after - bytes_before - (budget - budget_cut)
-        if excess <= 0 or budget - budget_cut < 0:
-            break
-        # The planner counts bytes from metadata; the serializer merges buffers with identical
-        # bytes that only evaluation reveals. Measured growth over the budget: tighten and
-        # replan; the second miss plans with no growth at all (every region as it is).
-        attempts += 1
-        logger.info("measured growth exceeds the budget by %d bytes; replanning", excess)
-        budget_cut = budget_cut + excess if attempts < 2 else budget + 1
-    timings["analysis"] = t1 - t0
-    timings["evaluation"] = t2 - t1
+    return new_program, report
 
+
+def _evaluate(program: ExportedProgram, analysis, plan, forced: dict, extra_writes: dict):
+    """The plan's evaluation, or None after recording in `forced` / `extra_writes` what a
+    failed evaluation taught (the attempt is then redone)."""
+    state_dict, constants = program.state_dict, program.constants
+    try:
+        return evaluate(
+            plan,
+            analysis,
+            program.graph_module,
+            lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants),
+        )
+    except AliasClassFailed as failure:
+        # An in-place class can only fold whole: keep it and rerun (rare: each rerun keeps
+        # one more class, so at most one rerun per failing class).
+        logger.info("keeping in-place alias class of %s: %s", failure.root.name, failure.detail)
+        for n, root in analysis.alias_root.items():
+            if root is failure.root:
+                forced[n] = (failure.reason, failure.detail)
+        forced[failure.root] = (failure.reason, failure.detail)
+    except UndeclaredWrite as write:
+        # The op updates that input in place: rerun with the write known, so the input's
+        # class (or buffer) is no longer constant after it. Each rerun adds one write.
+        logger.info("%s", write)
+        extra_writes.setdefault(write.node, set()).add(write.written)
+    return None
+
+
+def _lift(program: ExportedProgram, analysis, plan, evaluation):
+    """`lift` of the folded nodes and of the top-level tensor attributes (``get_attr``
+    constants a transform pass inserted: lifted like folded values, so that no get_attr
+    tensor is left in the program)."""
+    gm = program.graph_module
+    folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
+    attributes = _attribute_tensors(gm)
+    folded |= attributes.keys()
+    values = {**evaluation.values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
+    constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
+    kept_constant_only = frozenset(plan.runtime) | frozenset(evaluation.kept)
+    return lift(
+        program, folded, values, constant_placeholders,
+        bound=evaluation.symbols, private_readers=kept_constant_only,
+    )
+
+
+def _once_decisions(gm: torch.fx.GraphModule, analysis, plan, evaluation, lifting) -> list[Decision]:
+    """One decision per call_function node, under its report names (a node moved out of a
+    body is reported under its body path)."""
     considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
-    timings["lift"] = time.perf_counter() - t2
-    timings["total"] = time.perf_counter() - start
-
     path = {n.name: n.meta[BODY_PATH] for n in considered if BODY_PATH in n.meta}  # moved out of a body
-    decisions = [
+    return [
         Decision(name, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node))
         for d in decisions
         for name in _report_names(path.get(d.node, d.node))
     ]
-    report = FoldReport(
-        decisions=decisions,
-        lifted=lifting.lifted,
-        removed_placeholders=lifting.removed,
-        constant_bytes_before=bytes_before,
-        constant_bytes_after=bytes_after,
-        timings=timings,
-        peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
-        evaluated_nodes=evaluation.evaluated,
-        analysis_visits=analysis_visits,
-    )
-    return new_program, report
 
 
 def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:
@@ -307,33 +332,21 @@ def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:
 
 def _placeholder_bytes(graph: torch.fx.Graph, program: ExportedProgram) -> dict[torch.fx.Node, int]:
     """What dropping each constant placeholder saves in serialized bytes (padded). Bytes that
-    several placeholders share (tied weights, identical buffers: stored once) are saved only
-    when all of them go, so each of them counts 0: the planner never overestimates a saving."""
+    several placeholders share (tied weights, identical buffers: stored once, the rule of
+    `dedup.IdenticalBytes`) are saved only when all of them go, so each of them counts 0: the
+    planner never overestimates a saving."""
     specs = input_specs_by_name(program.graph_signature)
     tensors = {
         n: stored_tensor(specs[n.name], program.state_dict, program.constants)
         for n in graph.nodes
         if n.op == "placeholder" and n.name in specs
     }
-    tensors = {n: t for n, t in tensors.items() if t is not None}
-    plain = [p for t in tensors.values() for p in inner_tensors(t)]
-    unique = {id(p) for p in distinct_buffers(plain)}
-    shared = {id(p) for p in plain} - unique  # a later copy of bytes seen before
-    firsts_shared = _first_owners(plain, shared)
+    index = IdenticalBytes()
+    groups = {n: [(p, index.add(p)) for p in inner_tensors(t)] for n, t in tensors.items() if t is not None}
     return {
-        n: sum(aligned(p.nbytes) for p in inner_tensors(t) if id(p) in unique and id(p) not in firsts_shared)
-        for n, t in tensors.items()
+        n: sum(aligned(p.nbytes) for p, g in plain if len(index.groups[g]) == 1)
+        for n, plain in groups.items()
     }
-
-
-def _first_owners(plain: list[torch.Tensor], shared: set[int]) -> set[int]:
-    """Ids of the kept tensors whose bytes a later tensor in `plain` (ids in `shared`) repeats."""
-    if not shared:
-        return set()
-    from .sizes import content_digest
-
-    repeated = {content_digest(p) for p in plain if id(p) in shared}
-    return {id(p) for p in plain if id(p) not in shared and content_digest(p) in repeated}
 
 
 def _attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 from .reasons import Reason, removes_node
 
@@ -62,7 +64,8 @@ class FoldReport:
 
     Byte totals are what the ExecuTorch serializer stores for the program's parameters,
     buffers and lifted constants (``folding.sizes.stored_constant_bytes``: identical bytes
-    once, each buffer padded to 16 bytes), in bytes.
+    once, each buffer padded to 16 bytes), in bytes. ``timings`` holds seconds per phase
+    (`PHASES`, those that ran) and ``total``, the whole call; the phases add up to the total.
     """
 
     decisions: list[Decision] = field(default_factory=list)
@@ -150,6 +153,77 @@ class FoldReport:
             if len(self.lifted) > max_rows:
                 lines.append(f"| … {len(self.lifted) - max_rows} more | | | | |")
         return "\n".join(lines) + "\n"
+
+
+# The phases of a fold, in the order they first run; ``FoldReport.timings`` holds those that
+# ran and ``total``, and the phases add up to the total (work between phases is a few
+# statements).
+PHASES = (
+    "checks",  # the input program's signature and stored tensors
+    "bytes",  # byte accounting: what the serializer stores, before and after
+    "bodies",  # control-flow bodies: hoisting, merging operands, their decisions
+    "analysis",
+    "planning",
+    "evaluation",
+    "lift",  # the rebuilt program and its checks
+    "report",  # the decisions
+    "inlining",  # conds whose predicate became constant
+    "reruns",  # attempts discarded and redone with a new constraint, all phases
+)
+
+
+class PhaseTimer:
+    """Wall-clock seconds per phase of one fold (`PHASES`).
+
+    Work inside an `attempt` that is then discarded (a rerun with a new constraint: an
+    in-place class kept whole, an undeclared write, a tighter budget, a pinned body node)
+    counts as ``reruns``, so that no second run hides the first one's cost.
+    """
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._stack: list[dict[str, float]] = [{}]
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase `name`."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            top = self._stack[-1]
+            top[name] = top.get(name, 0.0) + time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator["_Attempt"]:
+        """Time the block's phases provisionally: kept unless ``discard()`` is called."""
+        self._stack.append({})
+        outcome = _Attempt()
+        try:
+            yield outcome
+        finally:
+            spent = self._stack.pop()
+            _add(self._stack[-1], {"reruns": sum(spent.values())} if outcome.discarded else spent)
+
+    def timings(self) -> dict[str, float]:
+        """The phases so far, in `PHASES` order, and ``total``: seconds since the timer started."""
+        done = self._stack[0]
+        out = {k: done[k] for k in PHASES if k in done}
+        out.update((k, v) for k, v in done.items() if k not in out)
+        out["total"] = time.perf_counter() - self._start
+        return out
+
+
+class _Attempt:
+    discarded = False
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+def _add(into: dict[str, float], spent: dict[str, float]) -> None:
+    for k, v in spent.items():
+        into[k] = into.get(k, 0.0) + v
 
 
 def _cell(text: str, limit: int = 120) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import operator
 
-import hashlib
 import re
 from typing import Iterable, Mapping, Optional
 
@@ -47,11 +46,6 @@ def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     for name in names:
         out.extend(inner_tensors(getattr(t, name)))
     return out
-
-
-def tensor_key(t: torch.Tensor) -> tuple:
-    """Identity of a stored tensor's bytes: tied parameters share one entry."""
-    return tuple((p.untyped_storage().data_ptr(), p.storage_offset(), p.nbytes, p.dtype) for p in inner_tensors(t))
 
 
 def storage_pointers(t: torch.Tensor) -> set[int]:
@@ -124,42 +118,17 @@ def distinct_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
 
 
 def distinct_buffers(tensors: Iterable[Optional[torch.Tensor]]) -> list[torch.Tensor]:
-    """The plain tensors behind `tensors` with identical byte contents dropped, first kept.
+    """The plain tensors behind `tensors` with identical byte contents dropped, first kept
+    (the identical-bytes rule of `dedup.IdenticalBytes`: most tensors are told apart without
+    reading their bytes)."""
+    from .dedup import IdenticalBytes
 
-    Tensors sharing a storage are identical without reading them; others are hashed only
-    when another tensor has the same byte length (most weights differ in size)."""
-    seen_storage: set = set()
-    by_length: dict[int, list[torch.Tensor]] = {}
+    index = IdenticalBytes()
     for t in tensors:
-        if t is None:
-            continue
-        for p in inner_tensors(t):
-            key = (p.untyped_storage().data_ptr(), p.storage_offset(), p.nbytes, p.dtype) if p.device.type != "meta" else id(p)
-            if key in seen_storage:
-                continue
-            seen_storage.add(key)
-            by_length.setdefault(p.nbytes, []).append(p)
-    out: list[torch.Tensor] = []
-    for group in by_length.values():
-        if len(group) == 1:
-            out.extend(group)
-            continue
-        digests: set = set()
-        for p in group:
-            d = content_digest(p)
-            if d not in digests:
-                digests.add(d)
-                out.append(p)
-    return out
-
-
-def content_digest(t: torch.Tensor) -> str:
-    """A digest of `t`'s bytes in row-major order (what the serializer writes)."""
-    from .layout import raw_bytes
-
-    if t.device.type == "meta":
-        return f"meta:{id(t)}"
-    return hashlib.blake2b(raw_bytes(t), digest_size=20).hexdigest()
+        if t is not None:
+            for p in inner_tensors(t):
+                index.add(p)
+    return [group[0] for group in index.groups]
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
