@@ -1,0 +1,197 @@
+"""Fold cost that does not grow with stored bytes, and a report whose phases add up.
+
+The identical-bytes rule (`folding.dedup.IdenticalBytes`) must give exactly what the ExecuTorch
+emitter stores (one buffer per distinct byte content, executorch/exir/emit/_emitter.py) while
+reading as few bytes as it can. These tests count the bytes it reads and the digests it
+computes; they do not time anything.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import torch.nn as nn
+
+import folding.dedup as dedup
+from folding import fold_constants
+from folding.dedup import IdenticalBytes, IdenticalTensors, fold_scope
+from folding.fold import _placeholder_bytes
+from folding.report import PHASES
+from folding.sizes import aligned, distinct_bytes
+from tests.invariants import assert_report_bytes_true
+from tests.test_real_programs import SneakyWriter
+
+
+@pytest.fixture
+def digests(monkeypatch):
+    """Counts digests computed per tensor (by id) and the bytes they read."""
+    counts: collections.Counter = collections.Counter()
+    read = [0]
+    original = dedup._Memo.digest
+
+    def digest(self, p):
+        fresh = self._entry(p).digest is None
+        if fresh:
+            counts[id(p)] += 1
+            read[0] += p.nbytes
+        return original(self, p)
+
+    monkeypatch.setattr(dedup._Memo, "digest", digest)
+    return counts, read
+
+
+@pytest.fixture
+def samples(monkeypatch):
+    """Counts fingerprints computed."""
+    calls = [0]
+    original = dedup._sampled_bytes
+
+    def sampled(p):
+        calls[0] += 1
+        return original(p)
+
+    monkeypatch.setattr(dedup, "_sampled_bytes", sampled)
+    return calls
+
+
+class Layers(nn.Module):
+    """Same-shape random weights (told apart by their fingerprints), each applied to a buffer
+    (a fold) and to the input, and a tied pair (one Parameter under two names)."""
+
+    def __init__(self, n: int = 6, d: int = 64):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.tied = nn.Linear(d, d, bias=False)
+        self.tied_again = nn.Linear(d, d, bias=False)
+        self.tied_again.weight = self.tied.weight
+        self.register_buffer("b", torch.randn(2, d))
+
+    def forward(self, x):
+        folded = sum(layer(self.b) for layer in self.layers)
+        for layer in self.layers:
+            x = layer(x)
+        return self.tied_again(self.tied(x)) + folded.sum(0)
+
+
+def test_distinct_weights_are_never_digested_in_a_fold(digests):
+    counts, read = digests
+    ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
+    result = fold_constants(ep)
+    assert read[0] == 0, f"digested {sum(counts.values())} tensors ({read[0]} bytes)"
+    assert_report_bytes_true(result)
+
+
+class IdenticalCopies(nn.Module):
+    """Identical weights in separate storages (stored once), read by folds and at runtime."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("a", torch.ones(4096))
+        self.register_buffer("b", torch.ones(4096))
+        self.register_buffer("c", torch.ones(4096))
+
+    def forward(self, x):
+        return x * self.a + self.b * 2.0, x + self.c, x + self.b
+
+
+def test_identical_weights_are_digested_at_most_once_per_fold(digests):
+    counts, _ = digests
+    ep = torch.export.export(IdenticalCopies(), (torch.randn(4096),))
+    result = fold_constants(ep)
+    assert counts and max(counts.values()) == 1
+    assert_report_bytes_true(result)
+    assert result.report.constant_bytes_before == aligned(4096 * 4)
+
+
+def test_views_of_one_storage_are_identical_without_reading(samples):
+    w = torch.randn(300, 7)
+    index = IdenticalBytes()
+    groups = {index.add(w), index.add(w.view(300, 7)), index.add(w[:])}
+    assert len(groups) == 1 and samples[0] == 1  # only the first is fingerprinted
+
+
+def test_same_bytes_in_another_dtype_or_shape_are_stored_once():
+    """The emitter keys buffers by their bytes alone (``hashlib.sha256(buffer_data)``)."""
+    index = IdenticalBytes()
+    small = {index.add(torch.zeros(8)), index.add(torch.zeros(32, dtype=torch.uint8))}
+    large = {index.add(torch.zeros(1024)), index.add(torch.zeros(2, 1024, dtype=torch.int16))}
+    assert len(small) == 1 and len(large) == 1 and small != large
+
+
+def test_tensors_differing_only_where_no_byte_is_sampled_are_told_apart():
+    a = torch.zeros(4096, dtype=torch.uint8)
+    b = a.clone()
+    b[1] = 1
+    assert dedup._sampled_bytes(a) == dedup._sampled_bytes(b)  # the fingerprints collide
+    index = IdenticalBytes()
+    assert index.add(a) != index.add(b)
+    assert distinct_bytes([a, b]) == 2 * 4096
+
+
+def test_a_transposed_view_of_one_storage_holds_other_bytes():
+    w = torch.randn(40, 50)
+    index = IdenticalBytes()
+    assert index.add(w) != index.add(w.t())
+    assert index.add(w.t()) == index.add(w.t().contiguous())  # sampled in place, row-major
+    assert index.add(w[:, ::2]) == index.add(w[:, ::2].clone())
+
+
+def test_an_in_place_write_within_a_fold_invalidates_what_was_read():
+    a, b = torch.ones(1024), torch.ones(1024)
+    with fold_scope():
+        first = IdenticalBytes()
+        assert first.add(a) == first.add(b)
+        b[700] = 2.0
+        second = IdenticalBytes()
+        assert second.add(a) != second.add(b)
+
+
+def test_meta_tensors_are_never_identical():
+    index = IdenticalBytes()
+    assert index.add(torch.empty(8, device="meta")) != index.add(torch.empty(8, device="meta"))
+
+
+def test_a_stored_tensor_is_reused_only_with_the_same_dtype_and_shape():
+    stored = torch.zeros(4, 4)
+    found = IdenticalTensors({"p": stored})
+    assert found.find(torch.zeros(4, 4)) == "p"
+    assert found.find(torch.zeros(16)) is None
+    assert found.find(torch.zeros(4, 4, dtype=torch.int32)) is None
+    assert found.find(torch.ones(4, 4)) is None
+
+
+def test_tied_weights_save_nothing_when_one_name_goes():
+    """Dropping one name of a tied Parameter saves no byte: the other still stores them."""
+    ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
+    saving = {n.name: b for n, b in _placeholder_bytes(ep.graph, ep).items()}
+    assert saving["p_tied_weight"] == saving["p_tied_again_weight"] == 0
+    assert saving["p_layers_0_weight"] == aligned(64 * 64 * 4)
+
+
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x, w: x + w * 2, lambda x, w: x - w.exp(), (x, self.w))
+
+
+@pytest.mark.parametrize("module, shape, rerun", [
+    (Layers, (2, 64), False),
+    (IdenticalCopies, (4096,), False),
+    (Branches, (4,), False),
+    (SneakyWriter, (3,), True),  # an undeclared write found by evaluation: one rerun
+])
+def test_phase_timings_add_up_to_the_total(module, shape, rerun):
+    ep = torch.export.export(module().eval(), (torch.randn(*shape),))
+    timings = fold_constants(ep).report.timings
+    phases = {k: v for k, v in timings.items() if k != "total"}
+    assert set(phases) <= set(PHASES) and all(v >= 0 for v in phases.values())
+    assert {"checks", "bytes", "analysis", "planning", "evaluation", "lift", "report"} <= set(phases)
+    assert ("reruns" in phases) is rerun
+    # the phases cover the whole call: only a few statements between them are not timed
+    assert abs(sum(phases.values()) - timings["total"]) <= 0.05 * timings["total"] + 0.002
+
