@@ -285,15 +285,23 @@ class _Hoist:
         self._copy_returned_operands(graph, set(placeholders))
 
     def _copy_returned_operands(self, graph: torch.fx.Graph, new: set[torch.fx.Node]) -> None:
-        """A body may not return one of its inputs (HOP outputs must not alias operands):
-        return a copy of a moved value the body used to compute."""
+        """A body may return neither one of its inputs nor one value twice: torch's HOP
+        functionalization rejects outputs that alias an operand or each other
+        (``torch/_higher_order_ops/utils.py``, ``_check_alias_and_mutation``: "cond_true might
+        be aliasing the input or the output!"), which `to_edge_transform_and_lower` runs. So
+        each place the body returns a moved value gets a copy of its own (a branch returning
+        ``c.clone(), c.clone()`` of one constant ``c`` returns two copies of its operand)."""
         output = graph.output_node()
+
+        def copy_of(a: torch.fx.Node) -> torch.fx.Node:
+            if a not in new:
+                return a
+            c = graph.call_function(self.clone_op, (a,))
+            c.meta = {"val": a.meta.get("val"), BODY_PATH: None}  # glue: no decision
+            return c
+
         with graph.inserting_before(output):
-            copies = {}
-            for p in [a for a in output.all_input_nodes if a in new]:
-                copies[p] = graph.call_function(self.clone_op, (p,))
-                copies[p].meta = {"val": p.meta.get("val"), BODY_PATH: None}  # glue: no decision
-            output.args = torch.fx.map_arg(output.args, lambda a: copies.get(a, a))
+            output.args = torch.fx.map_arg(output.args, copy_of)
 
 
 def _key(node: torch.fx.Node, env) -> Optional[tuple]:

@@ -25,13 +25,14 @@ from torch.export.graph_signature import (
     ExportGraphSignature,
     InputKind,
     InputSpec,
+    OutputKind,
     OutputSpec,
     TensorArgument,
 )
 
 from .dedup import IdenticalTensors
 from .hops import graph_module
-from .layout import has_canonical_layout
+from .layout import canonical_copy, has_canonical_layout
 from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
 from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names, unique_name
@@ -98,6 +99,7 @@ def lift(
     rewrite = _Rewrite(program, folded)
     rewrite.place_values(values, constant_placeholders)
     rewrite.add_private_placeholders(private_readers)
+    rewrite.add_returned_stored_placeholders()
     rewrite.copy_placeholders()
     rewrite.copy_ops()
     result = rewrite.program(bound or {})
@@ -176,6 +178,47 @@ class _Rewrite:
                 self.private[(reader, source)] = copy_c
                 self.record.lifted.append(_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True))
 
+    def add_returned_stored_placeholders(self) -> None:
+        """A parameter, buffer or constant that the graph output returns (directly, or as the
+        stored tensor a folded value equals) while an op also reads it is returned through a
+        placeholder of its own (same bytes, stored once by the serializer) and a copy.
+
+        Why: executorch 1.5.1's delegation tags a constant with the partition of the ops that
+        read it and raises when another reader is the untagged output ("constant data node
+        (p_p) is tagged with (tag0) but has user (output) which has tag (None)",
+        ``exir/backend/backend_api.py``, ``_get_node_list_with_same_tag``); a copy of the
+        shared placeholder is not enough either (XNNPACK's conv1d reshapes its weight to 4-D
+        in place: the copy returns 4-D data). Folding makes an op's other operands constant,
+        so the partitioner starts taking the stored tensor (``F.linear(x, b + b, p), p``): the
+        unfolded program lowered, the folded one must too."""
+        output = self.source.graph.output_node()
+        for a in self._returned(output):
+            stored = a if self._is_stored(a) else self.target_of.get(a)
+            if not isinstance(stored, torch.fx.Node) or (output, a) in self.private:
+                continue
+            if not self._read_by_an_op(stored):
+                continue
+            t = stored_tensor(self.specs[stored.name], self.state_dict, self.constants)
+            copy_c = self._new_constant(a, t if is_subclass(t) else canonical_copy(t.detach()), private=True)
+            self.private[(output, a)] = copy_c
+            self.record.lifted.append(_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True))
+
+    def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
+        """The nodes the graph output returns as user outputs, each once."""
+        flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        user = [a for a, spec in zip(flat, self.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
+        return list(dict.fromkeys(a for a in user if isinstance(a, torch.fx.Node)))
+
+    def _is_stored(self, n: torch.fx.Node) -> bool:
+        spec = self.specs.get(n.name) if n.op == "placeholder" else None
+        return spec is not None and spec.kind in STORED_KINDS
+
+    def _read_by_an_op(self, p: torch.fx.Node) -> bool:
+        """True when a surviving op (not the output) reads placeholder `p`, directly or through
+        a folded value stored as `p`'s tensor."""
+        sources = [p] + [n for n, hit in self.target_of.items() if hit is p]
+        return any(u not in self.folded and u.op != "output" for s in sources for u in s.users)
+
     # 3. Placeholders: surviving ones copied, new constants before the first user input (where
     # torch.export puts lifted constants).
     def copy_placeholders(self) -> None:
@@ -239,7 +282,7 @@ class _Rewrite:
         clones: dict[torch.fx.Node, torch.fx.Node] = {}
         clone_op = None
         for i, a in enumerate(flat):
-            if not (isinstance(a, torch.fx.Node) and a in self.target_of):
+            if not (isinstance(a, torch.fx.Node) and (a in self.target_of or (node, a) in self.private)):
                 continue
             if a not in clones:
                 clone_op = clone_op or clone_op_of(self.source)
