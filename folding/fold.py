@@ -13,8 +13,8 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .dedup import IdenticalBytes, fold_scope
 from .bodies import BODY_PATH, body_decisions, hoist_body_constants, merge_duplicate_operands
+from .dedup import IdenticalBytes, fold_scope
 from .hops import recompile_shallow
 from .inline import inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError

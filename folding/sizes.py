@@ -84,7 +84,8 @@ def value_bytes(node) -> int:
 def stored_constant_bytes(program: ExportedProgram) -> int:
     """Bytes the ExecuTorch serializer stores for the program's parameters, buffers and lifted
     constants: identical bytes are stored once (the emitter keys buffers by the SHA-256 of
-    their bytes, executorch/exir/emit/_emitter.py), and each buffer is padded to
+    their bytes, executorch/exir/emit/_emitter.py; `dedup.IdenticalBytes` decides which are
+    identical without reading most of them), and each buffer is padded to
     `TENSOR_ALIGNMENT` bytes. Buffers the program mutates are not constant data: the emitter
     memory-plans them and stores at most their initial values in the mutable-data segment
     (``InitializedMutableBufferPass``), so they do not count (nor merge with an identical
