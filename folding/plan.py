@@ -81,6 +81,7 @@ def make_plan(
     _keep_alias_classes_whole(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut)
     _keep_observed_layouts_with_their_classes(plan, analysis)
+    _keep_unstorable_inputs_of_kept_with_their_classes(plan, analysis)
     _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
     return plan
@@ -270,6 +271,39 @@ def _keep_observed_layouts_with_their_classes(plan: Plan, analysis: Analysis) ->
     while True:
         before = len(plan.runtime)
         _keep_observed_layouts(plan)
+        _keep_alias_classes_whole(plan, analysis)
+        if len(plan.runtime) == before:
+            return
+
+
+def _storable(val: object) -> bool:
+    """What `lift` can store for a runtime reader: a tensor, or a scalar written into it."""
+    return isinstance(val, torch.Tensor) or is_scalar(val)
+
+
+def _keep_unstorable_inputs(plan: Plan) -> None:
+    """A node that stays at runtime reads each folded input as a stored constant; a value that
+    cannot be stored (the tuple of a multi-output op such as ``chunk``, ``split``, ``unbind``,
+    which its ``getitem`` nodes read) stays at runtime with its reader, and so, in turn, does
+    each unstorable value it reads. Any rule that keeps a ``getitem`` needs this: a runtime op
+    observing the strides of ``chunk(buffer)[0]`` kept the ``getitem`` and left its ``chunk``
+    folded (timm ``eva02_tiny_patch14_224``'s rotary embedding: ``KeyError: chunk`` in `lift`).
+    Size limits need it not (`cuts` stores only storable values). O(nodes + edges)."""
+    work = list(plan.runtime)
+    while work:
+        reader = work.pop()
+        for n in reader.all_input_nodes:
+            if plan.folded(n) and not _storable(n.meta.get("val")):
+                plan.runtime[n] = (Reason.DEPENDS_ON_KEPT, f"{reader.name} stays and reads its value, which is not a tensor")
+                work.append(n)
+
+
+def _keep_unstorable_inputs_of_kept_with_their_classes(plan: Plan, analysis: Analysis) -> None:
+    """`_keep_unstorable_inputs`, then `_keep_alias_classes_whole` for what it kept (a ``chunk``
+    is a view: its in-place class stays whole), until neither keeps more."""
+    while True:
+        before = len(plan.runtime)
+        _keep_unstorable_inputs(plan)
         _keep_alias_classes_whole(plan, analysis)
         if len(plan.runtime) == before:
             return

@@ -196,3 +196,76 @@ class BufferReturnedTwice(nn.Module):
 )
 def test_a_returned_parameter_read_by_a_folded_op_still_lowers_with_xnnpack(make, x, policy):
     assert_lowers_folded_as_unfolded(make(), [(x,)], policy=policy)
+
+
+# Fault 5: a multi-output op of a constant whose getitem stays at runtime.
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """timm's ``rot`` (timm/layers/pos_embed_sincos.py)."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)
+
+
+def _sin_cos(emb: torch.Tensor, how: str) -> tuple[torch.Tensor, torch.Tensor]:
+    half = emb.shape[-1] // 2
+    return {
+        "chunk": lambda: emb.chunk(2, -1),
+        "split": lambda: emb.split(half, -1),
+        "unbind": lambda: emb.unflatten(-1, (2, half)).unbind(-2),
+        "tensor_split": lambda: emb.tensor_split(2, -1),
+    }[how]()
+
+
+class RotaryAttention(nn.Module):
+    """timm ``eva02``'s attention with ``RotaryEmbeddingCat``: a non-persistent buffer of
+    sin/cos, split in two by each of the q and k rotations (two multi-output nodes of one
+    buffer), read by an op that observes strides (``scaled_dot_product_attention`` carries
+    ``nondeterministic_seeded`` for its dropout; ``dropout(training=True)``, ``randn_like``), and
+    used elsewhere too."""
+
+    def __init__(self, how: str, reader: str):
+        super().__init__()
+        t = torch.arange(5.0)[:, None] * torch.arange(1, 5.0).repeat_interleave(2)[None]
+        self.register_buffer("pos_embed", torch.cat([t.sin(), t.cos()], -1), persistent=False)
+        self.qkv = nn.Linear(8, 24)
+        self.how, self.reader = how, reader
+
+    def _rotate(self, x):
+        sin, cos = _sin_cos(self.pos_embed, self.how)
+        return x * cos + _rotate_half(x) * sin
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 1, 8)).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self._rotate(q), self._rotate(k)
+        if self.reader == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v)
+        elif self.reader == "dropout":
+            y = q @ k.transpose(-1, -2) + F.dropout(q, 0.5, training=True).sum() * 0
+        else:
+            y = q @ k.transpose(-1, -2) + torch.randn_like(k).sum() * 0
+        return y + self.pos_embed.sum(), self.pos_embed * x.mean()
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+@pytest.mark.parametrize("reader", ["sdpa", "dropout", "randn_like"])
+@pytest.mark.parametrize("how", ["chunk", "split", "unbind", "tensor_split"])
+def test_a_buffer_split_by_two_multi_output_ops_for_a_stride_observer_folds(how, reader, dialect):
+    """The multi-output node stays at runtime with its kept ``getitem`` (its tuple cannot be
+    stored), with a reason; the rest folds. In Edge the split is ``split_with_sizes_copy``,
+    whose pieces are contiguous, so nothing observes a layout and it folds."""
+    x = torch.randn(1, 5, 8)
+    ep = export(RotaryAttention(how, reader).eval(), (x,))
+    if dialect == "edge":
+        if reader == "randn_like":
+            pytest.skip("randn_like is not an Edge op (to_edge rejects it)")
+        ep = edge(ep)
+    ref = copy.deepcopy(ep)
+    result = fold_checked(ep)
+    assert_close_all(outputs(ref, (x,)), outputs(result.program, (x,)))
+    kept_tuples = [d for d in result.report.decisions if not d.folded and "not a tensor" in d.detail]
+    assert all(d.reason.name == "DEPENDS_ON_KEPT" for d in kept_tuples), kept_tuples
+    observed = {"sdpa": 2, "dropout": 1, "randn_like": 1}[reader]  # the rotations the reader sees
+    assert len(kept_tuples) == (observed if dialect == "aten" else 0), kept_tuples
+
+def test_the_rotary_program_lowers_and_runs_after_folding():
+    x = torch.randn(1, 5, 8)
+    assert_lowers_folded_as_unfolded(RotaryAttention("chunk", "sdpa"), [(x,)])
