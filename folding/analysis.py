@@ -22,7 +22,6 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 import torch.fx
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
-from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .ops import (
     OpKind,
@@ -38,6 +37,7 @@ from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
 from .signature import input_specs_by_name
+from .symbols import input_symbols
 from .sizes import STORED_KINDS
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -195,10 +195,7 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
         elif r is not None and kept is None:
             kept = (i, r)
     if runtime:
-        # Shapes taken from a dynamic input (sym_size) are symbolic, not runtime tensors.
-        if all(reason[i] is Reason.SYMBOLIC or isinstance(i.meta.get("val"), _SYM_TYPES) for i in runtime):
-            return Reason.SYMBOLIC, f"reads symbolic {runtime[0].name}"
-        return Reason.RUNTIME_INPUT, ""
+        return _runtime_reason(n, runtime, reason)
     if kept is not None:
         i, r = kept
         if i.op == "placeholder" and r is Reason.READS_MUTATED_BUFFER:
@@ -224,18 +221,43 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     # concrete value, which `lift` substitutes for the symbol.
     if "val" in n.meta and not (holds_tensors(val) or is_scalar(val)):
         return Reason.NOT_A_TENSOR, type(val).__name__
+    symbols = input_symbols(val)
+    if symbols:  # never evaluated: only a runtime call gives these sizes
+        return Reason.SYMBOLIC, f"its shape has free symbols {', '.join(symbols)}"
     return None, ""
 
 
 def _metadata_only_arg(n: torch.fx.Node) -> Optional[torch.fx.Node]:
     """The first argument of a metadata-only op (``new_zeros``, ``zeros_like`` …) when its shape
-    is static: its values are never read, so it does not make the result runtime-dependent."""
+    and strides are static: its values are never read, so it does not make the result
+    runtime-dependent. A size with a free symbol (a dynamic input's ``s77``) is known only at
+    runtime, so the op is then never evaluated (`_symbolic_shape_source`)."""
     if not reads_only_metadata(n.target) or not n.args or not isinstance(n.args[0], torch.fx.Node):
         return None
     val = n.args[0].meta.get("val")
-    if isinstance(val, torch.Tensor) and not _is_symbolic(val):
+    if isinstance(val, torch.Tensor) and not input_symbols(val):
         return n.args[0]
     return None
+
+
+def _runtime_reason(n: torch.fx.Node, runtime: list[torch.fx.Node], reason) -> tuple[Reason, str]:
+    """Why `n`, which reads `runtime` inputs, is not folded. ``SYMBOLIC`` when what it reads at
+    runtime is only sizes: symbolic scalars (``sym_size`` of a dynamic input), symbolic values,
+    or, for a metadata-only op (``full_like``, ``new_ones``), the tensor it takes its shape from
+    when that shape has free symbols (the Edge decomposition of ``t[:, :, 0].fill_(v)`` is
+    ``full_like`` of a slice of a dynamic input: issue 21, fault 6). Such a value is known only
+    at runtime, so it is never evaluated; the detail names the free symbols. Else
+    ``RUNTIME_INPUT``."""
+    shape_source = n.args[0] if reads_only_metadata(n.target) and n.args else None
+    sized = [i for i in runtime if reason[i] is Reason.SYMBOLIC or isinstance(i.meta.get("val"), _SYM_TYPES)]
+    shaped = [i for i in runtime if i is shape_source and input_symbols(i.meta.get("val"))]
+    if len(sized) + len(shaped) < len(runtime):
+        return Reason.RUNTIME_INPUT, ""
+    first = (shaped + sized)[0]
+    symbols = ", ".join(input_symbols(first.meta.get("val")))
+    if first in shaped:
+        return Reason.SYMBOLIC, f"shaped like {first.name}, whose shape has free symbols {symbols}"
+    return Reason.SYMBOLIC, f"reads symbolic {first.name}" + (f" (free symbols {symbols})" if symbols else "")
 
 
 def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tuple[Reason, str]]:
@@ -274,16 +296,6 @@ def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tup
             for m in cls:
                 tainted[m] = verdict
     return tainted
-
-
-def _is_symbolic(val: Any) -> bool:
-    if isinstance(val, _SYM_TYPES):
-        return not is_concrete_int(val) if isinstance(val, torch.SymInt) else True
-    if isinstance(val, torch.Tensor):
-        return any(not is_concrete_int(s) for s in val.shape)
-    if isinstance(val, (list, tuple)):
-        return any(_is_symbolic(v) for v in val)
-    return False
 
 
 def is_scalar(val: Any) -> bool:

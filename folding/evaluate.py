@@ -15,7 +15,7 @@ from .plan import Plan
 from .reasons import Reason
 from .layout import owned_canonical
 from .sizes import storage_pointers
-from .symbols import bindings
+from .symbols import bindings, concrete_ints
 
 
 class AliasClassFailed(Exception):
@@ -214,7 +214,8 @@ class FoldInterpreter(torch.fx.Interpreter):
         def lookup(n: torch.fx.Node):
             if n is meta_arg and n not in self.env and not self.analysis.is_constant(n):
                 val = n.meta["val"]  # a runtime tensor of static shape: only its metadata is read
-                return torch.zeros_like(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype))
+                shape, stride = concrete_ints(val.shape), concrete_ints(val.stride())
+                return torch.zeros_like(torch.empty_strided(shape, stride, dtype=val.dtype))
             return self._load(n)
 
         return lookup

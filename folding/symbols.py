@@ -53,6 +53,33 @@ def _is_unbacked(symbol) -> bool:
     return symbol_is_type(symbol, _UNBACKED)
 
 
+def input_symbols(val: Any) -> list[str]:
+    """The free symbols of `val` (a ``meta["val"]``: tensor, SymInt or a list of them) that are
+    not data-dependent: the sizes of a dynamic input (``s77`` of ``Dim("b", min=2, max=8)``),
+    which only a runtime call fixes. Sorted names; empty for a static value, for a symbol that
+    export or ``to_edge`` specialised (a SymInt whose expression is a constant), and for
+    unbacked symbols (evaluation fixes those: `bindings`)."""
+    return sorted(str(s) for s in _symbols_of(val) if not _is_unbacked(s))
+
+
+def concrete_ints(sizes) -> list[int]:
+    """`sizes` (a shape or strides from ``meta["val"]``) as Python ints, for a real tensor.
+    A SymInt whose expression is a constant (specialised: ``to_edge`` keeps SymInt objects for
+    a dimension it fixed to 2) is its value; aten's kernels accept only ints ("SymIntArrayRef
+    expected to contain only concrete integers").
+
+    Raises:
+        TypeError: a size has a free symbol (callers check `input_symbols` first)."""
+    out = []
+    for s in sizes:
+        if isinstance(s, torch.SymInt):
+            if free_symbols(s):
+                raise TypeError(f"size {s} has free symbols")
+            s = int(s.node.expr)
+        out.append(int(s))
+    return out
+
+
 def refresh_meta(graph: torch.fx.Graph, symbols: Mapping[sympy.Symbol, Any], fake_mode) -> int:
     """When folding fixed some data-dependent symbols, recompute in graph order the
     ``meta["val"]`` of every call_function node that mentions a data-dependent symbol (a bound
