@@ -75,19 +75,20 @@ def _tv(name: str, size: int) -> ModelSpec:
         model = _ViTFeatures(model).eval()
         note = "returns class-token features before `heads` (zero-initialised head)"
     if name == "mobilenet_v3_small":
-        _order_one_outputs(model, size)
+        order_one_outputs(model, _image(size)[0])
         note = "BatchNorm statistics from random batches, default Linear init (torchvision's gives logits ~1e-9)"
     torch.manual_seed(SEED + 1)
     return ModelSpec(name, model, _image(size), note)
 
 
-def _order_one_outputs(model: nn.Module, size: int) -> None:
+def order_one_outputs(model: nn.Module, example: torch.Tensor) -> None:
     """Give a randomly initialised torchvision CNN outputs of order 0.1-1, as a trained one has:
-    BatchNorm running statistics measured on seeded random batches (torchvision leaves mean 0,
-    variance 1, so activations shrink layer by layer), and PyTorch's default ``Linear`` init in
-    place of torchvision's N(0, 0.01). Without this, mobilenet_v3_small's logits are ~1e-9 and a
-    comparison with eager proves nothing."""
-    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    BatchNorm running statistics measured on seeded random batches shaped like `example`
+    (torchvision leaves mean 0, variance 1, so activations shrink layer by layer), and PyTorch's
+    default ``Linear`` init in place of torchvision's N(0, 0.01). Without this, a random
+    mobilenet's logits are ~1e-9 and a comparison with eager proves nothing. Leaves `model` in
+    eval mode."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     for m in norms:
         m.reset_running_stats()
         m.momentum = None  # cumulative average over the batches
@@ -95,7 +96,7 @@ def _order_one_outputs(model: nn.Module, size: int) -> None:
     g = torch.Generator().manual_seed(SEED + 3)
     with torch.no_grad():
         for _ in range(4):
-            model(torch.randn(8, 3, size, size, generator=g))
+            model(torch.randn((8,) + tuple(example.shape[1:]), generator=g, dtype=example.dtype))
     model.eval()
     for m in model.modules():
         if isinstance(m, nn.Linear):

@@ -234,7 +234,7 @@ def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSp
 # models: exact (the .pte runs the same quantized arithmetic as eager; measured 0 on q8 rows).
 FLOAT_RTOL = 1e-4
 # A float output smaller than this proves nothing by matching (a randomly initialised model can
-# output ~1e-9); such a model is initialised to outputs of order 1 (models._order_one_outputs).
+# output ~1e-9); such a model is initialised to outputs of order 1 (models.order_one_outputs).
 MIN_SCALE = 1e-3
 
 
