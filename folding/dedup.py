@@ -18,6 +18,7 @@ programs, so the decision reads as few bytes as it can:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import hashlib
@@ -51,6 +52,9 @@ class _Memo:
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
+        self.fingerprints = 0  # work done, for tests that rule out reading every weight
+        self.digested: collections.Counter = collections.Counter()  # id(tensor) -> digests
+        self.digested_bytes = 0
 
     def _entry(self, p: torch.Tensor) -> _Entry:
         e = self._entries.get(id(p))
@@ -63,12 +67,15 @@ class _Memo:
         e = self._entry(p)
         if e.fingerprint is None:
             e.fingerprint = (p.nbytes, _sampled_bytes(p))
+            self.fingerprints += 1
         return e.fingerprint
 
     def digest(self, p: torch.Tensor) -> bytes:
         e = self._entry(p)
         if e.digest is None:
             e.digest = hashlib.blake2b(raw_bytes(p), digest_size=20).digest()
+            self.digested[id(p)] += 1
+            self.digested_bytes += p.nbytes
         return e.digest
 
 
@@ -76,13 +83,18 @@ _ACTIVE: contextvars.ContextVar[Optional[_Memo]] = contextvars.ContextVar("foldi
 
 
 @contextlib.contextmanager
-def fold_scope() -> Iterator[None]:
+def fold_scope() -> Iterator[_Memo]:
     """Within the block, every `IdenticalBytes` shares one memo: a tensor is fingerprinted and
     digested at most once (the stored tensors of the program before and after a fold are
-    mostly the same objects). Outside any scope each index has its own memo."""
+    mostly the same objects). Outside any scope each index has its own memo. A scope inside
+    another shares the outer memo. Yields the memo (its counters count the work done)."""
+    memo = _ACTIVE.get()
+    if memo is not None:
+        yield memo
+        return
     token = _ACTIVE.set(_Memo())
     try:
-        yield
+        yield _ACTIVE.get()
     finally:
         _ACTIVE.reset(token)
 

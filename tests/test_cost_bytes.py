@@ -8,52 +8,18 @@ computes; they do not time anything.
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 import torch.nn as nn
 
-import folding.dedup as dedup
 from folding import fold_constants
+import folding.dedup as dedup
 from folding.dedup import IdenticalBytes, IdenticalTensors, fold_scope
 from folding.fold import _placeholder_bytes
 from folding.report import PHASES
 from folding.sizes import aligned, distinct_bytes
 from tests.invariants import assert_report_bytes_true
 from tests.test_real_programs import SneakyWriter
-
-
-@pytest.fixture
-def digests(monkeypatch):
-    """Counts digests computed per tensor (by id) and the bytes they read."""
-    counts: collections.Counter = collections.Counter()
-    read = [0]
-    original = dedup._Memo.digest
-
-    def digest(self, p):
-        fresh = self._entry(p).digest is None
-        if fresh:
-            counts[id(p)] += 1
-            read[0] += p.nbytes
-        return original(self, p)
-
-    monkeypatch.setattr(dedup._Memo, "digest", digest)
-    return counts, read
-
-
-@pytest.fixture
-def samples(monkeypatch):
-    """Counts fingerprints computed."""
-    calls = [0]
-    original = dedup._sampled_bytes
-
-    def sampled(p):
-        calls[0] += 1
-        return original(p)
-
-    monkeypatch.setattr(dedup, "_sampled_bytes", sampled)
-    return calls
 
 
 class Layers(nn.Module):
@@ -75,11 +41,12 @@ class Layers(nn.Module):
         return self.tied_again(self.tied(x)) + folded.sum(0)
 
 
-def test_distinct_weights_are_never_digested_in_a_fold(digests):
-    counts, read = digests
+def test_distinct_weights_are_never_digested_in_a_fold():
     ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
-    result = fold_constants(ep)
-    assert read[0] == 0, f"digested {sum(counts.values())} tensors ({read[0]} bytes)"
+    with fold_scope() as work:  # the fold's own scope shares this memo: its counters count the fold
+        result = fold_constants(ep)
+    assert work.digested_bytes == 0, f"digested {sum(work.digested.values())} tensors ({work.digested_bytes} bytes)"
+    assert work.fingerprints > 0
     assert_report_bytes_true(result)
 
 
@@ -96,20 +63,21 @@ class IdenticalCopies(nn.Module):
         return x * self.a + self.b * 2.0, x + self.c, x + self.b
 
 
-def test_identical_weights_are_digested_at_most_once_per_fold(digests):
-    counts, _ = digests
+def test_identical_weights_are_digested_at_most_once_per_fold():
     ep = torch.export.export(IdenticalCopies(), (torch.randn(4096),))
-    result = fold_constants(ep)
-    assert counts and max(counts.values()) == 1
+    with fold_scope() as work:
+        result = fold_constants(ep)
+    assert work.digested and max(work.digested.values()) == 1
     assert_report_bytes_true(result)
     assert result.report.constant_bytes_before == aligned(4096 * 4)
 
 
-def test_views_of_one_storage_are_identical_without_reading(samples):
+def test_views_of_one_storage_are_identical_without_reading():
     w = torch.randn(300, 7)
-    index = IdenticalBytes()
-    groups = {index.add(w), index.add(w.view(300, 7)), index.add(w[:])}
-    assert len(groups) == 1 and samples[0] == 1  # only the first is fingerprinted
+    with fold_scope() as work:
+        index = IdenticalBytes()
+        groups = {index.add(w), index.add(w.view(300, 7)), index.add(w[:])}
+    assert len(groups) == 1 and work.fingerprints == 1  # only the first is fingerprinted
 
 
 def test_same_bytes_in_another_dtype_or_shape_are_stored_once():
