@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 import torch.fx
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
+from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .ops import (
     OpKind,
@@ -230,12 +231,13 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
 def _metadata_only_arg(n: torch.fx.Node) -> Optional[torch.fx.Node]:
     """The first argument of a metadata-only op (``new_zeros``, ``zeros_like`` …) when its shape
     and strides are static: its values are never read, so it does not make the result
-    runtime-dependent. A size with a free symbol (a dynamic input's ``s77``) is known only at
-    runtime, so the op is then never evaluated (`_symbolic_shape_source`)."""
+    runtime-dependent. A size with a free symbol (a dynamic input's ``s77``, or a
+    data-dependent ``u0`` of a runtime value) is known only at runtime, so the op is then never
+    evaluated (`_runtime_reason`)."""
     if not reads_only_metadata(n.target) or not n.args or not isinstance(n.args[0], torch.fx.Node):
         return None
     val = n.args[0].meta.get("val")
-    if isinstance(val, torch.Tensor) and not input_symbols(val):
+    if isinstance(val, torch.Tensor) and not has_free_symbols(val):
         return n.args[0]
     return None
 
