@@ -136,6 +136,7 @@ class _Rewrite:
 
     # 1. Where every stored value goes: an identical stored tensor, or a new constant.
     def place_values(self, values: dict[torch.fx.Node, torch.Tensor], constant_placeholders: set) -> None:
+        self.constant_placeholders = constant_placeholders
         dedup = IdenticalTensors({
             p: stored_tensor(self.specs[p.name], self.state_dict, self.constants)
             for p in self.placeholders if p in constant_placeholders
@@ -192,11 +193,17 @@ class _Rewrite:
         so the partitioner starts taking the stored tensor (``F.linear(x, b + b, p), p``): the
         unfolded program lowered, the folded one must too."""
         output = self.source.graph.output_node()
+        stored_as: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # placeholder -> folded values equal to it
+        for n, hit in self.target_of.items():
+            if isinstance(hit, torch.fx.Node):
+                stored_as.setdefault(hit, []).append(n)
         for a in self._returned(output):
             stored = a if self._is_stored(a) else self.target_of.get(a)
             if not isinstance(stored, torch.fx.Node) or (output, a) in self.private:
                 continue
-            if not self._read_by_an_op(stored):
+            if stored not in self.constant_placeholders:
+                continue  # a buffer the program writes: the output returns its written value
+            if not self._read_by_an_op(stored, stored_as):
                 continue
             t = stored_tensor(self.specs[stored.name], self.state_dict, self.constants)
             copy_c = self._new_constant(a, t if is_subclass(t) else canonical_copy(t.detach()), private=True)
@@ -213,10 +220,10 @@ class _Rewrite:
         spec = self.specs.get(n.name) if n.op == "placeholder" else None
         return spec is not None and spec.kind in STORED_KINDS
 
-    def _read_by_an_op(self, p: torch.fx.Node) -> bool:
+    def _read_by_an_op(self, p: torch.fx.Node, stored_as: dict) -> bool:
         """True when a surviving op (not the output) reads placeholder `p`, directly or through
-        a folded value stored as `p`'s tensor."""
-        sources = [p] + [n for n, hit in self.target_of.items() if hit is p]
+        a folded value stored as `p`'s tensor (`stored_as`)."""
+        sources = [p] + stored_as.get(p, [])
         return any(u not in self.folded and u.op != "output" for s in sources for u in s.users)
 
     # 3. Placeholders: surviving ones copied, new constants before the first user input (where

@@ -198,6 +198,30 @@ def test_a_returned_parameter_read_by_a_folded_op_still_lowers_with_xnnpack(make
     assert_lowers_folded_as_unfolded(make(), [(x,)], policy=policy)
 
 
+
+class WrittenBufferReturned(nn.Module):
+    """A buffer the program writes is returned as written, never as a stored copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(6, 2))
+        self.register_buffer("p", torch.zeros(6))
+
+    def forward(self, x):
+        y = F.linear(x, self.b + self.b, self.p)
+        self.p.add_(1.0)
+        return y, self.p
+
+
+def test_a_returned_buffer_the_program_writes_is_returned_as_written():
+    x = torch.randn(2, 2)
+    ep = export(WrittenBufferReturned(), (x,))
+    ref = copy.deepcopy(ep)
+    folded = fold_checked(ep).program
+    ref_module, folded_module = ref.module(), folded.module()
+    for _ in range(2):  # the second call reads the written buffer
+        assert_close_all(list(ref_module(x)), list(folded_module(x)))
+
 # Fault 5: a multi-output op of a constant whose getitem stays at runtime.
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
