@@ -263,5 +263,5 @@ def _run_steps(row: Dict[str, Any], ck: _Checkpoint, steps: Sequence[str], build
         ck.step("qnn")
         try:
             row["qnn"] = lower_qnn(row["model"], ep, inputs)
-        except Exception as exc:  # noqa: BLE001 - lower_rows never raises; the stand-in setup may
+        except Exception as exc:  # noqa: BLE001 - lower_rows never raises; loading the QNN libraries may
             row["qnn"] = {"status": f"error (setup): {error_text(exc)}", "traceback": _tb()}
