@@ -48,7 +48,6 @@ EXTRA_PRECISIONS = {"llama": ("16a4w",)}
 MODES = ("off", "constant_prop_pass", "on")
 # The benchmark models QNN rows are built for: the float ones (quantization is QNN's own).
 MODELS = [name for name in models.BUILDERS if not name.endswith(quantized.SUFFIX)]
-QUICK_MODELS = ["mobilenet_v3_small", "llama"]
 SOC_NAME = "SM8650"
 TOP_CPU_OPS = 3
 STATUS_CHARS = 110  # the table's status cell; the JSON and the Errors section keep the whole text
