@@ -154,7 +154,7 @@ def _load() -> QnnSdk:
             f"{paths[0]} is QNN {build_id}; executorch 1.5.1 creates HTP devices only with QNN "
             f"{SUPPORTED_BUILD_PREFIX.rstrip('.')} here (other builds fail with error 14001); {INSTALL_HINT}"
         )
-    source = "QNN_SDK_ROOT" if _wheel_dir() is None or not _is_wheel_layout(Path(root)) else f"{WHEEL} {WHEEL_VERSION}"
+    source = "QNN_SDK_ROOT" if _wheel_dir() is None or not _is_wheel_layout(Path(root)) else f"{WHEEL} {_wheel_version()}"
     return QnnSdk(root, str(paths[0].resolve()), str(paths[1].resolve()), build_id, source)
 
 
