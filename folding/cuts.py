@@ -206,18 +206,16 @@ def choose_cuts(
     max_tensor_bytes: Optional[int],
     budget: Optional[int],
     storable: set,
-) -> tuple[dict[torch.fx.Node, tuple[Reason, str]], list[str]]:
+) -> dict[torch.fx.Node, tuple[Reason, str]]:
     """Pick one plan per region: fewest total runtime ops with total growth within `budget`.
 
-    Returns the ops that stay at runtime with their reason, and one note per region whose
-    plan was limited by the budget.
+    Returns the ops that stay at runtime with their reason.
     """
     # The fewest-runtime-ops plan is unique (store every value that fits, nearest the sinks);
     # the full front is only needed for regions that grow, and only when the budget binds.
     fronts = [[fewest_ops_plan(r, sizes, placeholder_bytes, canon, max_tensor_bytes, storable)] for r in regions]
     choice = [0] * len(regions)
     total = sum(f[0].growth for f in fronts)
-    notes: list[str] = []
     if budget is not None and total > budget:
         for i, r in enumerate(regions):
             if fronts[i][0].growth > 0:
@@ -244,9 +242,7 @@ def choose_cuts(
                     f"region of {len(r.ops)} ops: storing it would grow constants by "
                     f"{f[0].growth:,} bytes; chose +{plan.growth:,} bytes with {plan.runtime_ops} runtime ops",
                 )
-        if k:
-            notes.append(f"{r.sinks[0].name}: {plan.runtime_ops} runtime ops, growth {plan.growth:+,} bytes")
-    return runtime, notes
+    return runtime
 
 
 def _push_step(heap, i, front, k) -> None:

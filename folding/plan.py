@@ -104,7 +104,7 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
         n for r in regions for n in r.ops
         if isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor) or is_scalar(n.meta.get("val"))
     }  # a scalar "stored" costs 0 bytes: it is inlined into its readers
-    runtime, _ = choose_cuts(
+    runtime = choose_cuts(
         regions, sizes, placeholder_bytes, _identical_values(folded), policy.max_tensor_bytes, budget, storable
     )
     plan.runtime.update(runtime)

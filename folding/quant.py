@@ -57,11 +57,6 @@ def is_dequantize(target: Any) -> bool:
     return packet_name(target) in DEQUANTIZE_OPS
 
 
-@_cached
-def is_qparams(target: Any) -> bool:
-    return packet_name(target) in QPARAM_OPS
-
-
 # Ops that only move, select, repeat or cast elements (besides every view op, found from its
 # schema): their result is still "the dequantized weight", so storing it would store the
 # weight as floats without its encoding. Arithmetic ops (linear, add, mul ...) make new values

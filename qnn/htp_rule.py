@@ -58,7 +58,3 @@ def is_runtime_input(node: torch.fx.Node, edge_program: ExportedProgram) -> bool
         return bool(is_graph_input(node, edge_program) or is_mutable_buffer_input(node, edge_program))
     return node.op != "get_attr"
 
-
-def runtime_inputs(nodes: Iterable[torch.fx.Node], edge_program: ExportedProgram) -> List[torch.fx.Node]:
-    """The inputs of the partition made of `nodes` that are written at run time."""
-    return [i for i in partition_inputs(nodes) if is_runtime_input(i, edge_program)]

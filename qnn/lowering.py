@@ -30,6 +30,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
+from folding.ops import op_name
 from folding.sizes import stored_constant_bytes
 
 from .compile_spec import fold_spec_of, split_compile_specs
@@ -207,13 +208,8 @@ def describe_partitions(
             continue
         if getattr(node.target, "__name__", "") == "getitem":
             continue
-        cpu_ops[_op_name(node.target)] += 1
+        cpu_ops[op_name(node.target)] += 1
     summary.cpu_ops = dict(sorted(cpu_ops.items()))
     summary.constant_bytes_on_cpu = stored_constant_bytes(ep)
     return summary
 
-
-def _op_name(target: Any) -> str:
-    from folding.ops import op_name
-
-    return op_name(target)
