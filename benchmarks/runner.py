@@ -229,10 +229,14 @@ def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSp
         logger.warning("%s/%s/%s: %s", row.model, row.variant, row.backend, row.status)
 
 
-# Float outputs: 1e-4 of the output's scale, max |eager output| (fp32 kernels of the portable runtime and XNNPACK
-# reorder sums; measured <= 1.1e-5 on the benchmark models). Integer outputs and quantized
-# models: exact (the .pte runs the same quantized arithmetic as eager; measured 0 on q8 rows).
+# Float outputs: 1e-4 of the output's scale, max |eager output| (fp32 kernels of the portable
+# runtime and XNNPACK reorder sums; measured <= 1.1e-5 on the benchmark models). Integer
+# outputs: exact. Quantized models: 0.15 of the scale. Eager runs the q/dq program in fp32
+# while the .pte runs integer kernels that requantize at every op; measured on
+# mobilenet_v3_small_q8 as 5.9 % (portable) and 8.3 % (XNNPACK) of the scale, and the same for
+# every variant. An earlier "exact" figure came from logits that were all zero.
 FLOAT_RTOL = 1e-4
+QUANTIZED_RTOL = 0.15
 # A float output smaller than this proves nothing by matching (a randomly initialised model can
 # output ~1e-9); such a model is initialised to outputs of order 1 (models.order_one_outputs).
 MIN_SCALE = 1e-3
@@ -242,9 +246,10 @@ def tolerance(model: str, expected: torch.Tensor) -> float:
     """Largest max-abs difference between a row's .pte output and eager that is still ``ok``."""
     from .quantized import SUFFIX
 
-    if not expected.dtype.is_floating_point or model.endswith(SUFFIX):
+    if not expected.dtype.is_floating_point:
         return 0.0
-    return FLOAT_RTOL * float(expected.float().abs().max())
+    scale = float(expected.float().abs().max())
+    return (QUANTIZED_RTOL if model.endswith(SUFFIX) else FLOAT_RTOL) * scale
 
 
 def build_unit(unit: Unit) -> List[Row]:
