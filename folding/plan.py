@@ -16,6 +16,7 @@ folded away or a folded node needs their value.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch.fx
 
@@ -80,8 +81,8 @@ def make_plan(
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
     _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut)
-    _keep_observed_layouts_with_their_classes(plan, analysis)
-    _keep_unstorable_inputs_of_kept_with_their_classes(plan, analysis)
+    _keep_until_stable(plan, analysis, _keep_observed_layouts)
+    _keep_until_stable(plan, analysis, _keep_unstorable_inputs)
     _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
     return plan
@@ -262,15 +263,16 @@ def _keep_observed_layouts(plan: Plan) -> None:
             work.extend(n.all_input_nodes)
 
 
-def _keep_observed_layouts_with_their_classes(plan: Plan, analysis: Analysis) -> None:
-    """`_keep_observed_layouts`, then `_keep_alias_classes_whole` for what it kept, until neither
-    keeps more: a view updated in place (``conv(w).narrow(...).add_(1)``) kept because a random
-    op reads it must not leave its base folded, or the runtime update would write into the
-    stored constant and the next call would read the written value (fuzz case 13001881).
-    Each round keeps at least one more node; one or two rounds in practice."""
+def _keep_until_stable(plan: Plan, analysis: Analysis, rule: Callable[[Plan], None]) -> None:
+    """`rule`, then `_keep_alias_classes_whole` for what it kept, until neither keeps more.
+
+    A node a rule keeps at runtime must not leave its in-place class half folded: a view
+    updated in place (``conv(w).narrow(...).add_(1)``) kept because a random op reads it would
+    otherwise write into its stored base on every call (fuzz case 13001881), and a kept
+    ``chunk`` is a view too. Each round keeps at least one more node; one or two in practice."""
     while True:
         before = len(plan.runtime)
-        _keep_observed_layouts(plan)
+        rule(plan)
         _keep_alias_classes_whole(plan, analysis)
         if len(plan.runtime) == before:
             return
@@ -296,17 +298,6 @@ def _keep_unstorable_inputs(plan: Plan) -> None:
             if plan.folded(n) and not _storable(n.meta.get("val")):
                 plan.runtime[n] = (Reason.DEPENDS_ON_KEPT, f"{reader.name} stays and reads its value, which is not a tensor")
                 work.append(n)
-
-
-def _keep_unstorable_inputs_of_kept_with_their_classes(plan: Plan, analysis: Analysis) -> None:
-    """`_keep_unstorable_inputs`, then `_keep_alias_classes_whole` for what it kept (a ``chunk``
-    is a view: its in-place class stays whole), until neither keeps more."""
-    while True:
-        before = len(plan.runtime)
-        _keep_unstorable_inputs(plan)
-        _keep_alias_classes_whole(plan, analysis)
-        if len(plan.runtime) == before:
-            return
 
 
 def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:
