@@ -1,4 +1,4 @@
-"""A process that runs .pte files for the fuzzer: ``python -m benchmarks.fuzz.pte_worker``.
+"""A process that runs .pte files for the fuzzer: ``python -m tests.fuzz.pte_worker``.
 
 Reads requests from stdin and writes replies to stdout, each a length-prefixed pickle:
 request ``(buffer, calls)``, reply ``("ok", outputs)`` or ``("error", "Type: message")``. A

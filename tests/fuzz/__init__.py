@@ -6,7 +6,7 @@ buffers, random ops, constant outputs, dynamic batch, PT2E-quantized variants) w
 `FoldPolicy`s, folds their ATen and Edge programs, and checks them against eager and the
 ExecuTorch runtime. Failures are classified into kinds and shrunk to standalone reproducers.
 
-    python -m benchmarks.fuzz --n 10000 --seed 1 --jobs 2 --out fuzz.json
+    python -m tests.fuzz --n 10000 --seed 1 --jobs 2 --out fuzz.json
 
 Modules: `program` (descriptions and their source), `generate` + `families` (the generator),
 `check` (the checks for one case), `lower` (ExecuTorch helpers), `shrink`, `reproduce`,

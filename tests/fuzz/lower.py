@@ -1,6 +1,8 @@
 """ExecuTorch lowering, serialisation and runtime helpers for the fuzzer (portable and XNNPACK).
 
-The same steps as `tests/invariants.py`, kept here because benchmarks do not import tests.
+What differs from `tests/invariants.py`: mutated buffers are serialised with their initial
+values, the caller's program is lowered from a private copy, and a .pte runs in a worker
+process (a kernel that aborts must not end the campaign).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def run_pte(buffer: bytes, calls: Sequence[Sequence[torch.Tensor]]) -> list[list
 
     if _WORKER is None or _WORKER.poll() is not None:
         _WORKER = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.fuzz.pte_worker"],
+            [sys.executable, "-m", "tests.fuzz.pte_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
     try:
@@ -104,13 +106,7 @@ def run_pte(buffer: bytes, calls: Sequence[Sequence[torch.Tensor]]) -> list[list
 
 
 def constant_bytes(buffer: bytes) -> int:
-    """Bytes of the constant data a .pte stores: its constant-buffer entries as serialised
-    (identical tensors stored once, each entry padded to the serializer's alignment)."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
+    """Bytes of the constant data a .pte stores (`tests.invariants.pte_constant_bytes`)."""
+    from tests.invariants import pte_constant_bytes
 
-    from folding.sizes import aligned
-
-    program = deserialize_pte_binary(buffer).program
-    # every entry as the constant segment lays it out: padded to 16 bytes (the last one is
-    # not padded in the file; counting it padded matches `folding.sizes.stored_constant_bytes`)
-    return sum(aligned(len(b.storage)) for b in program.constant_buffer)
+    return pte_constant_bytes(buffer)

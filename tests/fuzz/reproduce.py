@@ -75,7 +75,7 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
                  f"config = {_backend_config(p)}",
                  "buffer = EdgeProgramManager({'forward': copy.deepcopy(result.program)}).to_executorch(config).buffer"]
         if check.startswith("size-accounting") or check == "policy-growth-serialized":
-            lines += ["from benchmarks.fuzz.lower import constant_bytes",
+            lines += ["from tests.fuzz.lower import constant_bytes",
                       "unfolded = EdgeProgramManager({'forward': copy.deepcopy(program)}).to_executorch(config).buffer",
                       "print('report:', result.report.constant_bytes_before, '->', result.report.constant_bytes_after)",
                       "print('.pte constant bytes:', constant_bytes(unfolded), '->', constant_bytes(buffer))"]

@@ -2,7 +2,7 @@
 shrunk reproducer per failure kind.
 
 Case ``i`` of a campaign with seed ``S`` is program ``generate(S * 1_000_003 + i)``; the seed
-printed with a failure regenerates it (``python -m benchmarks.fuzz --case SEED``).
+printed with a failure regenerates it (``python -m tests.fuzz --case SEED``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.fuzz --n 10000 [--seed S] [--jobs N] [--out summary.json]``.
+"""``python -m tests.fuzz --n 10000 [--seed S] [--jobs N] [--out summary.json]``.
 
 Prints per-kind failure counts and one shrunk, standalone reproducer per kind; writes the JSON
 summary (cases, discarded, ok, failures per kind with seeds and reproducers, wall time).
@@ -14,7 +14,7 @@ from typing import List, Optional
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fuzz", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=1000, help="cases to run (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
