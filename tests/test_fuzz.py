@@ -1,4 +1,4 @@
-"""The differential fuzzer (benchmarks/fuzz): fixed-seed campaign, plus tests of its parts."""
+"""The differential fuzzer (tests/fuzz): fixed-seed campaign, plus tests of its parts."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import folding
-from benchmarks.fuzz import Config, GenConfig, Options, check, generate, reproducer, shrink
-from benchmarks.fuzz.campaign import run
-from benchmarks.fuzz.program import Op, PolicySpec, Program, module_source
+from tests.fuzz import Config, GenConfig, Options, check, generate, reproducer, shrink
+from tests.fuzz.campaign import run
+from tests.fuzz.program import Op, PolicySpec, Program, module_source
 
 # 300 cases with fixed seeds: every generated program is folded as an ATen program; a few are
 # quantized, fold their Edge program too, or lower to .pte (to_edge, PT2E and lowering cost
-# seconds per case, so those stay a small fraction here; `python -m benchmarks.fuzz` runs more).
+# seconds per case, so those stay a small fraction here; `python -m tests.fuzz` runs more).
 CI = Config(n=300, seed=2026, edge_fraction=0.04, pte_fraction=0.03, shrink_time=30.0,
             gen=GenConfig(quantize_fraction=0.03))
 
@@ -61,7 +61,7 @@ def _inplace_fold(ep, policy, inplace=False):
 
 
 def _program(*lines: tuple, outputs=("v2",), states=()) -> Program:
-    from benchmarks.fuzz.program import Input, State
+    from tests.fuzz.program import Input, State
 
     return Program(
         seed=0,

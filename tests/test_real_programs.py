@@ -525,7 +525,7 @@ def test_get_attr_constants_from_a_pass_are_lifted_and_dequantize_keeps_its_enco
     assert_close_all([expected], outputs(after, (x,)), atol=1e-4)
 
 
-# Kinds the fuzzer found (benchmarks/fuzz), shrunk ------------------------------------------
+# Kinds the fuzzer found (tests/fuzz), shrunk ------------------------------------------
 
 
 def test_in_place_update_reading_a_view_of_what_it_writes():
