@@ -244,3 +244,75 @@ def assert_snapshot_equal(a, b) -> None:
         assert da.keys() == db.keys()
         for k in da:
             assert torch.equal(da[k], db[k]), k
+
+
+def caller_snapshot(ep) -> tuple:
+    """Everything of `ep` that invariant 7 (docs/DESIGN.md) says a fold without ``inplace``
+    leaves unchanged: every GraphModule's graph (`state_snapshot`), plus each one's
+    compiled code and its attributes (submodules and tensors, by name), the signature and the
+    state_dict/constants tensors."""
+    modules = [(name, m) for name, m in ep.graph_module.named_modules() if isinstance(m, torch.fx.GraphModule)]
+    code = [(name, m.code) for name, m in modules]
+    attributes = [(name, sorted(graph_module_attributes(m))) for name, m in modules]
+    tensors = {f"{name}.{a}": t.clone() for name, m in modules for a, t in graph_module_attributes(m).items()
+               if isinstance(t, torch.Tensor)}
+    return state_snapshot(ep), code, attributes, tensors
+
+
+def assert_caller_unchanged(before: tuple, ep) -> None:
+    after = caller_snapshot(ep)
+    assert_snapshot_equal(before[0], after[0])
+    assert before[1] == after[1], "a GraphModule's code changed"
+    assert before[2] == after[2], "a GraphModule's attributes changed"
+    assert before[3].keys() == after[3].keys()
+    for k, t in before[3].items():
+        assert torch.equal(t, after[3][k]), k
+
+
+def graph_module_attributes(m: torch.fx.GraphModule) -> dict[str, object]:
+    """`m`'s own submodules and tensor attributes (parameters, buffers, plain tensors)."""
+    out: dict[str, object] = dict(m._modules)
+    out.update(m._parameters)
+    out.update(m._buffers)
+    out.update((k, v) for k, v in vars(m).items() if isinstance(v, torch.Tensor))
+    return out
+
+
+def leftovers(ep) -> set[str]:
+    """Dead leftovers of `ep`, each described by where it is: a get_attr
+    node without users or an attribute no get_attr reads, in any GraphModule; a stored
+    placeholder without users (a buffer written but never read is not dead); a stored tensor
+    no placeholder names; a body operand that no body of its HOP reads."""
+    from folding.hops import hop_kind
+
+    out: set[str] = set()
+    for name, m in ep.graph_module.named_modules():
+        if not isinstance(m, torch.fx.GraphModule):
+            continue
+        read = {n.target.split(".")[0] for n in m.graph.find_nodes(op="get_attr")}
+        out |= {f"{name}: get_attr {n.target}" for n in m.graph.find_nodes(op="get_attr") if not n.users}
+        out |= {f"{name}: attribute {a}" for a in graph_module_attributes(m) if a not in read}
+        for hop in m.graph.nodes:
+            kind = hop_kind(hop)
+            if kind is not None:
+                out |= _unread_operands(f"{name}/{hop.name}", hop, kind)
+    written = {s.target for s in ep.graph_signature.output_specs if s.target is not None}
+    stored = {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.target is not None}
+    out |= {f"placeholder {p.name}" for p in ep.graph.find_nodes(op="placeholder")
+            if p.name in stored and not p.users and stored[p.name] not in written}
+    out |= {f"stored {k}" for k in {**ep.state_dict, **ep.constants} if k not in set(stored.values())}
+    return out
+
+
+def _unread_operands(where: str, hop, kind) -> set[str]:
+    from folding.hops import bodies
+
+    per_body = [[p for p in body.graph.nodes if p.op == "placeholder"][kind.varying(hop):] for _, body in bodies(hop)]
+    n = len(kind.invariant_operands(hop))
+    return {f"{where}: operand {i}" for i in range(n) if per_body and all(not phs[i].users for phs in per_body)}
+
+
+def assert_no_new_leftovers(before, after) -> None:
+    """A folded program has no dead leftover beyond those the input already had."""
+    new = leftovers(after) - leftovers(before)
+    assert not new, f"dead leftovers after folding: {sorted(new)}"

@@ -197,7 +197,7 @@ def test_a_body_with_constant_code_and_no_operands_folds(make):
 
 
 # Fault 3: control flow folded away entirely leaves nothing behind (checked by
-# `fold_and_compare` through `test_control_flow.leftovers`).
+# `fold_and_compare` through `invariants.leftovers`).
 
 class ConstantCond(nn.Module):
     def __init__(self):

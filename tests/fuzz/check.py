@@ -162,24 +162,34 @@ def run_twice(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[l
 
 
 def fingerprint(ep) -> tuple:
-    """Everything that defines a program: graph, signature, stored tensors (by value)."""
+    """Everything that defines a program: every GraphModule's graph, code and attributes (the
+    bodies of its control flow too), the signature, and the stored tensors by value (those of
+    the state_dict, the constants and every GraphModule's own attributes)."""
+    from tests.invariants import graph_module_attributes
+
     def tensors(d):
         return {k: (v.dtype, tuple(v.shape), v.detach().clone()) for k, v in d.items() if isinstance(v, torch.Tensor)}
 
+    modules = [(name, m) for name, m in ep.graph_module.named_modules() if isinstance(m, torch.fx.GraphModule)]
+    attributes = {f"{name}.{a}": t for name, m in modules for a, t in graph_module_attributes(m).items()}
     return (
-        str(ep.graph),
+        [(name, str(m.graph)) for name, m in modules],
         [(s.kind, getattr(s.arg, "name", None), s.target) for s in ep.graph_signature.input_specs],
         [(s.kind, getattr(s.arg, "name", None), s.target) for s in ep.graph_signature.output_specs],
         tensors(ep.state_dict),
         tensors(ep.constants),
+        [(name, m.code) for name, m in modules],
+        sorted(attributes),
+        tensors(attributes),
     )
 
 
 def same_fingerprint(a: tuple, b: tuple) -> Optional[str]:
-    for label, x, y in (("graph", a[0], b[0]), ("input specs", a[1], b[1]), ("output specs", a[2], b[2])):
+    for label, x, y in (("graph", a[0], b[0]), ("input specs", a[1], b[1]), ("output specs", a[2], b[2]),
+                        ("GraphModule code", a[5], b[5]), ("GraphModule attributes", a[6], b[6])):
         if x != y:
             return f"{label} differ"
-    for label, x, y in (("state_dict", a[3], b[3]), ("constants", a[4], b[4])):
+    for label, x, y in (("state_dict", a[3], b[3]), ("constants", a[4], b[4]), ("GraphModule tensors", a[7], b[7])):
         if x.keys() != y.keys():
             return f"{label} keys differ: {sorted(set(x) ^ set(y))}"
         for k in x:
@@ -226,6 +236,15 @@ def verifier_problem(ep) -> Optional[str]:
     return None
 
 
+def new_leftovers(before, after) -> Optional[str]:
+    """Dead leftovers `after` has and `before` had not (`tests.invariants.leftovers`: unused
+    get_attr nodes, submodules, placeholders, stored tensors, body operands), as a message."""
+    from tests.invariants import leftovers
+
+    new = leftovers(after) - leftovers(before)
+    return f"dead leftovers after folding: {sorted(new)}" if new else None
+
+
 # -- the case ----------------------------------------------------------------------------------------
 
 
@@ -261,6 +280,9 @@ class Case:
         if self.p.dynamic_batch:
             self.inputs5 = self.ns["make_inputs"](5)
             self.eager5 = run_twice(self._reference(), self.inputs5)
+        if self.p.flip_inputs:
+            self.inputs_flip = self.ns["make_inputs"](3, True)
+            self.eager_flip = run_twice(self._reference(), self.inputs_flip)
 
     def _reference(self) -> torch.nn.Module:
         """A fresh eager model (buffers at their initial values)."""
@@ -309,6 +331,7 @@ class Case:
         self._check(stage, "caller-changed", same_fingerprint(before, fingerprint(ep)))
         folded = result.program
         self._check(stage, "verifier", verifier_problem(folded))
+        self._check(stage, "dead-leftovers", new_leftovers(ep, folded))
         self._check_bytes(stage, result)
         try:
             again = self.fold_fn(ep, self.policy, inplace=False)
@@ -338,12 +361,14 @@ class Case:
         self._check(stage, "policy-max-tensor-bytes", big and f"{big[0].target}: {big[0].nbytes} bytes > {cap}")
 
     def _check_outputs(self, stage: str, unfolded, folded) -> None:
-        """The folded program's outputs against eager (two calls), at the example batch and,
-        for a dynamic batch, at batch 5. A run that fails is a failure only when the unfolded
+        """The folded program's outputs against eager (two calls), at the example batch, for a
+        dynamic batch at batch 5, and on the flipped inputs (the other branch of each runtime
+        cond) when the program has them. A run that fails is a failure only when the unfolded
         program of the stage runs: ``to_edge`` may specialise a dynamic batch on its own."""
         for label, inputs, eager in (("", self.inputs, self.eager),
-                                     (" at batch 5", getattr(self, "inputs5", None), getattr(self, "eager5", None))):
-            if inputs is None or (label and not self.p.dynamic_batch):
+                                     (" at batch 5", getattr(self, "inputs5", None), getattr(self, "eager5", None)),
+                                     (" flipped", getattr(self, "inputs_flip", None), getattr(self, "eager_flip", None))):
+            if inputs is None:
                 continue
             reference = self._unfolded(unfolded, inputs)
             try:
@@ -353,7 +378,7 @@ class Case:
                     self.notes.append(f"{stage}: run{label} skipped, the unfolded program fails too: {type(exc).__name__}")
                     continue
                 raise exception_kind(stage, f"run folded{label}", exc)
-            check = "wrong-output-dynamic" if label else "wrong-output"
+            check = {"": "wrong-output", " at batch 5": "wrong-output-dynamic", " flipped": "wrong-output-flipped"}[label]
             self._check(stage, check, self._blame(got, eager, reference))
 
     @staticmethod
@@ -409,23 +434,38 @@ class Case:
             self._run_pte("edge", first, lambda: before)
 
     def _run_pte(self, stage: str, buffer: bytes, unfolded_buffer: Callable[[], bytes]) -> None:
-        calls = [self.inputs, self.inputs]
-        try:
-            got = lower.run_pte(buffer, calls)
-        except Exception as exc:
-            try:
-                lower.run_pte(unfolded_buffer(), calls)
-            except Exception:
-                self.notes.append(f"{stage}: .pte run skipped, the unfolded .pte fails too")
-                return
-            raise exception_kind(stage, "run .pte", exc)
-        def unfolded():
-            try:
-                return lower.run_pte(unfolded_buffer(), calls)
-            except Exception:
-                return got  # the unfolded .pte fails: nothing to blame on folding
+        """The .pte's outputs (two calls on a fresh load) against eager, on the example inputs
+        and on the flipped ones when the program has them."""
+        lowered: list = []
 
-        self._check(stage, "wrong-output-pte", self._blame(got, self.eager, unfolded, _PTE_TOL))
+        def unfolded_bytes() -> bytes:  # lowered once, when needed
+            if not lowered:
+                lowered.append(unfolded_buffer())
+            return lowered[0]
+
+        runs = [("", self.inputs, self.eager)]
+        if self.p.flip_inputs:
+            runs.append((" flipped", self.inputs_flip, self.eager_flip))
+        for label, inputs, eager in runs:
+            calls = [inputs, inputs]
+            try:
+                got = lower.run_pte(buffer, calls)
+            except Exception as exc:
+                try:
+                    lower.run_pte(unfolded_bytes(), calls)
+                except Exception:
+                    self.notes.append(f"{stage}: .pte run{label} skipped, the unfolded .pte fails too")
+                    continue
+                raise exception_kind(stage, f"run .pte{label}", exc)
+
+            def unfolded(calls=calls, got=got):
+                try:
+                    return lower.run_pte(unfolded_bytes(), calls)
+                except Exception:
+                    return got  # the unfolded .pte fails: nothing to blame on folding
+
+            check = "wrong-output-pte-flipped" if label else "wrong-output-pte"
+            self._check(stage, check, self._blame(got, eager, unfolded, _PTE_TOL))
 
     # 4. .pte on portable and XNNPACK
     def stage_pte(self) -> None:

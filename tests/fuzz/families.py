@@ -594,6 +594,15 @@ _WEIGHTS = {"elementwise": 12, "binary": 14, "reduce": 6, "cast": 8, "view": 16,
 _QUANT_WEIGHTS = {**_WEIGHTS, "conv": 24, "binary": 18, "random": 0, "mutation": 1, "norm": 0}
 
 
-def weights(quantize: bool) -> dict[str, float]:
-    """Relative frequency of each family (quantized cases favour what the quantizer annotates)."""
+def weights(quantize: bool, control_flow: bool = False) -> dict[str, float]:
+    """Relative frequency of each family (quantized cases favour what the quantizer annotates;
+    control-flow cases add the `control_flow` families)."""
+    if control_flow:
+        return _CONTROL_FLOW_WEIGHTS
     return _QUANT_WEIGHTS if quantize else _WEIGHTS
+
+
+from . import control_flow as _control_flow  # noqa: E402 (its proposers use the helpers above)
+
+FAMILIES.update(_control_flow.FAMILIES)
+_CONTROL_FLOW_WEIGHTS = {**_WEIGHTS, **_control_flow.WEIGHTS}

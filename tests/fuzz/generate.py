@@ -19,9 +19,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .program import MiB, Input, Op, PolicySpec, Program, State, fill
+from .program import HEADER, MiB, Input, Op, PolicySpec, Program, State, execute, fill
 
 BATCHES = (3, 5)  # example batch sizes: the program must run at both (never 0 or 1: export specialises those)
+# With flipped inputs (`Gen(flip=True)`), a third example: batch 3 with every float input negated.
+FLIP = (BATCHES[0], True)
 MAX_NUMEL = 4096  # keeps every value small: folding, eager runs and .pte runs stay fast
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool, torch.uint8, torch.int8)
 
@@ -32,7 +34,8 @@ class Value:
 
     Attributes:
         kind: ``const`` (depends only on stored tensors and factories) or ``runtime``.
-        examples: the value at each of `BATCHES` (live tensors: in-place ops update them).
+        examples: the value at each of `BATCHES` (live tensors: in-place ops update them), then
+            on the flipped inputs if the program has them (`FLIP`).
         temp: a fresh temporary (shares no storage with an input or a stored tensor), so an
             in-place op on it changes no caller-visible state.
         state: a stored tensor (``parameter`` / ``buffer`` / ``constant``), or None.
@@ -51,7 +54,7 @@ class Value:
     @property
     def static_dims(self) -> list[int]:
         """Dims whose size does not depend on the batch size."""
-        a, b = self.examples
+        a, b = self.examples[:2]
         return [d for d in range(a.dim()) if a.shape[d] == b.shape[d]]
 
     @property
@@ -78,16 +81,30 @@ class Rejected(Exception):
     """A proposal does not run, or makes a value outside the generator's limits."""
 
 
-class Gen:
-    """The program being grown, with its example values at both batch sizes."""
+_HEADER_NAMES: dict = {}
 
-    def __init__(self, rng: random.Random) -> None:
+
+def header_names() -> dict:
+    """The names `program.HEADER` defines (torch, F, nn, `_g`, the region helpers): what a
+    generated expression may use, evaluated from the very source the module is rendered with."""
+    if not _HEADER_NAMES:
+        _HEADER_NAMES.update(execute(HEADER, tag="fuzz-header"))
+    return _HEADER_NAMES
+
+
+class Gen:
+    """The program being grown, with its example values at both batch sizes (and on the
+    flipped inputs when `flip`: see `FLIP`)."""
+
+    def __init__(self, rng: random.Random, flip: bool = False) -> None:
         self.rng = rng
+        self.flip = flip
+        self.specs = [(b, False) for b in BATCHES] + ([FLIP] if flip else [])
         self.values: dict[str, Value] = {}
         self.inputs: list[Input] = []
         self.states: list[State] = []
         self.ops: list[Op] = []
-        self.envs = [{"torch": torch, "F": F, "nn": nn, "_g": _g, "self": types.SimpleNamespace()} for _ in BATCHES]
+        self.envs = [{**header_names(), "self": types.SimpleNamespace()} for _ in self.specs]
         self._pending: list[str] = []
         self._counter = 0
 
@@ -156,8 +173,10 @@ class Gen:
 
     def add_input(self, name: str, init: str) -> None:
         examples = []
-        for env, batch in zip(self.envs, BATCHES):
+        for env, (batch, flip) in zip(self.envs, self.specs):
             t = eval(init, {"torch": torch, "_g": _g, "batch": batch})  # noqa: S307
+            if flip and t.is_floating_point():
+                t = -t
             env[name] = t
             examples.append(t)
         self.values[name] = Value(name, "runtime", tuple(examples))
@@ -175,7 +194,7 @@ class Gen:
             for expr, inputs in proposal.steps:
                 resolved = [names[int(i[1:])] if i.startswith("@") else i for i in inputs]
                 outs = []
-                for k in range(len(BATCHES)):
+                for k in range(len(self.envs)):
                     out = self.eval(expr, resolved, k)
                     _check_value(out)
                     outs.append(out)
@@ -289,6 +308,9 @@ class GenConfig:
         quantize_fraction: PT2E-quantized cases.
         dynamic_fraction: cases exported with a dynamic batch dim.
         input_name_fraction: cases whose first argument is named ``input`` (``nn.Sequential``).
+        control_flow: grow programs with the control-flow families too (`control_flow`:
+            cond, map, scan, while_loop, no_grad and autocast regions), never quantized, with
+            flipped inputs (`FLIP`) so that both branches of a runtime cond are checked.
     """
 
     min_ops: int = 10
@@ -296,6 +318,12 @@ class GenConfig:
     quantize_fraction: float = 0.1
     dynamic_fraction: float = 0.25
     input_name_fraction: float = 0.1
+    control_flow: bool = False
+
+
+# Control-flow programs: a higher-order op costs a dynamo trace per eager call (~0.1 s), so
+# these programs are smaller.
+CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_flow=True)
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
@@ -317,9 +345,9 @@ def _runs(p: Program) -> bool:
 
     ns = execute(module_source(p), tag="fuzz-gen")
     try:
-        for batch in BATCHES:
+        for batch, flip in [(b, False) for b in BATCHES] + ([FLIP] if p.flip_inputs else []):
             m = ns["M"]()
-            inputs = ns["make_inputs"](batch)
+            inputs = ns["make_inputs"](batch, flip)
             with torch.no_grad():
                 m(*inputs)
                 m(*inputs)
@@ -333,7 +361,7 @@ def _runs(p: Program) -> bool:
 def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
     from . import families  # the proposers, registered by family
 
-    g = Gen(rng)
+    g = Gen(rng, flip=config.control_flow)
     quantize = rng.random() < config.quantize_fraction
     dynamic = not quantize and rng.random() < config.dynamic_fraction
     arg = "input" if rng.random() < config.input_name_fraction else "x"
@@ -347,7 +375,7 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
     n_ops = config.min_ops + int((config.max_ops - config.min_ops) * u * u)
     if quantize:
         n_ops = min(n_ops, 30)  # PT2E prepare/convert cost grows fast with the graph
-    weights = families.weights(quantize)
+    weights = families.weights(quantize, config.control_flow)
     names, w = list(weights), list(weights.values())
     attempts = 0
     while len(g.ops) < n_ops and attempts < 40 * n_ops:
@@ -372,6 +400,7 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
         dynamic_batch=dynamic,
         quantize=quantize,
         policy=random_policy(rng),
+        flip_inputs=config.control_flow,
     )
 
 

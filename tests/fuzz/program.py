@@ -98,6 +98,9 @@ class Program:
         dynamic_batch: export with a dynamic dim 0 on every input.
         quantize: PT2E-quantize with the XNNPACK quantizer before folding.
         policy: the `FoldPolicy` to fold with.
+        flip_inputs: also check the program on its inputs with every float input negated
+            (``make_inputs(flip=True)``): the control-flow families keep a cond with a runtime
+            predicate only if those inputs take its other branch.
     """
 
     seed: int
@@ -108,6 +111,7 @@ class Program:
     dynamic_batch: bool = False
     quantize: bool = False
     policy: PolicySpec = field(default_factory=PolicySpec)
+    flip_inputs: bool = False
 
     @property
     def state_names(self) -> set[str]:
@@ -116,6 +120,10 @@ class Program:
     @property
     def has_random(self) -> bool:
         return any(op.family == "random" for op in self.ops)
+
+    @property
+    def has_while_loop(self) -> bool:
+        return any(op.family == "while_loop" for op in self.ops)
 
     @property
     def mutated_buffers(self) -> list[str]:
@@ -144,22 +152,50 @@ def fill(expr: str, refs: list[str]) -> str:
     return _SLOT.sub(lambda m: refs[int(m.group(1))], expr)
 
 
-_HEADER = '''\
+HEADER = '''\
 from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
+from torch._higher_order_ops.while_loop import while_loop
 
 
 def _g(seed):
     """A seeded generator: every stored tensor and input is reproducible."""
     return torch.Generator().manual_seed(seed)
+
+
+def _no_grad(fn, *args):
+    """fn(*args) in a no_grad region (torch.export makes it a wrap_with_set_grad_enabled)."""
+    with torch.no_grad():
+        return fn(*args)
+
+
+def _autocast(fn, *args):
+    """fn(*args) in a CPU bfloat16 autocast region (torch.export: wrap_with_autocast)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return fn(*args)
+
+
+def _combine(outs):
+    """The first output plus the mean of each other one, so every output of a HOP is read."""
+    r = outs[0]
+    for o in outs[1:]:
+        r = r + o.float().mean().to(r.dtype)
+    return r
+
+
+def _flip(inputs, flip):
+    """The inputs, with every float input negated when `flip`."""
+    return tuple(-t if flip and t.is_floating_point() else t for t in inputs)
 '''
 
 
 def module_source(p: Program) -> str:
-    """Source of ``class M(nn.Module)`` and ``make_inputs(batch=3)``."""
+    """Source of ``class M(nn.Module)`` and ``make_inputs(batch=3, flip=False)``."""
     init = ["super().__init__()"]
     for s in p.states:
         if s.kind == "parameter":
@@ -174,12 +210,12 @@ def module_source(p: Program) -> str:
     args = ", ".join(["self"] + [i.name for i in p.inputs])
     inputs = ", ".join(i.init for i in p.inputs)
     return (
-        _HEADER
+        HEADER
         + "\n\nclass M(nn.Module):\n    def __init__(self):\n"
         + textwrap.indent("\n".join(init), " " * 8)
         + f"\n\n    def forward({args}):\n"
         + textwrap.indent("\n".join(body), " " * 8)
-        + f"\n\n\ndef make_inputs(batch=3):\n    return ({inputs},)\n"
+        + f"\n\n\ndef make_inputs(batch=3, flip=False):\n    return _flip(({inputs},), flip)\n"
     )
 
 

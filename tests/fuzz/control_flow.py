@@ -1,0 +1,331 @@
+"""Control-flow families: ``cond`` (runtime and constant predicates, nested), ``map``, ``scan``,
+``while_loop``, and ``no_grad`` / autocast regions, each with constant code in its bodies.
+
+A proposer returns one op record: a whole higher-order call whose bodies are lambdas
+(`program.HEADER` defines ``hop_map``, ``scan``, ``while_loop``, ``_no_grad``, ``_autocast``
+and ``_combine``). `Body` builds body code: chains of shape- and dtype-preserving steps on an
+operand, mixed with constant code (closures over stored tensors and constant values of the
+program, factories), so a body has code to fold next to runtime code, or nothing to fold.
+Operands are sometimes repeated, identical after folding (``w`` and ``w * 1.0``), or absent;
+a body sometimes returns a constant, or one constant twice. A cond with a runtime predicate is
+kept only if the flipped inputs (`generate.FLIP`) take its other branch, so the checks run
+both branches.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .families import related_shape
+from .generate import Gen, Proposal, Value, dtype_src, shape_src
+
+# Steps that keep their operand's shape and dtype (a float operand); ``{e}`` is the operand.
+UNARY = ("({e} * 2.0)", "{e}.tanh()", "torch.sigmoid({e})", "({e} + 1.5)", "F.relu({e})", "{e}.abs().sqrt()",
+         "(-{e})", "{e}.clamp(-0.5, 0.5)", "torch.exp({e}.clamp(max=3.0))", "({e} * 0.5 - 0.25)", "{e}.sin()")
+BINARY = ("+", "-", "*")
+# The same value again, as an expression folding makes identical to it.
+SAME_AFTER_FOLDING = ("{e} * 1.0", "{e} + 0.0", "{e}.clone()")
+
+
+def _float(v: Value) -> bool:
+    return v.is_float and v.ex.numel() <= 256
+
+
+class Body:
+    """The text of one HOP call being built: slots for the program's values it reads (as
+    operands or as closures), and the example of each lambda parameter."""
+
+    def __init__(self, g: Gen, nest: bool = False) -> None:
+        self.g = g
+        self.nest = nest
+        self.inputs: list[str] = []
+
+    def slot(self, name: str) -> str:
+        """``$k`` for program value `name` (added to the op's inputs once)."""
+        if name not in self.inputs:
+            self.inputs.append(name)
+        return f"${self.inputs.index(name)}"
+
+    def constant(self, ex: torch.Tensor) -> str:
+        """Constant code whose value broadcasts to `ex` without changing its shape or dtype: a
+        0-dim reduction of a constant value (a closure), a stored tensor, or a factory."""
+        g, rng = self.g, self.g.rng
+        u = rng.random()
+        if u < 0.4:
+            c = g.pick(lambda v: v.is_float and v.ex.numel() <= 256, "const")
+            if c is not None:
+                return f"{self.slot(c)}." + rng.choice(["sum()", "mean()", "abs().amax()", "tanh().mean()"])
+        shape = self._broadcast_shape(ex)
+        if u < 0.7:
+            kind = rng.choice(["parameter", "buffer", "constant"])
+            return self.slot(g.random_state(shape, ex.dtype, kind))
+        n = 1
+        for d in shape:
+            n *= d
+        s, dt = shape_src(shape), dtype_src(ex.dtype)
+        return rng.choice([f"torch.full({s}, -0.5, dtype={dt})", f"(torch.ones({s}, dtype={dt}) * 2.0)",
+                           f"(torch.arange({n}, dtype={dt}).reshape({s}) / {n})"])
+
+    def _broadcast_shape(self, ex: torch.Tensor) -> tuple:
+        """A shape that broadcasts to `ex`'s at every example (dims that vary with the batch are 1)."""
+        shape = [s if self.g.rng.random() < 0.6 else 1 for s in ex.shape]
+        shape[:1] = [1] if shape else []  # dim 0 may be the batch dim
+        return tuple(shape[self.g.rng.choice([0, 0, 1]) if shape else 0:])
+
+    def term(self, e: str, ex: torch.Tensor, others: tuple = (), depth: int = 0) -> str:
+        """An expression of `e` (whose example is `ex`) with `ex`'s shape and dtype: one to three
+        steps, each unary, with constant code, with another parameter in `others` (pairs
+        ``(text, example)`` that broadcast to `ex`), or (at depth < 2) a nested cond."""
+        rng = self.g.rng
+        for _ in range(rng.randint(1, 3)):
+            u = rng.random()
+            if u < 0.4:
+                e = rng.choice(UNARY).format(e=e)
+            elif u < 0.75:
+                e = f"({e} {rng.choice(BINARY)} {self.constant(ex)})"
+            elif u < 0.9 and others:
+                text, _ = rng.choice(others)
+                e = f"({e} {rng.choice(BINARY)} {text})"
+            elif self.nest and depth < 2:
+                e = self.nested_cond(e, ex, depth + 1)
+            else:
+                e = rng.choice(UNARY).format(e=e)
+        return e
+
+    def nested_cond(self, e: str, ex: torch.Tensor, depth: int) -> str:
+        """A cond inside a body, on `e`: its predicate reads `e` (runtime if `e` is) or constant code."""
+        p = f"b{depth}"
+        simple = e.isidentifier() or e.startswith("$")  # a predicate on `e` repeats its text
+        pred = f"{e}.sum() > 0" if simple and self.g.rng.random() < 0.6 else f"{self.constant(ex)}.sum() > 0"
+        t, f = self.term(p, ex, (), depth), self.term(p, ex, (), depth)
+        return f"torch.cond({pred}, lambda {p}: ({t},), lambda {p}: ({f},), ({e},))[0]"
+
+    def proposal(self, family: str, expr: str) -> Proposal:
+        return Proposal(family, [(expr, tuple(self.inputs))])
+
+
+def _operands(b: Body, main: str) -> tuple[list[str], list[tuple[str, torch.Tensor]]]:
+    """The operand texts of a HOP reading `main`, and the example of each: `main`, then up to
+    two more: another value, `main` again, or an expression identical to a value after folding."""
+    g, rng = b.g, b.g.rng
+    texts, examples = [b.slot(main)], [g.v(main).ex]
+    for _ in range(rng.choice([0, 1, 1, 2])):
+        u = rng.random()
+        if u < 0.3:
+            texts.append(b.slot(main))
+            examples.append(g.v(main).ex)
+        elif u < 0.6:
+            other = g.pick(_float, rng.choice(["const", None]))
+            if other is not None:
+                texts.append(rng.choice(SAME_AFTER_FOLDING).format(e=b.slot(other)))
+                examples.append(g.v(other).ex)
+        else:
+            other = g.pick(_float)
+            if other is not None:
+                texts.append(b.slot(other))
+                examples.append(g.v(other).ex)
+    return texts, examples
+
+
+def _broadcasts(small: torch.Tensor, big: torch.Tensor) -> bool:
+    try:
+        return torch.broadcast_shapes(small.shape, big.shape) == big.shape and small.dtype == big.dtype
+    except RuntimeError:
+        return False
+
+
+def _params(prefix: str, examples: list) -> list[str]:
+    return [f"{prefix}{i}" for i in range(len(examples))]
+
+
+def nesting(g: Gen) -> bool:
+    """Whether this program nests conds in cond branches. torch 2.14's export fails on a nested
+    cond in a program with a ``no_grad`` or autocast region (``'<lambda>' object has no
+    attribute 'true_graph_0'`` in ``replace_set_grad_with_hop_pass``), in a scan body, or in a
+    cond without operands, so a program does one or the other; chosen once per program."""
+    if not hasattr(g, "nested_conds"):
+        g.nested_conds = g.rng.random() < 0.4
+    return g.nested_conds
+
+
+def _predicate(b: Body, runtime: bool) -> Optional[str]:
+    """A predicate text. Runtime: on a runtime float value, taking a different branch on the
+    flipped inputs than on the example ones. Constant: on constant code."""
+    g, rng = b.g, b.g.rng
+    forms = ("{v}.sum() > 0", "{v}.mean() < 0", "{v}.flatten()[0] > 0", "{v}.amax() > 0.5")
+    if not runtime:
+        if rng.random() < 0.2:
+            return b.slot(g.new_state(f"torch.tensor({rng.choice([True, False])})", "buffer", "f"))
+        c = g.pick(lambda v: v.is_float, "const")
+        if c is None:
+            return None
+        return rng.choice(forms).format(v=b.slot(c))
+    for _ in range(6):
+        r = g.pick(lambda v: v.is_float, "runtime")
+        if r is None or not g.flip:
+            return None
+        form = rng.choice(forms)
+        try:
+            taken = [bool(g.eval(form.format(v="$0"), [r], k)) for k in (0, len(g.envs) - 1)]
+        except Exception:
+            continue
+        if taken[0] != taken[1]:
+            return form.format(v=b.slot(r))
+    return None
+
+
+def _outputs(b: Body, params: list[str], examples: list) -> tuple[list[str], list[str]]:
+    """The true and false branch outputs: a term of the first parameter (or constant code when
+    there is none), then sometimes a constant output, or one constant twice."""
+    g, rng = b.g, b.g.rng
+    if params:
+        ex = examples[0]
+        others = tuple((p, x) for p, x in zip(params[1:], examples[1:]) if _broadcasts(x, ex))
+        true, false = [b.term(params[0], ex, others)], [b.term(params[0], ex, others)]
+    else:
+        c = g.pick(_float, "const")
+        if c is None:
+            return [], []
+        ex = g.v(c).ex
+        true, false = [b.term(b.slot(c), ex)], [b.term(b.slot(c), ex)]
+    u = rng.random()
+    c = g.pick(_float, "const")
+    if c is not None and u < 0.35:
+        true.append(f"({b.slot(c)} * 0.5)")
+        false.append(f"({b.slot(c)} - 1.0)")
+    elif c is not None and u < 0.5:  # one constant returned twice (two clones of one value)
+        twice = f"*(lambda c: (c.clone(), c.clone()))({b.slot(c)} * 0.5)"
+        true.append(twice)
+        false.append(f"*(lambda c: (c.clone(), c.clone()))({b.slot(c)} + 1.0)")
+    return true, false
+
+
+def _use(rng, call: str, n: int) -> str:
+    """Read one output of a HOP call returning `n`, or all of them (`_combine`)."""
+    if n > 1 and rng.random() < 0.6:
+        return f"_combine({call})"
+    return f"{call}[{rng.randrange(n)}]"
+
+
+def cond(g: Gen) -> Optional[Proposal]:
+    rng = g.rng
+    b = Body(g)
+    pred = _predicate(b, runtime=rng.random() < 0.6)
+    b.nest = nesting(g)
+    if pred is None:
+        pred = _predicate(b, runtime=False)
+    if pred is None:
+        return None
+    if rng.random() < 0.15:
+        texts, examples = [], []  # branches that read no operand
+        b.nest = False
+    else:
+        main = g.pick_any_kind(_float)
+        if main is None:
+            return None
+        texts, examples = _operands(b, main)
+    params = _params("a", examples)
+    true, false = _outputs(b, params, examples)
+    if not true:
+        return None
+    n = 2 if any(o.startswith("*") for o in true) else 1
+    n = len(true) + n - 1
+    ops = "(" + "".join(f"{t}, " for t in texts) + ")"
+    call = (f"torch.cond({pred}, lambda {', '.join(params)}: ({', '.join(true)},), "
+            f"lambda {', '.join(params)}: ({', '.join(false)},), {ops})")
+    return b.proposal("cond", _use(rng, call, n))
+
+
+def _sliceable(v: Value) -> bool:
+    return _float(v) and v.ex.dim() >= 1 and 0 in v.static_dims and 1 <= v.ex.shape[0] <= 5
+
+
+def map_(g: Gen) -> Optional[Proposal]:
+    """``hop_map`` over dim 0 of a value (static size), the body reading the slice and operands."""
+    xs = g.pick_any_kind(_sliceable)
+    if xs is None:
+        return None
+    b = Body(g)
+    xs_text = b.slot(xs)
+    ex = g.v(xs).ex[0]
+    extra = [g.pick(_float) for _ in range(g.rng.choice([0, 1, 1, 2]))]
+    extra = [e for e in extra if e is not None and e != xs]  # one tensor as xs and as an operand aliases
+    params = ["s"] + _params("a", extra)
+    others = tuple((p, g.v(e).ex) for p, e in zip(params[1:], extra) if _broadcasts(g.v(e).ex, ex))
+    body = b.term("s", ex, others)
+    args = "".join(f", {b.slot(e)}" for e in extra)
+    return b.proposal("map", f"hop_map(lambda {', '.join(params)}: {body}, {xs_text}{args})")
+
+
+def scan_(g: Gen) -> Optional[Proposal]:
+    """``scan`` over dim 0 of a value: a carry of the slice's shape, a fresh output per step."""
+    xs = g.pick_any_kind(_sliceable)
+    if xs is None:
+        return None
+    b = Body(g)
+    xs_text = b.slot(xs)
+    ex = g.v(xs).ex[0]
+    init = g.pick(lambda v: v.is_float and tuple(v.ex.shape) == tuple(ex.shape) and v.ex.dtype == ex.dtype
+                  and not v.dynamic and v.name != xs)
+    init_text = b.slot(init) if init is not None and g.rng.random() < 0.6 else \
+        f"torch.zeros({shape_src(tuple(ex.shape))}, dtype={dtype_src(ex.dtype)})"
+    step = b.term("s", ex)
+    carry = f"c * 0.5 + {step}"
+    out = b.term("c", ex)
+    call = f"scan(lambda c, s: ({carry}, {out}), {init_text}, {xs_text})"
+    return b.proposal("scan", _use(g.rng, call, 2))
+
+
+def while_loop_(g: Gen) -> Optional[Proposal]:
+    """A counted ``while_loop`` carrying a value (its body: a term of it); eager checks only,
+    as executorch 1.5.1 does not emit while_loop."""
+    a = g.pick_any_kind(_float)
+    if a is None:
+        return None
+    b = Body(g)
+    body = b.term("a", g.v(a).ex)
+    n = g.rng.randint(1, 4)
+    call = (f"while_loop(lambda i, a: i < {n}, lambda i, a: (i + 1, {body}), "
+            f"(torch.zeros((), dtype=torch.int64), {b.slot(a)}))[1]")
+    return b.proposal("while_loop", call)
+
+
+def _region(g: Gen, family: str, helper: str) -> Optional[Proposal]:
+    """A ``no_grad`` or autocast region: a term of its operands, or constant code only."""
+    rng = g.rng
+    if nesting(g):
+        return None
+    b = Body(g)
+    if rng.random() < 0.2:
+        c = g.pick(_float, "const")
+        if c is None:
+            return None
+        return b.proposal(family, f"{helper}(lambda: {b.term(b.slot(c), g.v(c).ex)})")
+    main = g.pick_any_kind(_float)
+    if main is None:
+        return None
+    texts, examples = _operands(b, main)
+    params = _params("a", examples)
+    ex = examples[0]
+    body = b.term(params[0], ex, tuple((p, x) for p, x in zip(params[1:], examples[1:]) if _broadcasts(x, ex)))
+    if family == "autocast" and ex.dim() >= 1 and ex.shape[-1] <= 8 and (ex.dim() - 1) in g.v(main).static_dims:
+        # a matmul: what autocast changes (bfloat16), with a weight computed from constants
+        w = g.random_state((rng.randint(1, 6), ex.shape[-1]), torch.float32, "parameter")
+        weight = rng.choice([b.slot(w), f"({b.slot(w)} * 2.0)", f"{b.slot(w)}.tanh()"])
+        body = f"F.linear({body}, {weight})" + rng.choice(["", ".float()", f".to({dtype_src(ex.dtype)})"])
+    return b.proposal(family, f"{helper}(lambda {', '.join(params)}: {body}, {', '.join(texts)})")
+
+
+def no_grad(g: Gen) -> Optional[Proposal]:
+    return _region(g, "no_grad", "_no_grad")
+
+
+def autocast(g: Gen) -> Optional[Proposal]:
+    return _region(g, "autocast", "_autocast")
+
+
+FAMILIES = {"cond": cond, "map": map_, "scan": scan_, "while_loop": while_loop_, "no_grad": no_grad,
+            "autocast": autocast}
+WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4}
