@@ -75,7 +75,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
             for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved):
                 decisions.append(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result"))
     if decisions:
-        gm.graph.eliminate_dead_code(is_impure_node=_only_get_attrs_are_pure)
+        _erase_unused_get_attrs(gm.graph)
         drop_unused_attributes(gm)
         recompile_shallow(gm)
     return decisions
@@ -137,11 +137,18 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
     return removed
 
 
-def _only_get_attrs_are_pure(node: torch.fx.Node) -> bool:
+def _erase_unused_get_attrs(graph: torch.fx.Graph) -> None:
     """Dead-code rule after inlining (`_inline` erased the conds and their getitems): only the
     get_attrs of their bodies may go. Everything else stays, an unused node of the caller's
-    too (a ``getitem`` torch.export left without users keeps its name: invariant 6)."""
-    return node.op != "get_attr"
+    too (a ``getitem`` torch.export left without users keeps its name: invariant 6).
+
+    Not ``Graph.eliminate_dead_code``: torch 2.14 (``torch/fx/graph.py``) also runs it, with
+    its own side-effect rule, on every GraphModule child a get_attr reads, and recompiles them
+    in place, so a body shared with the caller's program (a region whose result is unused)
+    would lose its dead code in the caller's program too (invariant 7)."""
+    for node in graph.find_nodes(op="get_attr"):
+        if not node.users:
+            graph.erase_node(node)
 
 
 class _Taken:

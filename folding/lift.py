@@ -62,6 +62,7 @@ class _NewConstant:
     source: torch.fx.Node
     replaces: list[str] = field(default_factory=list)
     private: bool = False  # a reader's own placeholder of another constant's tensor
+    computed: bool = False  # some node it replaces was folded (not only moved tensor attributes)
     placeholder: Optional[torch.fx.Node] = None  # set when emitted
 
 
@@ -154,6 +155,7 @@ class _Rewrite:
                 dedup.add(hit, value)
             if isinstance(hit, _NewConstant):
                 hit.replaces.append(node.name)
+                hit.computed |= node.op != "get_attr"
             else:
                 self.reused.setdefault(hit, []).append(node.name)
             self.record.lifted_as[node.name] = hit.name
@@ -315,7 +317,8 @@ class _Rewrite:
             self.constants.pop(target, None)
         for c in self.new_constants:
             if not c.private:
-                self.record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False))
+                self.record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False,
+                                               moved=not c.computed))
         for p, names in self.reused.items():
             t = stored_tensor(self.specs[p.name], self.state_dict, self.constants)
             self.record.lifted.append(_row(p.name, self.specs[p.name].target, names, t, reused=True))
@@ -433,17 +436,27 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
         return torch.empty(value.shape, dtype=value.dtype, device=value.device)
 
 
-def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool) -> LiftedConstant:
+def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool, moved: bool = False) -> LiftedConstant:
     return LiftedConstant(
         placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
         dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused, nonfinite=_nonfinite(t),
+        moved=moved,
     )
 
 
 def _nonfinite(t: torch.Tensor) -> bool:
+    """True when `t` holds a NaN or an Inf. Real dtypes: its min and max (``aminmax``: one
+    pass, no temporary; NaN propagates, an Inf is the min or max). ``isfinite(t).all()``
+    allocates ``abs(t)`` and bool masks, about 1.75x the tensor's bytes at fp32, and took most
+    of a weight-heavy fold (`python -m benchmarks.weight_scale`)."""
     if is_subclass(t) or not (t.dtype.is_floating_point or t.dtype.is_complex) or t.numel() == 0:
         return False
     try:
+        if t.dtype.is_floating_point:
+            try:
+                return not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all())
+            except (RuntimeError, NotImplementedError):  # float8: no aminmax kernel
+                pass
         return not bool(torch.isfinite(t).all())
     except (RuntimeError, NotImplementedError):  # float8 and other dtypes without isfinite
         return False

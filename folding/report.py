@@ -46,6 +46,9 @@ class LiftedConstant:
         nbytes: bytes of the stored tensor.
         reused: True when an identical tensor already stored in the program was reused.
         nonfinite: the stored value holds NaN or Inf (a folded ``log(0)``, ``x / 0`` …).
+        moved: True when it holds only tensor attributes of control-flow bodies moved out of
+            them (a body reads its tensors as operands): stored bytes already, not a folded
+            value, so `FoldPolicy.max_tensor_bytes` does not apply to it.
     """
 
     placeholder: str
@@ -56,6 +59,7 @@ class LiftedConstant:
     nbytes: int
     reused: bool = False
     nonfinite: bool = False  # holds NaN or Inf: usually a bug in the model
+    moved: bool = False
 
 
 @dataclass
@@ -146,7 +150,7 @@ class FoldReport:
         if self.lifted:
             lines += ["", "### Lifted constants", "", "| placeholder | shape | dtype | bytes | replaces |", "|---|---|---|---|---|"]
             for c in self.lifted[:max_rows]:
-                reused = " (reused)" if c.reused else ""
+                reused = " (reused)" if c.reused else " (moved)" if c.moved else ""
                 lines.append(
                     f"| {c.placeholder}{reused} | {list(c.shape)} | {c.dtype} | {c.nbytes:,} | {', '.join(c.replaces)} |"
                 )

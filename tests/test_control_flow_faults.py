@@ -362,3 +362,72 @@ def test_the_same_programs_in_edge_dialect_and_their_pte(make, rows):
     for x in inputs:
         assert_close_all(outputs(ref, x), outputs(result.program, x))
         assert_close_all(outputs(ref, x), run_pte(pte, x), atol=1e-4)
+
+
+# Kinds the control-flow fuzzer (tests/fuzz/control_flow.py) found, shrunk.
+#
+# 1. Inlining a cond with a constant predicate ran torch's `Graph.eliminate_dead_code` on the
+#    fold's root graph, which also dead-code-eliminates and recompiles, in place, every body a
+#    get_attr reads: a region or branch of the caller's with an unused result lost its code.
+
+class _UnusedRegionBesideAConstantCond(nn.Module):
+    def __init__(self, region: str):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+        self.region = region
+
+    def forward(self, x):
+        if self.region == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                unused = x @ x.t()  # noqa: F841 (dead code of the caller's own region)
+        else:
+            with torch.no_grad():
+                unused = x * 3.0  # noqa: F841
+        return torch.cond(self.w.sum() > 0, lambda a: (torch.sigmoid(a - 1.0),), lambda a: (a * 2.0,), (x,))[0]
+
+
+@pytest.mark.parametrize("region", ["autocast", "no_grad"])
+def test_inlining_beside_an_unused_region_leaves_the_callers_bodies_alone(region):
+    """`fold_and_compare` snapshots every GraphModule of the caller's program (graph and code)."""
+    fold_and_compare(_UnusedRegionBesideAConstantCond(region), [(torch.randn(3, 4),)], pte=False,
+                     one_branch={"cond"})
+
+
+# 2. A tensor attribute of a body (``to_edge`` makes the scalar of ``t * 2.0`` one) always moves
+#    out as an operand, so it is lifted whatever the policy: it was stored already, it is not a
+#    folded value, and the report marks it `moved` (not held to `max_tensor_bytes`).
+
+class _BodyScalarUnderAConstantPredicate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(1, 3, 1))
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return torch.cond(self.b.sum() > 0, lambda a: (a * 2.0 - 1.0,), lambda a: (a + a,), (self.w,))[0] + x
+
+
+def test_a_body_attribute_moved_out_is_reported_as_moved_not_folded():
+    from tests.fold_checks import edge, export
+    from tests.invariants import graph_module_attributes
+    from tests.test_control_flow import fold_checked
+
+    strict = FoldPolicy(max_tensor_bytes=0, max_growth_bytes=0, max_growth_fraction=0.0)
+    ep = edge(export(_BodyScalarUnderAConstantPredicate(), (torch.randn(3, 4),)))
+    body_tensors = [t for m in ep.graph_module.modules() if m is not ep.graph_module
+                    for t in graph_module_attributes(m).values() if isinstance(t, torch.Tensor)]
+    assert body_tensors  # what to_edge puts in the body
+    result = fold_checked(ep, strict)
+    assert result.report.lifted and all(c.moved and not c.reused for c in result.report.lifted), result.report.lifted
+    assert result.report.constant_bytes_after == result.report.constant_bytes_before
+    assert not [d for d in result.report.decisions if d.folded]
+    x = torch.randn(3, 4)
+    with torch.no_grad():  # the unfolded Edge body holds a plain tensor: torch's cond autograd refuses it
+        assert_close(ep.module()(x), result.program.module()(x))
+
+
+def assert_close(a, b):
+    a, b = (a if isinstance(a, (tuple, list)) else (a,)), (b if isinstance(b, (tuple, list)) else (b,))
+    for u, v in zip(a, b):
+        scale = u.abs().max().item()
+        assert scale > 1e-3 and (u - v).abs().max().item() <= 1e-5 * scale, (scale, (u - v).abs().max().item())

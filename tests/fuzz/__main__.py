@@ -1,4 +1,4 @@
-"""``python -m tests.fuzz --n 10000 [--seed S] [--jobs N] [--out summary.json]``.
+"""``python -m tests.fuzz --n 10000 [--seed S] [--jobs N] [--out summary.json] [--control-flow]``.
 
 Prints per-kind failure counts and one shrunk, standalone reproducer per kind; writes the JSON
 summary (cases, discarded, ok, failures per kind with seeds and reproducers, wall time).
@@ -26,6 +26,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=None, help="stop starting cases after this many seconds")
     p.add_argument("--shrink-time", type=float, default=60.0, help="seconds to shrink each failure kind (0: off)")
     p.add_argument("--case", type=int, default=None, help="check only this case seed, with every stage")
+    p.add_argument("--control-flow", action="store_true",
+                   help="generate with the control-flow families (cond, map, scan, while_loop, no_grad and "
+                        "autocast regions) and check on flipped inputs too")
     return p.parse_args(argv)
 
 
@@ -36,12 +39,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(1)
     from .campaign import Config, run
     from .check import Options, check
-    from .generate import generate
+    from .generate import CONTROL_FLOW, GenConfig, generate
     from .program import module_source
     from .reproduce import reproducer
 
+    gen = CONTROL_FLOW if args.control_flow else GenConfig()
     if args.case is not None:
-        program = generate(args.case)
+        program = generate(args.case, gen)
         outcome = check(program, Options(edge=True, pte=True))
         print(module_source(program))
         print(outcome.status, outcome.kind, outcome.message, *outcome.notes, sep="\n")
@@ -56,7 +60,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"[{done}/{total}] {outcome.status} {outcome.kind}", file=sys.stderr, flush=True)
 
     summary = run(Config(n=args.n, seed=args.seed, jobs=args.jobs, edge_fraction=args.edge_fraction,
-                         pte_fraction=args.pte_fraction, time_limit=args.time_limit, shrink_time=args.shrink_time),
+                         pte_fraction=args.pte_fraction, time_limit=args.time_limit, shrink_time=args.shrink_time,
+                         gen=gen),
                   progress)
     print(summary.text())
     if args.out:
