@@ -5,6 +5,9 @@
 
 ``python -m benchmarks --zoo [--models ...] [--timeout S] [--out DIR]``: model-zoo conformance
 instead (`benchmarks.zoo`; ``docs/zoo.md``).
+
+``python -m benchmarks --weight-scale [--quick] [--out DIR] [options of benchmarks.weight_scale]``:
+fold_constants vs constant_prop_pass on 0.5-4 GiB Llama programs instead (`benchmarks.weight_scale`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="model-zoo conformance instead (benchmarks/zoo; see python -m benchmarks --zoo --help)")
     p.add_argument("--scale", action="store_true",
                    help="run the scale benchmark instead (python -m benchmarks.scale; see its --help)")
+    p.add_argument("--weight-scale", action="store_true",
+                   help="run the weight-scale benchmark instead (python -m benchmarks.weight_scale; see its --help)")
     p.add_argument("--backends", type=_csv, default=list(runner.BACKENDS),
                    help="comma-separated subset of: portable,xnnpack (default: both)")
     p.add_argument("--quick", action="store_true",
@@ -75,6 +80,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.zoo:  # its own options (benchmarks.zoo.cli); --models and --out pass through
         args.zoo_argv = rest + (["--models", ",".join(args.models)] if args.models else []) + (
             ["--out", args.out] if args.out else [])
+        return args
+    if args.weight_scale:  # its own options (benchmarks.weight_scale.main); --quick and --out pass through
+        args.weight_scale_argv = rest + (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
         return args
     if rest and not args.scale:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -112,6 +120,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import scale
 
         return scale.main(args.scale_argv)
+    if args.weight_scale:
+        from . import weight_scale
+
+        return weight_scale.main(args.weight_scale_argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     if args.qnn:
