@@ -147,9 +147,13 @@ def difference(want: Sequence[torch.Tensor], got: Sequence[torch.Tensor], tol=_T
 
 
 def run_twice(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Two calls (mutated buffers carry over), each after seeding the RNG (random ops)."""
+    """Two calls (mutated buffers carry over), each after seeding the RNG (random ops).
+
+    Higher-order ops (``torch.cond``, ``map``, ``scan``, ``while_loop``) run their Python
+    bodies directly (``torch.compiler.set_stance("force_eager")``): eager semantics, without
+    the dynamo trace torch 2.14 makes of each eager call (~0.1 s each)."""
     out = []
-    with torch.no_grad():
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         for seed in (0, 1):
             torch.manual_seed(seed)
             result = module(*inputs)

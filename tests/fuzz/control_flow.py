@@ -33,6 +33,17 @@ def _float(v: Value) -> bool:
     return v.is_float and v.ex.numel() <= 256
 
 
+def closable(g: Gen):
+    """A predicate for values a body may read as a closure: small floats not computed from a
+    ``while_loop``'s result (torch 2.14's export fails on a cond or scan body closing over one:
+    ``InternalTorchDynamoError: TypeError: '<' not supported between 'NoneType' and 'int'``)."""
+    derived: set[str] = set()
+    for op in g.ops:
+        if op.family == "while_loop" or any(i in derived for i in op.inputs):
+            derived.add(op.out)
+    return lambda v: _float(v) and v.name not in derived
+
+
 class Body:
     """The text of one HOP call being built: slots for the program's values it reads (as
     operands or as closures), and the example of each lambda parameter."""
@@ -54,7 +65,7 @@ class Body:
         g, rng = self.g, self.g.rng
         u = rng.random()
         if u < 0.4:
-            c = g.pick(lambda v: v.is_float and v.ex.numel() <= 256, "const")
+            c = g.pick(closable(g), "const")
             if c is not None:
                 return f"{self.slot(c)}." + rng.choice(["sum()", "mean()", "abs().amax()", "tanh().mean()"])
         shape = self._broadcast_shape(ex)
@@ -185,13 +196,13 @@ def _outputs(b: Body, params: list[str], examples: list) -> tuple[list[str], lis
         others = tuple((p, x) for p, x in zip(params[1:], examples[1:]) if _broadcasts(x, ex))
         true, false = [b.term(params[0], ex, others)], [b.term(params[0], ex, others)]
     else:
-        c = g.pick(_float, "const")
+        c = g.pick(closable(g), "const")
         if c is None:
             return [], []
         ex = g.v(c).ex
         true, false = [b.term(b.slot(c), ex)], [b.term(b.slot(c), ex)]
     u = rng.random()
-    c = g.pick(_float, "const")
+    c = g.pick(closable(g), "const")
     if c is not None and u < 0.35:
         true.append(f"({b.slot(c)} * 0.5)")
         false.append(f"({b.slot(c)} - 1.0)")

@@ -34,15 +34,22 @@ def _backend_config(p: Program) -> str:
 
 def _check_lines(p: Program, outcome: Outcome) -> list[str]:
     check, stage = outcome.check, outcome.stage
-    inputs = "make_inputs(5)" if check == "wrong-output-dynamic" else "make_inputs()"
-    if check in ("wrong-output", "wrong-output-dynamic"):
+    inputs = {"wrong-output-dynamic": "make_inputs(5)", "wrong-output-flipped": "make_inputs(3, flip=True)"}.get(
+        check, "make_inputs()")
+    if check in ("wrong-output", "wrong-output-dynamic", "wrong-output-flipped"):
         return [_HELPERS, "", f"want = run_twice(reference, {inputs})  # eager: two calls, seeded RNG",
                 f"got = run_twice(result.program.module(), {inputs})",
                 "print([[difference(w, g) for w, g in zip(a, b)] for a, b in zip(want, got)])  # None: same"]
     if check == "caller-changed":
-        return ["assert str(program.graph) == str(original.graph), 'graph changed'",
+        return ["def graphs(ep):  # every GraphModule: the root and the bodies of its control flow",
+                "    return {n: str(m.graph) for n, m in ep.graph_module.named_modules() if isinstance(m, torch.fx.GraphModule)}",
+                "",
+                "assert graphs(program) == graphs(original), 'a graph changed'",
                 "for k, v in original.state_dict.items():",
                 "    assert torch.equal(v, program.state_dict[k]), k"]
+    if check == "dead-leftovers":
+        return ["from tests.invariants import leftovers",
+                "print(sorted(leftovers(result.program) - leftovers(program)))  # []: none"]
     if check == "verifier":
         return ["result.program.validate()", "print(result.program.graph)"]
     if check == "nondeterministic":
@@ -87,13 +94,14 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
 
 
 def _run_pte_lines(check: str) -> list[str]:
-    if check not in ("wrong-output-pte", "run .pte"):
+    if check not in ("wrong-output-pte", "run .pte", "wrong-output-pte-flipped", "run .pte flipped"):
         return []
+    inputs = "make_inputs(3, flip=True)" if check.endswith("flipped") else "make_inputs()"
     return [_HELPERS, "",
             "from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer",
             "method = _load_for_executorch_from_buffer(buffer)",
-            "want = run_twice(reference, make_inputs())",
-            "got = [list(method.forward(make_inputs())) for _ in range(2)]",
+            f"want = run_twice(reference, {inputs})",
+            f"got = [list(method.forward({inputs})) for _ in range(2)]",
             "print([[difference(w, g, {torch.float32: (1e-4, 1e-4)}) for w, g in zip(a, b)] for a, b in zip(want, got)])"]
 
 
