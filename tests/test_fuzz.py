@@ -12,7 +12,10 @@ import torch
 import folding
 from tests.fuzz import Config, GenConfig, Options, check, generate, reproducer, shrink
 from tests.fuzz.campaign import run
-from tests.fuzz.program import Op, PolicySpec, Program, module_source
+from tests.fuzz.check import new_leftovers
+from tests.fuzz.control_flow import FAMILIES as CONTROL_FLOW_FAMILIES
+from tests.fuzz.generate import CONTROL_FLOW
+from tests.fuzz.program import Op, PolicySpec, Program, execute, export_source, module_source
 
 # 300 cases with fixed seeds: every generated program is folded as an ATen program; a few are
 # quantized, fold their Edge program too, or lower to .pte (to_edge, PT2E and lowering cost
@@ -31,6 +34,64 @@ def test_fixed_seed_campaign_finds_no_failure():
     assert summary.discarded < CI.n * 0.2, summary.discard_reasons  # the generator makes exportable programs
     print(f"{CI.n} cases in {elapsed:.0f} s")  # about 3 minutes on the idle 2-core machine
     assert not summary.failures, summary.text()
+
+
+# 80 control-flow cases (cond with runtime and constant predicates, nested conds, map, scan,
+# while_loop, no_grad and autocast regions, mixed with the other families), each also checked
+# on its flipped inputs (the other branch of every runtime cond).
+CONTROL_FLOW_CI = Config(n=80, seed=2027, edge_fraction=0.1, pte_fraction=0.05, shrink_time=30.0, gen=CONTROL_FLOW)
+
+
+def test_fixed_seed_control_flow_campaign_finds_no_failure():
+    summary = run(CONTROL_FLOW_CI)
+    print(summary.text())
+    assert summary.cases == CONTROL_FLOW_CI.n
+    assert summary.discarded < CONTROL_FLOW_CI.n * 0.15, summary.discard_reasons
+    assert not summary.failures, summary.text()
+
+
+def test_control_flow_programs_hold_every_family_and_take_both_branches():
+    """The generator makes each control-flow family, and a cond whose predicate reads the
+    inputs takes one branch on the example inputs and the other on the flipped ones."""
+    from tests.test_control_flow import _BranchRecorder
+
+    seen_families, runtime_conds = set(), 0
+    for seed in range(40):
+        program = generate(CONTROL_FLOW_CI.seed * 1_000_003 + seed, CONTROL_FLOW)
+        seen_families |= {op.family for op in program.ops}
+        if not any(op.family == "cond" for op in program.ops):
+            continue
+        ns = execute(module_source(program))
+        try:
+            execute("import copy\n" + export_source(program), ns)
+        except Exception:
+            continue  # an export failure is a discard, not a case
+        taken: dict[str, set] = {}
+        with torch.no_grad():
+            for flip in (False, True):
+                _BranchRecorder(ns["ep"].module(), taken).run(*ns["make_inputs"](3, flip))
+        depends = __import__("tests.fold_checks", fromlist=["_"])._depends_on_user_input(ns["ep"])
+        for node in ns["ep"].graph.nodes:
+            if node.target is torch.ops.higher_order.cond and depends[node.args[0]]:
+                runtime_conds += 1
+                assert taken[node.name] == {True, False}, (program.seed, node.name, taken[node.name])
+    assert set(CONTROL_FLOW_FAMILIES) <= seen_families, set(CONTROL_FLOW_FAMILIES) - seen_families
+    assert runtime_conds >= 5
+
+
+def test_dead_leftovers_are_caught():
+    """`check.new_leftovers` names a get_attr without users that folding left behind."""
+    program = SMALL
+    ns = execute(module_source(program))
+    execute("import copy\n" + export_source(program), ns)
+    ep = ns["ep"]
+    folded = folding.fold_constants(ep).program
+    assert new_leftovers(ep, folded) is None
+    folded.graph_module.register_buffer("left_behind", torch.ones(2))
+    with folded.graph.inserting_before(next(iter(folded.graph.find_nodes(op="output")))):
+        folded.graph.get_attr("left_behind")
+    problem = new_leftovers(ep, folded)
+    assert problem and "get_attr left_behind" in problem, problem
 
 
 # Campaign cases that found folding bugs (docs/fuzzing.md): each must now pass every ATen check.
@@ -77,6 +138,25 @@ SMALL = _program(("v0", "$0.t() * 2.0", ("w0",)), ("v1", "torch.exp($0)", ("v0",
 
 def test_a_correct_fold_passes_every_check():
     assert check(SMALL, Options(edge=True)).status == "ok"
+
+
+def _fold_that_rewrites_the_callers_bodies(ep, policy, inplace=False):
+    """A fold that dead-code-eliminates the caller's bodies in place (what torch's recursive
+    `Graph.eliminate_dead_code` did to them): the fuzzer must report it."""
+    result = folding.fold_constants(ep, policy)
+    for m in ep.graph_module.modules():
+        if m is not ep.graph_module and isinstance(m, torch.fx.GraphModule):
+            m.graph.eliminate_dead_code()
+            m.recompile()
+    return result
+
+
+def test_a_fold_that_changes_the_callers_bodies_is_caught():
+    program = _program(("v0", "_no_grad(lambda a: (a * 3.0, a + 1.0)[1], $0)", ("x",)),
+                       ("v2", "$0 @ $1.t()", ("x", "w0")), outputs=("v2", "v0"))
+    assert check(program).status == "ok"
+    outcome = check(program, Options(fold=_fold_that_rewrites_the_callers_bodies))
+    assert outcome.status == "failure" and outcome.kind == "aten: caller-changed", outcome
 
 
 def test_a_fold_that_changes_the_callers_program_is_caught_and_shrunk():

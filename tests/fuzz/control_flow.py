@@ -18,7 +18,6 @@ from typing import Optional
 
 import torch
 
-from .families import related_shape
 from .generate import Gen, Proposal, Value, dtype_src, shape_src
 
 # Steps that keep their operand's shape and dtype (a float operand); ``{e}`` is the operand.
