@@ -24,6 +24,7 @@ from .lift import clone_op_of, lift
 from .ops import op_name
 from .plan import make_plan
 from .quant import describe_encoding
+from .readers import read_through_transposes
 from .policy import FoldPolicy
 from .report import Decision, FoldReport, PhaseTimer, Reason
 from .signature import input_specs_by_name
@@ -116,12 +117,14 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
     ``cond`` whose predicate became a stored constant is inlined and the result folded again."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
+    with timer.phase("rewrites"):
+        rewritten, rewrites = read_through_transposes(program, policy, bytes_before)
     with timer.phase("bodies"):
         clone_op = clone_op_of(program)
     pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | list[Decision]] = []  # folds, and the decisions of inlining
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    current = program
+    current = rewritten
     while True:
         with timer.attempt() as attempt:
             with timer.phase("bodies"):
@@ -145,6 +148,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
         current = folded
     with timer.phase("report"):
         report = _merged(steps, folded)
+        report.rewrites = rewrites
     with timer.phase("bodies"):
         report.decisions.extend(body_decisions(folded, policy, pins))
     if inplace:  # only a program that passed lift's checks replaces the caller's

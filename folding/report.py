@@ -81,6 +81,7 @@ class FoldReport:
     peak_intermediate_bytes: int = 0
     evaluated_nodes: int = 0
     analysis_visits: int = 0  # nodes visited by analysis, top-level graph and bodies (work counting)
+    rewrites: list[str] = field(default_factory=list)  # readers rewritten before folding (`readers`)
 
     @property
     def folded(self) -> list[Decision]:
@@ -114,6 +115,7 @@ class FoldReport:
             "lifted": [asdict(c) for c in self.lifted],
             "nonfinite_constants": [c.placeholder for c in self.nonfinite],
             "removed_placeholders": list(self.removed_placeholders),
+            "rewrites": list(self.rewrites),
             "decisions": [
                 {**asdict(d), "reason": d.reason.name, "folded": d.folded} for d in self.decisions
             ],
@@ -134,6 +136,7 @@ class FoldReport:
                  + ", ".join(c.placeholder for c in self.nonfinite[:10])]
                 if self.nonfinite else []
             ),
+            *[f"- rewritten: {line}" for line in self.rewrites],
             "- time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()),
             "",
             "| reason | nodes |",
@@ -165,6 +168,7 @@ class FoldReport:
 PHASES = (
     "checks",  # the input program's signature and stored tensors
     "bytes",  # byte accounting: what the serializer stores, before and after
+    "rewrites",  # readers of stored matrices rewritten to read their transpose (`readers`)
     "bodies",  # control-flow bodies: hoisting, merging operands, their decisions
     "analysis",
     "planning",

@@ -1,0 +1,175 @@
+"""Gathers from a stored matrix rewritten to read its transpose, so the transpose folds in place.
+
+A tied embedding (LLMs) stores one matrix ``W`` (V×H) read by an ``embedding`` (rows of ``W``)
+and, in Edge dialect, by the ``permute_copy(W, [1, 0])`` of ``linear``'s decomposition.
+Folding that permute stores ``Wᵀ`` beside ``W`` (the embedding still reads ``W``): when the
+growth budget declines it, every call copies all of ``W`` instead (executorch's
+``constant_prop_pass`` folds it and stores both). Here the gathers read ``Wᵀ``::
+
+    embedding(W, ids)        ->  view(permute(index_select(Wᵀ, 1, view(ids, [-1])), [1, 0]), [*ids.shape, H])
+    index_select(W, 0, idx)  ->  permute(index_select(Wᵀ, 1, idx), [1, 0])
+
+which gather the same rows (columns of ``Wᵀ``) and transpose only the gathered N×H slice.
+``W`` is then read only through its transpose, which folds into a lifted constant of the same
+bytes, and ``W`` goes: the program stores ``Wᵀ`` instead of ``W``, and no call copies it.
+
+Applied only when it pays: the budget does not fit a second copy of ``W``, the policy lets
+the transpose fold (its bytes within ``max_tensor_bytes``, its op not skipped), and every
+gather index has a static shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx.experimental.symbolic_shapes import has_free_symbols
+
+from .names import keep_name, reserve_node_names, unique_name
+from .ops import op_name, packet_name
+from .policy import FoldPolicy
+from .signature import input_specs_by_name
+from .sizes import STORED_KINDS, nbytes, stored_tensor
+
+_TRANSPOSES = {"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
+               "aten.transpose.int", "aten.transpose_copy.int"}
+_GATHERS = {"aten.embedding.default", "aten.index_select.default"}
+
+
+@dataclass(frozen=True)
+class _Ops:
+    """The program dialect's index_select, permute and view."""
+
+    index_select: object
+    permute: object
+    view: object
+
+
+def _ops(program: ExportedProgram) -> _Ops:
+    if getattr(program, "dialect", "ATEN") != "EDGE":
+        aten = torch.ops.aten
+        return _Ops(aten.index_select.default, aten.permute.default, aten.view.default)
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    edge = exir_ops.edge.aten
+    return _Ops(edge.index_select.default, edge.permute_copy.default, edge.view_copy.default)
+
+
+def _is_transpose(node: torch.fx.Node, w: torch.fx.Node) -> bool:
+    """`node` is the 2-D transpose of `w` (``t``, ``transpose(0, 1)``, ``permute([1, 0])``)."""
+    if node.op != "call_function" or op_name(node.target) not in _TRANSPOSES or node.args[0] is not w:
+        return False
+    if packet_name(node.target) in ("aten.t", "aten.t_copy"):
+        return True
+    dims = node.args[1] if "permute" in packet_name(node.target) else node.args[1:3]
+    return sorted(d % 2 for d in dims) == [0, 1] and [d % 2 for d in dims] == [1, 0]
+
+
+def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
+    """`node` gathers whole rows of `w` with an index of static shape."""
+    if node.op != "call_function" or op_name(node.target) not in _GATHERS or node.args[0] is not w:
+        return False
+    if op_name(node.target) == "aten.index_select.default" and node.args[1] % 2 != 0:
+        return False
+    index = node.args[2] if op_name(node.target) == "aten.index_select.default" else node.args[1]
+    val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and not has_free_symbols(val)
+
+
+def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[int]) -> list[tuple]:
+    """``(w, transposes, gathers)`` for each stored 2-D matrix read only by transposes and
+    row gathers, of both kinds, whose second copy the budget does not fit."""
+    specs = input_specs_by_name(program.graph_signature)
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    skip = policy.skip_names()
+    out = []
+    for w in program.graph.find_nodes(op="placeholder"):
+        spec = specs.get(w.name)
+        if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated:
+            continue
+        value = stored_tensor(spec, program.state_dict, program.constants)
+        if not isinstance(value, torch.Tensor) or value.dim() != 2:
+            continue
+        size = nbytes(value)
+        if budget is None or size <= budget or (policy.max_tensor_bytes is not None and size > policy.max_tensor_bytes):
+            continue
+        transposes = [u for u in w.users if _is_transpose(u, w)]
+        gathers = [u for u in w.users if _is_gather(u, w)]
+        if not transposes or not gathers or len(transposes) + len(gathers) != len(w.users):
+            continue
+        if any(op_name(t.target) in skip or packet_name(t.target) in skip for t in transposes):
+            continue
+        out.append((w, transposes, gathers))
+    return out
+
+
+def read_through_transposes(
+    program: ExportedProgram, policy: FoldPolicy, bytes_before: int
+) -> tuple[ExportedProgram, list[str]]:
+    """Rewrite the row gathers of stored matrices to read their transpose (module docstring).
+
+    Args:
+        program: the program being folded; never modified.
+        policy: its ``max_tensor_bytes``, ``skip_targets`` and growth budget decide.
+        bytes_before: the constant bytes `program` stores (for the growth budget).
+
+    Returns:
+        A copy of `program` with the rewrite (the graph copied; tensors, signature and bodies
+        shared), or `program` itself when nothing applies; and one line per rewritten gather
+        (``embedding reads the transpose of p_embed_weight``), for the report.
+    """
+    found = _candidates(program, policy, policy.growth_budget(bytes_before))
+    if not found:
+        return program, []
+    from .bodies import copy_uncompiled
+    from .hops import recompile_shallow
+
+    gm, env = copy_uncompiled(program.graph_module)
+    reserve_node_names(gm)
+    ops, notes = _ops(program), []
+    first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for w, transposes, gathers in found:
+        transpose = env[transposes[0]]
+        if transpose is not first_op:
+            first_op.prepend(transpose)  # before every gather: it reads only the placeholder
+        for gather in gathers:
+            _rewrite(gm.graph, env[gather], transpose, ops)
+            notes.append(f"{gather.name} ({op_name(gather.target)}) reads the transpose of {w.name} ({transpose.name})")
+    recompile_shallow(gm)
+    result = copy.copy(program)
+    result._graph_module = gm
+    return result, notes
+
+
+def _rewrite(graph: torch.fx.Graph, gather: torch.fx.Node, transpose: torch.fx.Node, ops: _Ops) -> None:
+    """Replace `gather` by the gather of the same rows from `transpose`, transposed back; the
+    last new node takes `gather`'s name (an output spec may name it)."""
+    embedding = op_name(gather.target) == "aten.embedding.default"
+    index = gather.args[1] if embedding else gather.args[2]
+    shape = list(index.meta["val"].shape)
+    taken = {n.name for n in graph.nodes}
+
+    def add(target, args, base):
+        name = unique_name(base, taken)
+        taken.add(name)
+        node = graph.create_node("call_function", target, args, name=name)
+        node.meta = {k: v for k, v in gather.meta.items() if k not in ("val", "tensor_meta")}
+        with getattr(gather.meta["val"], "fake_mode", None) or contextlib.nullcontext():
+            node.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
+        return node
+
+    with graph.inserting_before(gather):
+        flat = add(ops.view, (index, [-1]), f"{index.name}_flat") if embedding and len(shape) != 1 else index
+        columns = add(ops.index_select, (transpose, 1, flat), f"{gather.name}_columns")
+        rows = add(ops.permute, (columns, [1, 0]), f"{gather.name}_rows")
+        out = add(ops.view, (rows, shape + [rows.meta["val"].shape[1]]), f"{gather.name}_view") \
+            if embedding and len(shape) != 1 else rows
+    gather.replace_all_uses_with(out)
+    name = gather.name
+    graph.erase_node(gather)
+    keep_name(out, name)
+

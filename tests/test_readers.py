@@ -1,0 +1,130 @@
+"""`folding.readers`: row gathers of a stored matrix read its transpose, so a tied embedding is
+stored once (as its transpose) and no call copies it. Each program is compared with the
+unfolded one on random indices, eagerly and as a .pte, relative to the output's scale."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from folding import FoldPolicy, fold_constants
+from folding.sizes import stored_constant_bytes
+from tests.fold_checks import edge, export
+from tests.invariants import (assert_caller_unchanged, assert_report_bytes_true, assert_valid_program, caller_snapshot,
+                              edge_program_pte, run_pte)
+
+
+class Tied(nn.Module):
+    """A tied embedding read by ``embedding`` or ``index_select``, and by the output ``linear``."""
+
+    def __init__(self, vocab: int, dim: int, gather: str):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.gather = gather
+
+    def forward(self, ids):
+        w = self.emb.weight
+        h = self.emb(ids) if self.gather == "embedding" else w.index_select(0, ids.reshape(-1)).reshape(*ids.shape, -1)
+        return F.linear(self.norm(h), w)
+
+
+def _check_against_unfolded(program, result, vocab: int, shape: tuple, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pte = edge_program_pte(result.program) if getattr(program, "dialect", "") == "EDGE" else None
+    for _ in range(3):
+        ids = torch.randint(0, vocab, shape, generator=g)
+        with torch.no_grad():
+            want = program.module()(ids)
+            got = result.program.module()(ids)
+        scale = want.abs().max().item()
+        assert scale > 1e-2
+        assert (want - got).abs().max().item() <= 1e-5 * scale
+        if pte is not None:
+            (ran,) = run_pte(pte, (ids,))
+            assert (want - ran).abs().max().item() <= 1e-4 * scale
+
+
+@pytest.mark.parametrize("gather", ["embedding", "index_select"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_tied_matrix_is_stored_once_as_its_transpose(gather, seed):
+    """Seeded shapes: vocabulary, width, index rank (1 to 3); the matrix exceeds the 1 MiB budget."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, dim = int(torch.randint(3000, 9000, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)) * 64
+    shape = [(9,), (1, 8), (2, 3, 4), (2, 5)][seed]
+    ep = edge(export(Tied(vocab, dim, gather).eval(), (torch.randint(0, vocab, shape),)))
+    before = caller_snapshot(ep)
+    result = fold_constants(ep)
+    assert_caller_unchanged(before, ep)
+    assert_valid_program(result.program)
+    assert_report_bytes_true(result)
+    assert stored_constant_bytes(result.program) <= stored_constant_bytes(ep)
+    assert len(result.report.rewrites) == 1, result.report.rewrites
+    assert "p_emb_weight" in result.report.removed_placeholders
+    ops = [str(n.target) for n in result.program.graph.nodes if n.op == "call_function"]
+    assert not [o for o in ops if "permute" in o and n_bytes_of(result.program, o) >= vocab * dim * 4]
+    _check_against_unfolded(ep, result, vocab, shape, seed)
+
+
+def n_bytes_of(program, target: str) -> int:
+    """Largest output, in bytes, of the nodes of `program` calling `target`."""
+    sizes = [n.meta["val"].numel() * n.meta["val"].element_size() for n in program.graph.nodes
+             if n.op == "call_function" and str(n.target) == target]
+    return max(sizes, default=0)
+
+
+def test_a_budget_that_fits_both_copies_leaves_the_gather_alone():
+    ep = edge(export(Tied(4000, 64, "embedding").eval(), (torch.randint(0, 4000, (1, 8)),)))
+    result = fold_constants(ep, FoldPolicy(max_growth_bytes=None, max_growth_fraction=None))
+    assert not result.report.rewrites
+    assert any("embedding" in str(n.target) for n in result.program.graph.nodes)
+    _check_against_unfolded(ep, result, 4000, (1, 8), 0)
+
+
+@pytest.mark.parametrize("policy", [
+    FoldPolicy(max_tensor_bytes=1024),  # the transpose may not be folded: rewriting would copy it per call
+    FoldPolicy(skip_targets=frozenset({"aten.permute_copy"})),
+], ids=["max_tensor_bytes", "skip_targets"])
+def test_no_rewrite_when_the_transpose_would_not_fold(policy):
+    ep = edge(export(Tied(6000, 64, "embedding").eval(), (torch.randint(0, 6000, (1, 8)),)))
+    result = fold_constants(ep, policy)
+    assert not result.report.rewrites
+    assert any("embedding" in str(n.target) for n in result.program.graph.nodes)
+    _check_against_unfolded(ep, result, 6000, (1, 8), 1)
+
+
+def test_indices_of_dynamic_shape_are_left_alone():
+    ids = torch.randint(0, 6000, (1, 8))
+    ep = torch.export.export(Tied(6000, 64, "embedding").eval(), (ids,),
+                             dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=64)},))
+    ep = edge(ep)
+    result = fold_constants(ep)
+    assert not result.report.rewrites
+    for n in (3, 8, 17):
+        x = torch.randint(0, 6000, (1, n))
+        with torch.no_grad():
+            torch.testing.assert_close(result.program.module()(x), ep.module()(x))
+
+
+def test_aten_dialect_transpose_readers_and_inplace():
+    """ATen training IR: ``w.t()`` read by a matmul, rows gathered by ``embedding``; in place."""
+
+    class TiedMatmul(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(5000, 64)
+
+        def forward(self, ids):
+            return torch.tanh(self.emb(ids)) @ self.emb.weight.t()
+
+    ids = torch.randint(0, 5000, (2, 6))
+    ep = export(TiedMatmul().eval(), (ids,))
+    reference = copy.deepcopy(ep)
+    result = fold_constants(ep, inplace=True)
+    assert result.program is ep and result.report.rewrites
+    assert stored_constant_bytes(ep) <= stored_constant_bytes(reference)
+    _check_against_unfolded(reference, result, 5000, (2, 6), 2)
