@@ -27,9 +27,9 @@ from typing import Callable, Mapping, Optional
 import torch
 import torch.fx
 from torch.export import ExportedProgram
-from torch.fx.graph_module import _copy_attr
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
+from .torch_internals import copy_attribute, copy_codegen, program_with, set_uncompiled_graph
 from .analysis import analyze
 from .hops import bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, recompile_shallow
 from .names import copy_keeping_name, reserve_node_names
@@ -75,9 +75,7 @@ def hoist_body_constants(
     for module in hoist.changed:  # copies this pass made: what they no longer read goes
         drop_unused_attributes(module)
         recompile_shallow(module)
-    result = copy.copy(program)
-    result._graph_module = gm
-    return result, top.graph_visits + hoist.visits
+    return program_with(program, graph_module=gm), top.graph_visits + hoist.visits
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
@@ -86,15 +84,14 @@ def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dic
     compiled: the caller edits it, then calls `hops.recompile_shallow` (one compile per
     edited graph, however many bodies the program has)."""
     graph = torch.fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    copy_codegen(gm.graph, graph)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in gm.graph.nodes:  # names are unique in `gm`: each copy gets its own back
         env[n] = copy_keeping_name(graph, n, env.__getitem__)
     out = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), class_name=gm.__class__.__name__)
     for target in dict.fromkeys(n.target for n in graph.nodes if n.op == "get_attr"):
-        _copy_attr(gm, out, target)
-    out._graph = graph  # GraphModule.graph's setter would compile it now
-    graph.owning_module = out
+        copy_attribute(gm, out, target)
+    set_uncompiled_graph(out, graph)  # GraphModule.graph's setter would compile it now
     out.meta.update(gm.meta)
     return out, env
 

@@ -147,11 +147,10 @@ def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_byt
     return RegionPlan(frozenset(used_store), frozenset(runtime), stored_bytes, stored_bytes - region.base_bytes)
 
 
-def fewest_ops_plan(region: Region, sizes, placeholder_bytes, canon, max_tensor_bytes, storable_nodes) -> RegionPlan:
-    """The plan with the fewest runtime ops: store every value that fits, nearest the sinks."""
-    storable = frozenset(
-        n for n in region.ops if n in storable_nodes and (max_tensor_bytes is None or sizes[n] <= max_tensor_bytes)
-    )
+def fewest_ops_plan(region: Region, sizes, placeholder_bytes, canon, storable_nodes) -> RegionPlan:
+    """The plan with the fewest runtime ops: store every value that may be stored (within the
+    cap: `storable_nodes`), nearest the sinks."""
+    storable = frozenset(n for n in region.ops if n in storable_nodes)
     plan = evaluate_cut(region, storable, sizes, placeholder_bytes, canon)
     if region.in_place and plan.runtime:
         return evaluate_cut(region, frozenset(), sizes, placeholder_bytes, canon)
@@ -159,12 +158,10 @@ def fewest_ops_plan(region: Region, sizes, placeholder_bytes, canon, max_tensor_
 
 
 def pareto_front(
-    region: Region, sizes, placeholder_bytes, canon, max_tensor_bytes: Optional[int], storable_nodes: set
+    region: Region, sizes, placeholder_bytes, canon, storable_nodes: set
 ) -> list[RegionPlan]:
     """Plans not dominated in (runtime ops, growth), fewest runtime ops first."""
-    storable = [
-        n for n in region.ops if n in storable_nodes and (max_tensor_bytes is None or sizes[n] <= max_tensor_bytes)
-    ]
+    storable = [n for n in region.ops if n in storable_nodes]
     if region.in_place:
         # An in-place class cannot be cut inside: store what the fewest-ops plan stores only
         # if that leaves none of it at runtime; otherwise leave the region as it is.
@@ -209,17 +206,20 @@ def choose_cuts(
 ) -> dict[torch.fx.Node, tuple[Reason, str]]:
     """Pick one plan per region: fewest total runtime ops with total growth within `budget`.
 
+    `storable`: the values that may be stored (a tensor or scalar within the cap); one left
+    out for its size (above `max_tensor_bytes`) is reported as such.
+
     Returns the ops that stay at runtime with their reason.
     """
     # The fewest-runtime-ops plan is unique (store every value that fits, nearest the sinks);
     # the full front is only needed for regions that grow, and only when the budget binds.
-    fronts = [[fewest_ops_plan(r, sizes, placeholder_bytes, canon, max_tensor_bytes, storable)] for r in regions]
+    fronts = [[fewest_ops_plan(r, sizes, placeholder_bytes, canon, storable)] for r in regions]
     choice = [0] * len(regions)
     total = sum(f[0].growth for f in fronts)
     if budget is not None and total > budget:
         for i, r in enumerate(regions):
             if fronts[i][0].growth > 0:
-                fronts[i] = pareto_front(r, sizes, placeholder_bytes, canon, max_tensor_bytes, storable)
+                fronts[i] = pareto_front(r, sizes, placeholder_bytes, canon, storable)
         heap = []
         for i, f in enumerate(fronts):
             _push_step(heap, i, f, 0)
@@ -234,7 +234,7 @@ def choose_cuts(
     for r, f, k in zip(regions, fronts, choice):
         plan = f[k]
         for n in plan.runtime:
-            if max_tensor_bytes is not None and sizes[n] > max_tensor_bytes:
+            if n not in storable and max_tensor_bytes is not None and sizes[n] > max_tensor_bytes:
                 runtime[n] = (Reason.MAX_TENSOR_BYTES, f"{sizes[n]:,} bytes > max_tensor_bytes {max_tensor_bytes:,}")
             else:
                 runtime[n] = (

@@ -9,6 +9,7 @@ import torch
 import torch.fx
 from torch.fx.node import map_arg
 
+from .torch_internals import is_cow_tensor, lazy_clone
 from .analysis import Analysis, holds_tensors
 from .ops import OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata
 from .plan import Plan
@@ -248,8 +249,8 @@ class _WriteGuard:
                 written_storages = {w.untyped_storage().data_ptr() for w in written if isinstance(w, torch.Tensor)}
             if value.untyped_storage().data_ptr() in written_storages:
                 return value  # a view of what the op writes: it must see the write as it happens
-            clone = torch._lazy_clone(value)
-            if torch._C._is_cow_tensor(clone):
+            clone = lazy_clone(value)
+            if is_cow_tensor(clone):
                 self.clones.append((n, clone))
                 return clone
             return value
@@ -260,5 +261,5 @@ class _WriteGuard:
         """Raises:
         UndeclaredWrite: the op wrote to one of its cloned inputs."""
         for n, clone in self.clones:
-            if not torch._C._is_cow_tensor(clone):
+            if not is_cow_tensor(clone):
                 raise UndeclaredWrite(self.node, n)

@@ -118,18 +118,18 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("rewrites"):
-        rewritten, rewrites = read_through_transposes(program, policy, bytes_before)
+        rewrite = read_through_transposes(program, policy, bytes_before)
     with timer.phase("bodies"):
         clone_op = clone_op_of(program)
     pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | list[Decision]] = []  # folds, and the decisions of inlining
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    current = rewritten
+    current = rewrite.program
     while True:
         with timer.attempt() as attempt:
             with timer.phase("bodies"):
                 working, visits = hoist_body_constants(current, policy, clone_op, pins)
-            folded, report = _fold_once(working, policy, bytes_before, timer)
+            folded, report = _fold_once(working, policy, bytes_before, timer, rewrite.transposes)
             report.analysis_visits += visits
             with timer.phase("bodies"):
                 if merge_duplicate_operands(folded.graph_module):
@@ -148,7 +148,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
         current = folded
     with timer.phase("report"):
         report = _merged(steps, folded)
-        report.rewrites = rewrites
+        report.rewrites = list(rewrite.notes)
     with timer.phase("bodies"):
         report.decisions.extend(body_decisions(folded, policy, pins))
     if inplace:  # only a program that passed lift's checks replaces the caller's
@@ -206,7 +206,7 @@ def _merged(steps: list[FoldReport | list[Decision]], program: ExportedProgram) 
 
 
 def _fold_once(
-    program: ExportedProgram, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer
+    program: ExportedProgram, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer, cap_exempt: frozenset = frozenset()
 ) -> tuple[ExportedProgram, FoldReport]:
     """One fold of the top-level graph; `program` is only read. `bytes_before`: the stored
     constant bytes of the caller's program (the growth budget's reference). An attempt that
@@ -226,7 +226,7 @@ def _fold_once(
                 analysis = analyze(gm.graph, program.graph_signature, policy, forced, extra_writes)
             analysis_visits += analysis.graph_visits
             with timer.phase("planning"):
-                plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, budget_cut)
+                plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
             with timer.phase("evaluation"):
                 evaluation = _evaluate(program, analysis, plan, forced, extra_writes)
             if evaluation is None:
@@ -371,7 +371,7 @@ def _check_stored_tensors(program: ExportedProgram) -> None:
     Raises:
         InvalidProgramError: naming the placeholder and its target.
     """
-    from torch._subclasses.fake_tensor import is_fake
+    from .torch_internals import is_fake
 
     for spec in program.graph_signature.input_specs:
         if spec.kind not in STORED_KINDS:

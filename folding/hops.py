@@ -26,6 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
+from .torch_internals import children_hidden
 from .names import unique_name
 from .ops import OpKind, classify
 
@@ -146,12 +147,8 @@ def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str
 
 def recompile_shallow(gm: torch.fx.GraphModule) -> None:
     """``gm.recompile()`` without recompiling its GraphModule children (see `graph_module`)."""
-    children = gm._modules
-    gm._modules = {k: v for k, v in children.items() if not isinstance(v, torch.fx.GraphModule)}
-    try:
+    with children_hidden(gm):
         gm.recompile()
-    finally:
-        gm._modules = children
 
 
 def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
@@ -159,7 +156,8 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
     (a body moved out, a tensor moved out as an operand): a folded program keeps no dead
     attribute (issue 21). Only for modules the stage owns (a copy it made or built)."""
     read = {n.target.split(".")[0] for n in gm.graph.find_nodes(op="get_attr")}
-    names = list(gm._modules) + list(gm._parameters) + list(gm._buffers)
+    names = [n for n, _ in gm.named_children()] + [n for n, _ in gm.named_parameters(recurse=False, remove_duplicate=False)]
+    names += [n for n, _ in gm.named_buffers(recurse=False, remove_duplicate=False)]
     names += [k for k, v in vars(gm).items() if isinstance(v, torch.Tensor)]
     for name in names:
         if name not in read:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Container
 
 import torch
-from torch._prims_common import make_contiguous_strides_for
 
 from .ops import OpKind, classify, packet_name
 from .sizes import is_subclass
+from .torch_internals import make_contiguous_strides_for
 
 
 def has_canonical_layout(t: torch.Tensor) -> bool:

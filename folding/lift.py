@@ -16,9 +16,6 @@ from typing import Optional
 
 import torch
 import torch.fx
-from torch._export.verifier import _verify_exported_program_signature
-from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
@@ -30,6 +27,8 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
+from .torch_internals import (FakeTensorMode, copy_codegen, detect_fake_mode, program_with, reserve_names,
+                              verify_signature)
 from .dedup import IdenticalTensors
 from .hops import graph_module
 from .layout import canonical_copy, has_canonical_layout
@@ -124,10 +123,10 @@ class _Rewrite:
         self.reused: dict[torch.fx.Node, list[str]] = {}
         self.private: dict[tuple[torch.fx.Node, torch.fx.Node], _NewConstant] = {}
         self.graph = torch.fx.Graph()
-        self.graph._codegen = copy.deepcopy(program.graph._codegen)
+        copy_codegen(program.graph, self.graph)
         # Every existing name is reserved before anything is created, so a new node never takes
         # one; copies then get their original names back (see `copy_keeping_name`).
-        self.graph._graph_namespace._used_names.update(self.taken)
+        reserve_names(self.graph, self.taken)
         self.env: dict[torch.fx.Node, torch.fx.Node] = {}
         self.fake_mode = detect_fake_mode([p.meta.get("val") for p in self.placeholders]) or FakeTensorMode()
         self.new_specs: list[InputSpec] = []
@@ -326,14 +325,13 @@ class _Rewrite:
         gm = graph_module(source.graph_module, self.graph, source.graph_module.__class__.__name__)
         gm.meta.update(source.graph_module.meta)
         reserve_node_names(gm)
-        result = copy.copy(source)
-        result._graph_module = gm
-        result._graph_signature = ExportGraphSignature(input_specs=self.new_specs, output_specs=self.output_specs)
-        result._state_dict = self.state_dict
-        result._constants = self.constants
-        result._range_constraints = drop_bound_ranges(copy.deepcopy(source.range_constraints), bound, self.graph)
-        result._module_call_graph = copy.deepcopy(source.module_call_graph)
-        return result
+        return program_with(
+            source, graph_module=gm,
+            graph_signature=ExportGraphSignature(input_specs=self.new_specs, output_specs=self.output_specs),
+            state_dict=self.state_dict, constants=self.constants,
+            range_constraints=drop_bound_ranges(copy.deepcopy(source.range_constraints), bound, self.graph),
+            module_call_graph=copy.deepcopy(source.module_call_graph),
+        )
 
 
 def _copy_provenance(source: torch.fx.Node, node: torch.fx.Node) -> None:
@@ -351,7 +349,7 @@ def _check(program: ExportedProgram) -> None:
     """
     try:
         program.graph.lint()
-        _verify_exported_program_signature(program)
+        verify_signature(program)
     except Exception as e:
         raise FoldInvariantError(
             f"folding produced an invalid program (a bug in the folding stage, please report it): "

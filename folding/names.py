@@ -7,6 +7,8 @@ from typing import Container
 
 import torch.fx
 
+from .torch_internals import reserve_names, set_exact_name
+
 # torch.export's prefix for lifted tensor constants (torch/_export/utils.py placeholder_prefixes).
 # `to_edge` renames a CONSTANT_TENSOR placeholder not named "c_" + target; QNN's to-edge passes
 # bound to the ATen program then miss it, so new constants follow the convention exactly.
@@ -23,9 +25,7 @@ def reserve_node_names(graph_module: torch.fx.GraphModule) -> None:
     """
     for module in graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
-            used = module.graph._graph_namespace._used_names
-            for node in module.graph.nodes:
-                used.add(node.name)
+            reserve_names(module.graph, (node.name for node in module.graph.nodes))
 
 
 def keep_name(node: torch.fx.Node, name: str) -> torch.fx.Node:
@@ -37,8 +37,7 @@ def keep_name(node: torch.fx.Node, name: str) -> torch.fx.Node:
     the way torch.export itself does (torch/export/_trace.py ``_rename_constants_nodes``).
     """
     if node.name != name:
-        node.graph._graph_namespace._rename_object(node, name)
-        node.name = name
+        set_exact_name(node, name)
     return node
 
 

@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 import torch
 import torch.fx
-from torch.fx.node import _side_effectful_functions
+
+from .torch_internals import side_effectful_functions
 
 try:  # executorch's memory planning op: an allocation, never a value to fold.
     from executorch.exir import memory as _et_memory
@@ -139,12 +140,12 @@ def classify(target: Any) -> OpKind:
         return OpKind.CONTROL_FLOW
     overload = aten_overload(target)
     if overload is None:
-        if target in _side_effectful_functions:
+        if target in side_effectful_functions:
             return OpKind.ASSERTION if _returns_nothing(target) else OpKind.EFFECTFUL
         return OpKind.PYTHON
     if torch.Tag.nondeterministic_seeded in overload.tags:
         return OpKind.RANDOM
-    if overload in _side_effectful_functions or _has_registered_effect(overload):
+    if overload in side_effectful_functions or _has_registered_effect(overload):
         return OpKind.ASSERTION if _returns_nothing(overload) else OpKind.EFFECTFUL
     return OpKind.PURE
 

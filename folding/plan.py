@@ -61,6 +61,7 @@ def make_plan(
     placeholder_bytes: dict[torch.fx.Node, int],
     bytes_before: int,
     budget_cut: int = 0,
+    cap_exempt: frozenset = frozenset(),
 ) -> Plan:
     """Plan the fold of every constant node within the policy's size limits.
 
@@ -70,6 +71,8 @@ def make_plan(
         bytes_before: the program's stored constant bytes, for the growth budget.
         budget_cut: bytes taken off the policy's growth budget (after a plan whose measured
             growth exceeded it).
+        cap_exempt: names of nodes `max_tensor_bytes` does not apply to: each replaces a stored
+            tensor of its own size (`readers`: the transpose of a matrix it alone reads).
 
     O(nodes + edges), plus the exact search of small regions when the budget binds.
     """
@@ -80,7 +83,7 @@ def make_plan(
     _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
-    _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut)
+    _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
     _keep_until_stable(plan, analysis, _keep_observed_layouts)
     _keep_until_stable(plan, analysis, _keep_unstorable_inputs)
     _keep_checks_of_runtime_values(plan, analysis)
@@ -88,22 +91,24 @@ def make_plan(
     return plan
 
 
-def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut) -> None:
+def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt) -> None:
     budget = policy.growth_budget(bytes_before)
     if budget is not None:
         budget -= budget_cut
     if policy.max_tensor_bytes is None and budget is None:
         return
     folded = [n for n in plan.candidates if plan.folded(n) and not analysis.is_check(n)]
-    if _limits_cannot_bind(plan, folded, policy.max_tensor_bytes, budget):
+    if _limits_cannot_bind(plan, folded, policy.max_tensor_bytes, budget, cap_exempt):
         return
     fixed = {n for n in folded if analysis.class_of(n) is not None}
     constant_placeholders = set(placeholder_bytes)
     regions = find_regions(folded, plan.folded, constant_placeholders, placeholder_bytes, fixed)
     sizes = {n: node_bytes(n) for r in regions for n in r.ops}
+    cap = policy.max_tensor_bytes
     storable = {
         n for r in regions for n in r.ops
-        if isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor) or is_scalar(n.meta.get("val"))
+        if (isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor) or is_scalar(n.meta.get("val")))
+        and (cap is None or sizes[n] <= cap or n.name in cap_exempt)
     }  # a scalar "stored" costs 0 bytes: it is inlined into its readers
     runtime = choose_cuts(
         regions, sizes, placeholder_bytes, _identical_values(folded), policy.max_tensor_bytes, budget, storable
@@ -111,7 +116,7 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
     plan.runtime.update(runtime)
 
 
-def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget) -> bool:
+def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget, cap_exempt) -> bool:
     """True when storing every sink (each folded value a kept op or the output reads) respects
     both limits: each within the cap, their sum within the budget. That plan leaves no constant
     op at runtime and grows the program by at most the sinks' bytes (the placeholders it still
@@ -127,7 +132,7 @@ def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget) -> bool:
         if not isinstance(val, torch.Tensor):
             return False  # a sink the planner cannot store: let it decide
         size = node_bytes(n)
-        if max_tensor_bytes is not None and size > max_tensor_bytes:
+        if max_tensor_bytes is not None and size > max_tensor_bytes and n.name not in cap_exempt:
             return False
         total += size
     return budget is None or total <= budget

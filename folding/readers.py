@@ -13,15 +13,15 @@ which gather the same rows (columns of ``Wᵀ``) and transpose only the gathered
 ``W`` is then read only through its transpose, which folds into a lifted constant of the same
 bytes, and ``W`` goes: the program stores ``Wᵀ`` instead of ``W``, and no call copies it.
 
-Applied only when it pays: the budget does not fit a second copy of ``W``, the policy lets
-the transpose fold (its bytes within ``max_tensor_bytes``, its op not skipped), and every
-gather index has a static shape.
+Applied only when it pays: the budget does not fit a second copy of ``W``, the policy does
+not skip the transpose's op, and every gather index has a static shape. ``max_tensor_bytes``
+does not hold the transpose back: it replaces a stored tensor of its own size, so no byte is
+materialised beyond what the program stored (`plan.make_plan`'s ``cap_exempt``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,6 +34,7 @@ from .ops import op_name, packet_name
 from .policy import FoldPolicy
 from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, nbytes, stored_tensor
+from .torch_internals import program_with
 
 _TRANSPOSES = {"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
                "aten.transpose.int", "aten.transpose_copy.int"}
@@ -94,8 +95,7 @@ def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[i
         value = stored_tensor(spec, program.state_dict, program.constants)
         if not isinstance(value, torch.Tensor) or value.dim() != 2:
             continue
-        size = nbytes(value)
-        if budget is None or size <= budget or (policy.max_tensor_bytes is not None and size > policy.max_tensor_bytes):
+        if budget is None or nbytes(value) <= budget:
             continue
         transposes = [u for u in w.users if _is_transpose(u, w)]
         gathers = [u for u in w.users if _is_gather(u, w)]
@@ -107,9 +107,23 @@ def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[i
     return out
 
 
-def read_through_transposes(
-    program: ExportedProgram, policy: FoldPolicy, bytes_before: int
-) -> tuple[ExportedProgram, list[str]]:
+@dataclass(frozen=True)
+class Rewrite:
+    """What `read_through_transposes` did.
+
+    Attributes:
+        program: the rewritten copy, or the program itself when nothing applied.
+        notes: one line per rewritten gather, for the report (`FoldReport.rewrites`).
+        transposes: names of the transposes that now replace their matrix (exempt from
+            ``max_tensor_bytes``: they store no byte more).
+    """
+
+    program: ExportedProgram
+    notes: tuple[str, ...] = ()
+    transposes: frozenset = frozenset()
+
+
+def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> Rewrite:
     """Rewrite the row gathers of stored matrices to read their transpose (module docstring).
 
     Args:
@@ -118,31 +132,29 @@ def read_through_transposes(
         bytes_before: the constant bytes `program` stores (for the growth budget).
 
     Returns:
-        A copy of `program` with the rewrite (the graph copied; tensors, signature and bodies
-        shared), or `program` itself when nothing applies; and one line per rewritten gather
-        (``embedding reads the transpose of p_embed_weight``), for the report.
+        A `Rewrite`: a copy of `program` (the graph copied; tensors, signature and bodies
+        shared), or `program` itself when nothing applies.
     """
     found = _candidates(program, policy, policy.growth_budget(bytes_before))
     if not found:
-        return program, []
+        return Rewrite(program)
     from .bodies import copy_uncompiled
     from .hops import recompile_shallow
 
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
-    ops, notes = _ops(program), []
+    ops, notes, transposes = _ops(program), [], set()
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    for w, transposes, gathers in found:
-        transpose = env[transposes[0]]
+    for w, readers, gathers in found:
+        transposes.update(t.name for t in readers)
+        transpose = env[readers[0]]
         if transpose is not first_op:
             first_op.prepend(transpose)  # before every gather: it reads only the placeholder
         for gather in gathers:
             _rewrite(gm.graph, env[gather], transpose, ops)
             notes.append(f"{gather.name} ({op_name(gather.target)}) reads the transpose of {w.name} ({transpose.name})")
     recompile_shallow(gm)
-    result = copy.copy(program)
-    result._graph_module = gm
-    return result, notes
+    return Rewrite(program_with(program, graph_module=gm), tuple(notes), frozenset(transposes))
 
 
 def _rewrite(graph: torch.fx.Graph, gather: torch.fx.Node, transpose: torch.fx.Node, ops: _Ops) -> None:

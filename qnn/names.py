@@ -33,6 +33,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, TensorArgument
 
 from folding.names import unique_name
+from folding.torch_internals import fresh_name, release_name, set_exact_name, set_signature
 
 from .provenance import Key, node_keys
 
@@ -156,19 +157,18 @@ class EdgeNameMap:
 def rename_nodes(graph: torch.fx.Graph, wanted: Dict[torch.fx.Node, str]) -> Dict[str, str]:
     """Give each node of `wanted` its name; a node not in `wanted` that holds one of those
     names is moved to a fresh name. Returns {old name: new name}."""
-    namespace = graph._graph_namespace  # fx has no public rename-to-exact-name API
     targets = set(wanted.values())
     movers: List[Tuple[torch.fx.Node, Optional[str]]] = list(wanted.items())
     movers += [(n, None) for n in graph.nodes if n not in wanted and n.name in targets]
     old = {n: n.name for n, _ in movers}
     for n, _ in movers:
-        namespace._used_names.discard(n.name)
+        release_name(graph, n.name)
     for n, name in movers:
         if name is not None:
-            _set_name(n, name)
+            set_exact_name(n, name)
     for n, name in movers:
         if name is None:
-            _set_name(n, namespace.create_name(old[n], None))
+            set_exact_name(n, fresh_name(graph, old[n]))
     return {old[n]: n.name for n, _ in movers if old[n] != n.name}
 
 
@@ -182,12 +182,6 @@ def _rename_outputs(program: ExportedProgram, renamed: Dict[str, str]) -> None:
         for spec in sig.output_specs
     ]
     if outputs != list(sig.output_specs):
-        program._graph_signature = ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=outputs)
+        set_signature(program, ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=outputs))
 
-
-def _set_name(node: torch.fx.Node, name: str) -> None:
-    namespace = node.graph._graph_namespace
-    node.name = name
-    namespace._used_names.add(name)
-    namespace._obj_to_name[node] = name
 

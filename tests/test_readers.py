@@ -85,15 +85,24 @@ def test_a_budget_that_fits_both_copies_leaves_the_gather_alone():
     _check_against_unfolded(ep, result, 4000, (1, 8), 0)
 
 
-@pytest.mark.parametrize("policy", [
-    FoldPolicy(max_tensor_bytes=1024),  # the transpose may not be folded: rewriting would copy it per call
-    FoldPolicy(skip_targets=frozenset({"aten.permute_copy"})),
-], ids=["max_tensor_bytes", "skip_targets"])
-def test_no_rewrite_when_the_transpose_would_not_fold(policy):
+def test_no_rewrite_when_the_transpose_is_a_skipped_target():
+    """Rewriting would then copy the matrix on every call (the transpose stays an op)."""
     ep = edge(export(Tied(6000, 64, "embedding").eval(), (torch.randint(0, 6000, (1, 8)),)))
-    result = fold_constants(ep, policy)
+    result = fold_constants(ep, FoldPolicy(skip_targets=frozenset({"aten.permute_copy"})))
     assert not result.report.rewrites
     assert any("embedding" in str(n.target) for n in result.program.graph.nodes)
+    _check_against_unfolded(ep, result, 6000, (1, 8), 1)
+
+
+def test_the_transpose_that_replaces_its_matrix_is_not_held_to_max_tensor_bytes():
+    """It stores no byte more than the program did; every other value keeps the cap."""
+    ep = edge(export(Tied(6000, 64, "embedding").eval(), (torch.randint(0, 6000, (1, 8)),)))
+    cap = 1024
+    result = fold_constants(ep, FoldPolicy(max_tensor_bytes=cap))
+    assert result.report.rewrites
+    big = [c for c in result.report.lifted if c.nbytes > cap]
+    assert [c.shape for c in big] == [(64, 6000)], result.report.lifted
+    assert stored_constant_bytes(result.program) <= stored_constant_bytes(ep)
     _check_against_unfolded(ep, result, 6000, (1, 8), 1)
 
 

@@ -1,0 +1,119 @@
+"""Every private torch API this package uses, in one place, each with the torch source it reads.
+
+torch 2.14 has no public way to do these; each has a test in ``tests/test_torch_internals.py``
+that fails when torch changes it. Nothing else in ``folding`` (or ``qnn``) touches a private
+attribute of ``ExportedProgram``, ``Graph`` or ``GraphModule``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Iterator, Optional
+
+import torch
+import torch.fx
+from torch._export.verifier import _verify_exported_program_signature as verify_signature  # noqa: F401
+from torch._guards import detect_fake_mode  # noqa: F401 (torch/_guards.py: the fake mode of some values)
+from torch._prims_common import make_contiguous_strides_for  # noqa: F401 (the strides torch.empty gives)
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401
+from torch.export import ExportedProgram
+from torch.fx.graph_module import _copy_attr
+from torch.fx.node import _side_effectful_functions as side_effectful_functions  # noqa: F401 (fx's impure targets)
+
+__all__ = [
+    "FakeTensorMode", "children_hidden", "copy_attribute", "copy_codegen", "detect_fake_mode", "fresh_name",
+    "is_cow_tensor", "is_fake", "lazy_clone", "make_contiguous_strides_for", "program_with", "release_name",
+    "reserve_names", "set_exact_name", "set_signature", "set_uncompiled_graph", "verify_signature",
+    "side_effectful_functions",
+]
+
+
+def program_with(program: ExportedProgram, *, graph_module: Optional[torch.fx.GraphModule] = None,
+                 graph_signature=None, state_dict=None, constants=None, range_constraints=None,
+                 module_call_graph=None) -> ExportedProgram:
+    """A shallow copy of `program` with the given parts replaced (the others shared).
+
+    The public constructor (``ExportedProgram(root, graph, ...)``) builds a new GraphModule
+    from `root` and recompiles it and every body, and re-runs the verifier: a second graph
+    copy per fold. torch/export/exported_program.py keeps the parts in these attributes.
+    """
+    result = copy.copy(program)
+    for name, value in (("_graph_module", graph_module), ("_graph_signature", graph_signature),
+                        ("_state_dict", state_dict), ("_constants", constants),
+                        ("_range_constraints", range_constraints), ("_module_call_graph", module_call_graph)):
+        if value is not None:
+            setattr(result, name, value)
+    return result
+
+
+def set_signature(program: ExportedProgram, graph_signature) -> None:
+    """Replace `program`'s signature in place (``ExportedProgram.graph_signature`` has no setter)."""
+    program._graph_signature = graph_signature
+
+
+def copy_attribute(source: torch.nn.Module, target: torch.nn.Module, qualified_name: str) -> None:
+    """Make `target.<qualified_name>` the same object as `source`'s, creating empty parent
+    modules on the way (torch/fx/graph_module.py ``_copy_attr``, what ``GraphModule(root, graph)``
+    itself uses)."""
+    _copy_attr(source, target, qualified_name)
+
+
+def set_uncompiled_graph(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> None:
+    """Attach `graph` to `gm` without compiling it (the ``GraphModule.graph`` setter recompiles
+    at once; the caller edits the graph first, then recompiles once)."""
+    gm._graph = graph
+    graph.owning_module = gm
+
+
+@contextlib.contextmanager
+def children_hidden(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Hide `gm`'s GraphModule children for the block: ``GraphModule.recompile`` would also
+    recompile every body (torch/fx/graph_module.py), which the caller's program may share."""
+    children = gm._modules
+    gm._modules = {k: v for k, v in children.items() if not isinstance(v, torch.fx.GraphModule)}
+    try:
+        yield
+    finally:
+        gm._modules = children
+
+
+def reserve_names(graph: torch.fx.Graph, names) -> None:
+    """Record `names` as used in `graph`'s namespace, so ``create_node`` never returns one
+    (torch/fx/graph.py ``_Namespace._used_names``; torch.export sets placeholder names
+    without recording them)."""
+    graph._graph_namespace._used_names.update(names)
+
+
+def release_name(graph: torch.fx.Graph, name: str) -> None:
+    """Forget that `name` is used in `graph`'s namespace (the node holding it is renamed next)."""
+    graph._graph_namespace._used_names.discard(name)
+
+
+def set_exact_name(node: torch.fx.Node, name: str) -> None:
+    """Give `node` exactly `name`, recorded in its graph's namespace: fx's namespace would turn
+    a builtin's name (``input``) or a used one into ``input_1`` (torch/fx/graph.py
+    ``_Namespace._rename_object``); torch.export keeps such names and its signature refers to them."""
+    node.graph._graph_namespace._rename_object(node, name)
+    node.name = name
+
+
+def fresh_name(graph: torch.fx.Graph, base: str) -> str:
+    """A name not used in `graph`, derived from `base` (torch/fx/graph.py ``_Namespace.create_name``)."""
+    return graph._graph_namespace.create_name(base, None)
+
+
+def copy_codegen(source: torch.fx.Graph, target: torch.fx.Graph) -> None:
+    """Give `target` a copy of `source`'s code generator (``Graph._codegen``: how the pytree
+    in/out specs of an exported program are rendered; torch/fx/graph.py has no setter)."""
+    target._codegen = copy.deepcopy(source._codegen)
+
+
+def lazy_clone(t: torch.Tensor) -> torch.Tensor:
+    """A copy-on-write clone of `t` (``torch._lazy_clone``): shares `t`'s storage until either writes."""
+    return torch._lazy_clone(t)
+
+
+def is_cow_tensor(t: torch.Tensor) -> bool:
+    """True while `t` (a `lazy_clone`) still shares its storage copy-on-write (``torch._C._is_cow_tensor``)."""
+    return torch._C._is_cow_tensor(t)

@@ -1,0 +1,125 @@
+"""Each private torch API `folding.torch_internals` wraps still does what the package relies on:
+these fail when a torch upgrade changes one, before any fold does something subtly wrong."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn as nn
+
+from folding import torch_internals as ti
+
+
+class _Cond(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda a, w: (a + w,), lambda a, w: (a - w,), (x, self.w))[0]
+
+
+def _program():
+    return torch.export.export(_Cond().eval(), (torch.randn(4),))
+
+
+def test_program_with_replaces_only_the_given_parts():
+    ep = _program()
+    gm = torch.fx.GraphModule(ep.graph_module, ep.graph_module.graph)
+    state = {k: nn.Parameter(v.detach() * 2) for k, v in ep.state_dict.items()}
+    other = ti.program_with(ep, graph_module=gm, state_dict=state)
+    assert other.graph_module is gm and other.state_dict is state
+    assert ep.graph_module is not gm and ep.state_dict is not state
+    assert other.graph_signature is ep.graph_signature and other.constants is ep.constants
+    x = torch.randn(4)
+    want = x + state["w"] if x.sum() > 0 else x - state["w"]
+    with torch.no_grad():
+        assert torch.allclose(other.module()(x), want)
+
+
+def test_set_signature_replaces_the_signature():
+    ep = _program()
+    sig = type(ep.graph_signature)(input_specs=list(ep.graph_signature.input_specs),
+                                   output_specs=list(ep.graph_signature.output_specs))
+    ti.set_signature(ep, sig)
+    assert ep.graph_signature is sig
+
+
+def test_copy_attribute_shares_the_object_and_makes_parents():
+    src = nn.Module()
+    src.inner = nn.Module()
+    src.inner.t = nn.Parameter(torch.ones(2))
+    dst = nn.Module()
+    ti.copy_attribute(src, dst, "inner.t")
+    assert dst.inner.t is src.inner.t
+
+
+def test_set_uncompiled_graph_defers_compilation():
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(torch.mul, (x, 3)))
+    ti.set_uncompiled_graph(gm, graph)
+    assert gm.graph is graph and graph.owning_module is gm
+    assert gm(torch.tensor(2.0)).item() == 3.0  # still the old code: not compiled yet
+    gm.recompile()
+    assert gm(torch.tensor(2.0)).item() == 6.0
+
+
+def test_children_hidden_keeps_bodies_from_recompiling():
+    ep = _program()
+    gm = ep.graph_module
+    body = gm.true_graph_0
+    code = body.code
+    for n in body.graph.nodes:
+        if n.op == "call_function":
+            n.target = torch.ops.aten.sub.Tensor  # edited, not recompiled
+    with ti.children_hidden(gm):
+        assert not [m for m in gm.children() if isinstance(m, torch.fx.GraphModule)]
+        gm.recompile()
+    assert body.code == code  # the body was not recompiled
+    assert gm.true_graph_0 is body
+
+
+def test_reserved_names_are_not_handed_out():
+    graph = torch.fx.Graph()
+    ti.reserve_names(graph, ["add"])
+    x = graph.placeholder("x")
+    node = graph.call_function(torch.add, (x, 1))
+    assert node.name != "add"
+    ti.release_name(graph, "add")
+    assert ti.fresh_name(graph, "add") == "add"
+
+
+def test_set_exact_name_keeps_a_builtins_name():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    node = graph.call_function(torch.add, (x, 1))
+    ti.set_exact_name(node, "input")  # fx's namespace would say input_1
+    assert node.name == "input"
+    assert graph.call_function(torch.add, (x, 2), name="input").name != "input"
+
+
+def test_copy_codegen_keeps_the_pytree_specs():
+    ep = _program()
+    graph = torch.fx.Graph()
+    ti.copy_codegen(ep.graph, graph)
+    assert type(graph._codegen) is type(ep.graph._codegen)
+    assert graph._codegen is not ep.graph._codegen
+
+
+def test_lazy_clone_is_copy_on_write():
+    t = torch.arange(4.0)
+    c = ti.lazy_clone(t)
+    assert ti.is_cow_tensor(c) and torch.equal(c, t)
+    c.add_(1)  # a write materialises the clone; the original is untouched
+    assert not ti.is_cow_tensor(c) and torch.equal(t, torch.arange(4.0))
+
+
+def test_re_exported_helpers_behave():
+    assert tuple(ti.make_contiguous_strides_for((2, 1, 3))) == tuple(torch.empty(2, 1, 3).stride())
+    with ti.FakeTensorMode() as mode:
+        fake = torch.empty(2)
+    assert ti.is_fake(fake) and ti.detect_fake_mode([fake]) is mode
+    assert torch.ops.aten._assert_async.msg in ti.side_effectful_functions
+    ti.verify_signature(_program())  # a valid program passes
