@@ -3,9 +3,6 @@
 ``python -m benchmarks --qnn [--models ...] [--quick] [--out DIR]``: the QNN rows instead
 (`benchmarks.qnn_rows`).
 
-``python -m benchmarks --zoo [--models ...] [--timeout S] [--out DIR]``: model-zoo conformance
-instead (`benchmarks.zoo`; ``docs/zoo.md``).
-
 ``python -m benchmarks --weight-scale [--quick] [--out DIR] [options of benchmarks.weight_scale]``:
 fold_constants vs constant_prop_pass on 0.5-4 GiB Llama programs instead (`benchmarks.weight_scale`).
 """
@@ -54,8 +51,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--qnn", action="store_true",
                    help="QNN HTP rows instead (fp16 and 8a8w, fold off/on, per model; "
                         "benchmarks/qnn_rows.py); writes qnn.json and qnn.md")
-    p.add_argument("--zoo", action="store_true",
-                   help="model-zoo conformance instead (benchmarks/zoo; see python -m benchmarks --zoo --help)")
     p.add_argument("--scale", action="store_true",
                    help="run the scale benchmark instead (python -m benchmarks.scale; see its --help)")
     p.add_argument("--weight-scale", action="store_true",
@@ -77,10 +72,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr (INFO)")
     args, rest = p.parse_known_args(argv)
     args.scale_argv = rest
-    if args.zoo:  # its own options (benchmarks.zoo.cli); --models and --out pass through
-        args.zoo_argv = rest + (["--models", ",".join(args.models)] if args.models else []) + (
-            ["--out", args.out] if args.out else [])
-        return args
     if args.weight_scale:  # its own options (benchmarks.weight_scale.main); --quick and --out pass through
         args.weight_scale_argv = rest + (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
         return args
@@ -112,10 +103,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the benchmark; print the Markdown table; write JSON, Markdown and PNG to ``--out``."""
     args = parse_args(argv)
-    if args.zoo:
-        from .zoo import cli
-
-        return cli.main(args.zoo_argv)
     if args.scale:
         from . import scale
 

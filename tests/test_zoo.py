@@ -1,5 +1,5 @@
-"""A few fast models of the model zoo (``python -m benchmarks --zoo``, benchmarks/zoo), with the
-zoo's own per-row checks (`benchmarks.zoo.verdict`), plus the checks themselves on rows that
+"""A few fast models of the model zoo (``python -m tests.zoo``, tests/zoo), with the
+zoo's own per-row checks (`tests.zoo.verdict`), plus the checks themselves on rows that
 must fail them."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.zoo import compare, pool, verdict
-from benchmarks.zoo.models import build, zoo_names
-from benchmarks.zoo.run import new_row, run_model
+from tests.zoo import compare, pool, verdict
+from tests.zoo.models import build, zoo_names
+from tests.zoo.run import new_row, run_model
 
 # Fold stage only (export, fold ATen and Edge with both folders, run, compare): a few seconds each.
 # t5: encoder-decoder, relative-position buckets (integer arithmetic on constants);

@@ -1,6 +1,6 @@
 """What a zoo row says: the checks of `fold_constants` and where `constant_prop_pass` fails.
 
-Pure functions of a row dict (`benchmarks.zoo.run.new_row`), so the table, the summary and the
+Pure functions of a row dict (`tests.zoo.run.new_row`), so the table, the summary and the
 tests judge rows the same way.
 """
 

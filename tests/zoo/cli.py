@@ -1,4 +1,4 @@
-"""``python -m benchmarks --zoo [--models a,b|tv/|hf/] [--timeout S] [--out DIR] [--steps ...]``.
+"""``python -m tests.zoo [--models a,b|tv/|hf/] [--timeout S] [--out DIR] [--steps ...]``.
 
 The full zoo writes the generated block of ``docs/zoo.md`` and ``docs/zoo.json``; a subset
 (``--models``) writes ``zoo.md`` and ``zoo.json`` to ``--out`` (default ``results/<time>-zoo``)
@@ -26,7 +26,7 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks --zoo",
+    p = argparse.ArgumentParser(prog="python -m tests.zoo",
                                 description="Model-zoo conformance of fold_constants (and constant_prop_pass).")
     p.add_argument("--models", default=None,
                    help="comma-separated model names or prefixes (tv/, tvseg/, hf/, hf/gpt2 ...); default: all")
@@ -98,7 +98,7 @@ def meta(argv: Optional[Sequence[str]], wall: float) -> Dict[str, Any]:
     except OSError:
         git = "?"
     return {
-        "command": "python -m benchmarks --zoo " + " ".join(argv if argv is not None else sys.argv[2:]),
+        "command": "python -m tests.zoo " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M"), "wall_time_s": round(wall), "git": git,
         "torch": v("torch"), "executorch": v("executorch"), "torchvision": v("torchvision"),
         "transformers": v("transformers"), "python": platform.python_version(),

@@ -110,7 +110,7 @@ NEAR_ZERO = 1e-2
 def _order_one_if_near_zero(model: torch.nn.Module, inputs: Tuple[torch.Tensor]) -> None:
     """`benchmarks.models.order_one_outputs` for a model whose eager output is near zero
     (random torchvision CNNs: mobilenet, mnasnet, efficientnet logits ~1e-9)."""
-    from ..models import order_one_outputs
+    from benchmarks.models import order_one_outputs
 
     with torch.no_grad():
         out = model(*inputs)

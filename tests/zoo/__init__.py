@@ -1,4 +1,4 @@
-"""Model-zoo conformance: ``python -m benchmarks --zoo``.
+"""Model-zoo conformance: ``python -m tests.zoo``.
 
 Runs `fold_constants` and ExecuTorch's ``constant_prop_pass`` side by side on models nobody here
 wrote (torchvision classification and segmentation, Hugging Face architectures from small

@@ -2,7 +2,7 @@
 
 A model whose process crashes, runs out of memory or exceeds the timeout loses only its own row,
 and keeps the steps it finished: the worker writes its row to a JSON checkpoint after each step
-(`benchmarks.zoo.run`), and the parent reads that file whatever happened.
+(`tests.zoo.run`), and the parent reads that file whatever happened.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-# Step names (see benchmarks.zoo.run.STEPS); kept here so that unpickling `_child` in a fresh
+# Step names (see tests.zoo.run.STEPS); kept here so that unpickling `_child` in a fresh
 # worker imports nothing heavy before `_worker.init` points its stderr at the log.
 STEPS = ("build", "export", "aten", "edge", "xnnpack", "qnn")
 
@@ -22,7 +22,7 @@ STEPS = ("build", "export", "aten", "edge", "xnnpack", "qnn")
 def _child(name: str, checkpoint: str, log_path: Optional[str], steps: Sequence[str],
            xnnpack_variants: Sequence[str]) -> None:
     """Worker entry point: log setup, one torch thread, no hub, the real QNN libraries (no SDK download); then the model."""
-    from .. import _worker
+    from benchmarks import _worker
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 from torch.export import ExportedProgram
 
-from .. import graph_stats
+from benchmarks import graph_stats
 from .compare import PROGRAM_TOL, PTE_TOL, as_tensors, compare
 from .models import ZooSpec, build
 
@@ -105,7 +105,7 @@ def lower_and_run(variant: str, program: ExportedProgram, inputs: Sequence[torch
     """Lower `program` for XNNPACK under a benchmark `variant`, run the ``.pte``, compare with eager."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
-    from .. import runner, variants
+    from benchmarks import runner, variants
 
     cell: Dict[str, Any] = {"lowered": False, "runs": False, "error": None, "match": None}
     start = time.perf_counter()
@@ -133,7 +133,7 @@ def lower_qnn(name: str, program: ExportedProgram, inputs: Sequence[torch.Tensor
     """HTP fp16, ``fold_constants`` on (`benchmarks.qnn_rows.lower_rows`), on the real backend:
     QNN's op validation and context compiles, and the ``.pte`` run on the emulated HTP against
     eager (``htp_max_abs_diff``, ``output_scale``)."""
-    from .. import qnn_rows
+    from benchmarks import qnn_rows
 
     with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
         (row,) = qnn_rows.lower_rows(name, program.module(), tuple(inputs), "fp16", modes=("on",))
