@@ -171,16 +171,27 @@ def test_a_fold_that_changes_the_callers_program_is_caught_and_shrunk():
     assert len(shrunk.program.ops) <= 3 < len(program.ops)  # the six unrelated ops are gone
 
 
-def test_reproducer_is_a_standalone_script(tmp_path):
-    program = SMALL  # a program that exports and folds correctly
-    outcome = check(SMALL)
-    failing = type(outcome)("failure", "aten: wrong-output", "x", "aten", (), "wrong-output")
+CONTROL_FLOW_PROGRAM = _program(("v0", "_no_grad(lambda a: (a * 3.0, a + 1.0)[1], $0)", ("x",)),
+                                ("v1", "torch.cond($0.sum() > 0, lambda a: (a @ $1.t() * 2.0,), lambda a: (a - 1.0,), ($2,))[0]",
+                                 ("w0", "w0", "x")),
+                                ("v2", "$0 + $1", ("v0", "v1")), outputs=("v2",))
+
+
+@pytest.mark.parametrize("program, check_name, expected", [
+    (SMALL, "wrong-output", "[[None], [None]]"),  # every output of both calls matches eager
+    (CONTROL_FLOW_PROGRAM, "wrong-output-flipped", "[[None], [None]]"),
+    (CONTROL_FLOW_PROGRAM, "dead-leftovers", "[]"),
+    (CONTROL_FLOW_PROGRAM, "caller-changed", ""),  # its asserts hold: nothing printed, exit 0
+], ids=["wrong-output", "flipped", "leftovers", "caller-changed"])
+def test_reproducer_is_a_standalone_script(tmp_path, program, check_name, expected):
+    """A reproducer of a correct fold runs on its own and prints what its check found: nothing wrong."""
+    failing = type(check(SMALL))("failure", f"aten: {check_name}", "x", "aten", (), check_name)
     script = tmp_path / "repro.py"
     script.write_text(reproducer(program, failing))
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "None" in done.stdout  # a correct fold: every output matches
+    assert done.stdout.strip() == expected, done.stdout[-2000:]
 
 
 def test_policy_source_round_trips():

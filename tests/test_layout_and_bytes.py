@@ -115,6 +115,10 @@ def test_identical_strided_values_are_hashed_and_stored_once(make):
     ep = export(M(), (x,))
     result = fold(ep)
     assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+    # the two sums of one strided copy hold identical bytes: one lifted constant for both
+    (lifted,) = result.report.lifted
+    assert len(lifted.replaces) == 2 and not lifted.reused, lifted
+    assert len(result.program.constants) == 1
 
 
 # 5. Budgets and totals in the bytes the .pte stores ------------------------------------------

@@ -114,7 +114,8 @@ def reproducer(p: Program, outcome: Outcome) -> str:
     fold.append("result = fold_constants(program, policy)")
     first = (outcome.message.strip().splitlines() or [""])[-1][:300]
     header = [f"# fuzz case {p.seed}: {outcome.kind}", f"# {first}",
-              "# run from the repository root: python repro.py"]
+              "# run from the repository root: python repro.py",
+              "import sys", "sys.path.insert(0, '.')  # the repository root: some checks use tests.* helpers"]
     body = [module_source(p).rstrip(), "", export_source(p).rstrip(), "\n".join(fold)]
     check = _check_lines(p, outcome)
     if check:
