@@ -3,8 +3,9 @@ programs whose weights weigh 0.5 to 4 GiB.
 
     python -m benchmarks.weight_scale [--sizes 0.5GiB,1GiB,2GiB,4GiB] [--dtypes fp32,bf16]
                                       [--dialects ATEN,EDGE] [--layers 4] [--unlimited auto]
-                                      [--quick] [--out results/weight-scale]
+                                      [--repeat 3] [--quick] [--out results/weight-scale]
     python -m benchmarks --weight-scale [same options]
+    python -m benchmarks.weight_scale --replot results/weight-scale/weight_scale.json  # tables, plot
 
 Programs: `transformers.LlamaForCausalLM` (tied ``lm_head``, multi-head attention, head dim 64,
 32,000-token vocabulary, ``--layers`` decoder layers) whose hidden size is chosen so that the
@@ -17,7 +18,8 @@ and export are not timed.
 
 Methods, each in its own process forked from the builder once the programs exist (so its peak
 RSS is its own: the kernel's high-water mark is reset at the start, ``/proc/self/clear_refs``,
-and the other dialect's program is dropped first):
+after an unmeasured warm-up of the same method on a tiny program, and the other dialect's program
+is dropped first), ``--repeat`` processes per method (fastest seconds, largest RSS growth):
 
 - ``fold``: ``folding.fold_constants(ep)`` — the caller's program is left unchanged;
 - ``copy_cpp``: ``copy.deepcopy(ep)`` + ``constant_prop_pass`` on the copy — the same contract,
@@ -71,6 +73,9 @@ SEQ_LEN = 16
 SEED = 0
 # Reasons for which the default policy keeps a constant-only value that constant_prop_pass folds.
 SIZE_REASONS = ("MAX_TENSOR_BYTES", "GROWTH_BUDGET")
+# The memory criterion's allowance for what a fold allocates besides stored tensors (the new
+# graph, signature and report: under 1 MiB for these 500-node programs), in bytes.
+GRAPH_ALLOWANCE_BYTES = 1 * MiB
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,7 +541,9 @@ def grouped(rows: list) -> list:
 def _s(r: Optional[dict]) -> str:
     if not r:
         return "-"
-    return "error" if "error" in r else f"{r['seconds']:.2f}"
+    if "error" in r:
+        return "error"
+    return f"{r['seconds']:.3f}" if r["seconds"] < 0.1 else f"{r['seconds']:.2f}"
 
 
 def _ratio(slow: Optional[dict], fast: Optional[dict]) -> str:
@@ -547,6 +554,13 @@ def _ratio(slow: Optional[dict], fast: Optional[dict]) -> str:
 
 def _mib(n) -> str:
     return "-" if n is None else f"{n / MiB:,.0f}"
+
+
+def _size(n) -> str:
+    """Bytes as MiB, or KiB below 1 MiB."""
+    if n is None:
+        return "-"
+    return f"{n / 1024:,.0f} KiB" if 0 < n < MiB else f"{n / MiB:,.0f}"
 
 
 def time_table(rows: list) -> list:
@@ -560,7 +574,7 @@ def time_table(rows: list) -> list:
     for g in grouped(rows):
         b, f, c, fi, ci = g["base"], g.get("fold"), g.get("copy_cpp"), g.get("fold_inplace"), g.get("cpp_inplace")
         copy_s = _s(c) + (f" ({c['deepcopy_s']:.2f})" if c and "deepcopy_s" in c else "")
-        folded = f"{_mib((f or {}).get('folded_bytes'))} / {_mib((c or ci or {}).get('folded_bytes'))}"
+        folded = f"{_size((f or {}).get('folded_bytes'))} / {_size((c or ci or {}).get('folded_bytes'))}"
         lines.append(
             f"| {b['weights_bytes']:,} | {b['weights_mib']:,.0f} | {b['nodes']:,} | {b['dialect']} | {b['dtype']} | "
             f"{g['policy']} | {_s(f)} | {copy_s} | {_ratio(c, f)} | {_s(fi)} | {_s(ci)} | {_ratio(ci, fi)} | {folded} |"
@@ -584,7 +598,7 @@ def memory_table(rows: list) -> list:
                 continue
             if not method.startswith("fold") and g["policy"] != "default":
                 continue  # shown once, with the default policy's rows
-            ratio = f"{r['peak_rss_growth_bytes'] / r['folded_bytes']:.2f}" if r["folded_bytes"] else "-"
+            ratio = f"{r['peak_rss_growth_bytes'] / r['folded_bytes']:.2f}" if r["folded_bytes"] >= MiB else "-"
             lines.append(
                 f"| {b['weights_mib']:,.0f} | {b['dialect']} | {b['dtype']} | {g['policy'] if method.startswith('fold') else '-'} | "
                 f"{METHOD_LABELS[method]} | {_mib(r['rss_before_bytes'])} | {_mib(r['peak_rss_bytes'])} | "
@@ -619,7 +633,8 @@ def correctness_lines(rows: list) -> list:
     lines = []
     if ok:
         worst = max(ok, key=lambda r: r["max_rel_err"])
-        lines.append(f"- outputs: largest |folded - unfolded| / max|unfolded| over {len(ok)} runs: "
+        runs = sum(r.get("repeat", 1) for r in ok)
+        lines.append(f"- outputs: largest |folded - unfolded| / max|unfolded| over {runs} measured processes: "
                      f"{worst['max_rel_err']:.1e} ({worst['dialect']} {worst['dtype']} {worst['method']})")
         unchanged = [r.get("caller_unchanged") for r in ok if "caller_unchanged" in r]
         lines.append(f"- caller's program unchanged after fold_constants(ep) / deepcopy + cpp: "
@@ -645,20 +660,24 @@ def done_when(rows: list) -> list:
         lines.append(f"- policy {policy} ({len(gs)} programs): ratio copy pairing {min(copy_r):.2f}x-{max(copy_r):.2f}x, "
                      f"in-place pairing {min(inpl_r):.2f}x-{max(inpl_r):.2f}x; at least as fast in both: "
                      f"{'yes' if as_fast else 'no'}; >= 2x in one pairing on every program: {'yes' if twice else 'no'}")
-        over = []
+        over, over_strict = [], 0
         for g in gs:
             for m in ("fold", "fold_inplace"):
                 r = g[m]
-                if r["peak_rss_growth_bytes"] > 1.05 * r["folded_bytes"]:
+                allowed = 1.05 * r["folded_bytes"]
+                over_strict += r["peak_rss_growth_bytes"] > allowed
+                if r["peak_rss_growth_bytes"] > allowed + GRAPH_ALLOWANCE_BYTES:
                     over.append(f"{g['base']['weights_mib']:,.0f} MiB {g['base']['dialect']} {g['base']['dtype']} {m}: "
                                 f"+{_mib(r['peak_rss_growth_bytes'])} MiB for {_mib(r['folded_bytes'])} MiB folded")
-        lines.append(f"- policy {policy}: peak RSS growth <= folded bytes + 5 % on "
-                     f"{2 * len(gs) - len(over)}/{2 * len(gs)} folds" + (": over on " + "; ".join(over) if over else ""))
+        lines.append(f"- policy {policy}: peak RSS growth <= folded bytes + 5 % on {2 * len(gs) - over_strict}/{2 * len(gs)} "
+                     f"folds; with {GRAPH_ALLOWANCE_BYTES // MiB} MiB more for the new graph's Python objects on "
+                     f"{2 * len(gs) - len(over)}/{2 * len(gs)}" + (": over on " + "; ".join(over) if over else ""))
     return lines
 
 
 def plot(rows: list, path: Path) -> None:
-    """Seconds against weight bytes (log x), one line per method/policy/dtype, a panel per dialect."""
+    """Seconds against weight bytes (log x), a panel per dialect; colour: method, line: dtype
+    (solid fp32, dashed bf16), marker: fold policy (o default, x unlimited)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -666,30 +685,32 @@ def plot(rows: list, path: Path) -> None:
 
     ok = [r for r in rows if "seconds" in r]
     dialects = [d for d in DIALECTS if any(r["dialect"] == d for r in ok)]
-    fig, axes = plt.subplots(1, len(dialects), figsize=(6.5 * len(dialects), 4.8), squeeze=False)
-    styles = {"fold": ("tab:blue", "-"), "copy_cpp": ("tab:red", "-"), "fold_inplace": ("tab:green", "-"),
-              "cpp_inplace": ("tab:orange", "-")}
+    fig, axes = plt.subplots(1, len(dialects), figsize=(6.5 * len(dialects), 5.6), squeeze=False)
+    colors = {"fold": "tab:blue", "copy_cpp": "tab:red", "fold_inplace": "tab:green", "cpp_inplace": "tab:orange"}
+    handles = {}
     for ax, dialect in zip(axes[0], dialects):
         lines = {}
         for r in ok:
             if r["dialect"] == dialect:
                 lines.setdefault((r["method"], r["policy"], r["dtype"]), []).append(r)
-        for (method, policy, dtype), rs in sorted(lines.items()):
+        for (method, policy, dtype), rs in sorted(lines.items(), key=lambda kv: (METHODS.index(kv[0][0]), kv[0][1:])):
             rs.sort(key=lambda r: r["weights_bytes"])
-            color, _ = styles[method]
-            style = "--" if dtype == "bf16" else "-"
-            marker = "x" if policy == "unlimited" else "o"
-            label = METHOD_LABELS[method] + (f" [{policy}]" if policy == "unlimited" else "") + f" {dtype}"
-            ax.plot([r["weights_bytes"] for r in rs], [r["seconds"] for r in rs], style, marker=marker,
-                    color=color, alpha=0.6 if policy == "unlimited" else 1.0, label=label)
+            label = METHOD_LABELS[method] + (" [FoldPolicy.unlimited()]" if policy == "unlimited" else "") + f", {dtype}"
+            (line,) = ax.plot([r["weights_bytes"] for r in rs], [r["seconds"] for r in rs],
+                              "--" if dtype == "bf16" else "-", marker="x" if policy == "unlimited" else "o",
+                              color=colors[method], alpha=0.75 if policy == "unlimited" else 1.0, label=label)
+            handles.setdefault(label, line)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        sizes = sorted({r["target_bytes"] for r in ok})
+        ax.set_xticks(sizes, [f"{s / GiB:g} GiB" if s >= GiB else f"{s / MiB:g} MiB" for s in sizes])
+        ax.minorticks_off()
         ax.set_xlabel("weight bytes")
         ax.set_ylabel("seconds")
-        ax.set_title(f"{dialect}: time to fold a Llama program")
+        ax.set_title(f"{dialect}: seconds to fold a Llama program")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=7.5, frameon=False)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -702,6 +723,19 @@ def markdown(rows: list) -> str:
     ) + "\n"
 
 
+def folding_fingerprint() -> str:
+    """SHA-256 of the `folding` package's sources (names and bytes of its ``*.py``): which
+    code the rows measured (every process of a run imports the same files)."""
+    import hashlib
+
+    import folding
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(folding.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.weight_scale", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default=None, help=f"target weight bytes per program (default {DEFAULT_SIZES}; "
@@ -712,12 +746,21 @@ def main(argv=None) -> int:
     p.add_argument("--unlimited", choices=("auto", "always", "never"), default="auto",
                    help="also fold with FoldPolicy.unlimited(): when the default policy keeps a value for its size "
                         "(auto), always, or never")
-    p.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} only (a minute or two)")
+    p.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} only (about 3 minutes with both dtypes and dialects)")
     p.add_argument("--repeat", type=int, default=3,
                    help="measured processes per method and program: fastest seconds, largest RSS growth reported")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per measured process")
     p.add_argument("--out", type=Path, default=Path("results/weight-scale"))
+    p.add_argument("--replot", type=Path, metavar="JSON",
+                   help="measure nothing: write the tables and the plot of an earlier run's weight_scale.json to --out")
     args = p.parse_args(argv)
+    if args.replot:
+        rows = json.loads(args.replot.read_text())["rows"]
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "weight_scale.md").write_text(markdown(rows))
+        plot(rows, args.out / "weight_scale.png")
+        print(markdown(rows))
+        return 0
     sizes = [parse_size(s) for s in (args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(",")]
     dtypes = [d.strip() for d in args.dtypes.split(",")]
     dialects = [d.strip().upper() for d in args.dialects.split(",")]
@@ -734,6 +777,7 @@ def main(argv=None) -> int:
         "wall_time_s": round(wall, 1), "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus", "python": platform.python_version(),
         "seq_len": SEQ_LEN, "layers": args.layers, "repeat": args.repeat,
+        "folding_sha256": folding_fingerprint(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "weight_scale.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
