@@ -357,6 +357,8 @@ def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[s
     operand, the loop carry or a mapped slice has that reason; a constant node stayed because
     the fold would have kept it at runtime (`pins`: the reason it was pinned), or it is a
     check, which runs where its body runs."""
+    if not has_bodies(program.graph_module):
+        return []  # nothing to name, and no second analysis of the top-level graph
     top = analyze(program.graph, program.graph_signature, policy)
     out: list = []
 

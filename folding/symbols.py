@@ -117,7 +117,10 @@ def refresh_meta(graph: torch.fx.Graph, symbols: Mapping[sympy.Symbol, Any], fak
 
 def drop_bound_ranges(range_constraints: dict, symbols: Mapping[sympy.Symbol, Any], graph: torch.fx.Graph) -> dict:
     """`range_constraints` without the entries of bound symbols, nor of data-dependent
-    (unbacked) symbols that no node of `graph` mentions any more."""
+    (unbacked) symbols that no node of `graph` mentions any more. A static program (no
+    constraint) reads no node."""
+    if not range_constraints:
+        return range_constraints
     mentioned: set = set()
     for node in graph.nodes:
         mentioned |= _symbols_of(node.meta.get("val"))
