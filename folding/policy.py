@@ -24,8 +24,8 @@ class FoldPolicy:
             constant at fold time and drop them, so they do not keep a folded intermediate alive
             and stored. A failing check is kept with its exception text.
         max_tensor_bytes: no single stored (materialised) tensor is larger than this, in bytes,
-            except the transpose of a stored matrix that replaces it (`folding.readers`: it
-            stores no byte more than the program did).
+            except the transpose of a stored matrix that only transposes read, which replaces
+            it (`folding.readers`: it stores no byte more than the program did).
             Default 16 MiB: the largest value folding stores in the benchmark models is T5's
             relative-position bias (1x8x128x128 fp32, 512 KiB) and swin_v2_t's first shifted-window
             mask (64x49x49 fp32, 600 KiB), so 16 MiB never blocks a useful fold, while a folded

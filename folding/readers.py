@@ -16,7 +16,10 @@ bytes, and ``W`` goes: the program stores ``Wᵀ`` instead of ``W``, and no call
 Applied only when it pays: the budget does not fit a second copy of ``W``, the policy does
 not skip the transpose's op, and every gather index has a static shape. ``max_tensor_bytes``
 does not hold the transpose back: it replaces a stored tensor of its own size, so no byte is
-materialised beyond what the program stored (`plan.make_plan`'s ``cap_exempt``).
+materialised beyond what the program stored (`plan.make_plan`'s ``cap_exempt``). The same
+holds for the transpose of any stored matrix that only transposes read (Edge's ``permute_copy``
+of a ``linear`` weight): kept for its size, it would copy the weight on every call, where
+``constant_prop_pass`` folds it.
 """
 
 from __future__ import annotations
@@ -107,6 +110,23 @@ def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[i
     return out
 
 
+def _sole_transposes(program: ExportedProgram) -> set[str]:
+    """Names of the transposes of stored matrices that only transposes read (Edge's
+    ``permute_copy`` of every ``linear`` weight): folding them replaces the matrix by its
+    transpose, bytes for bytes."""
+    specs = input_specs_by_name(program.graph_signature)
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    out: set[str] = set()
+    for w in program.graph.find_nodes(op="placeholder"):
+        spec = specs.get(w.name)
+        if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated or not w.users:
+            continue
+        val = w.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dim() == 2 and all(_is_transpose(u, w) for u in w.users):
+            out.update(u.name for u in w.users)
+    return out
+
+
 @dataclass(frozen=True)
 class Rewrite:
     """What `read_through_transposes` did.
@@ -114,8 +134,9 @@ class Rewrite:
     Attributes:
         program: the rewritten copy, or the program itself when nothing applied.
         notes: one line per rewritten gather, for the report (`FoldReport.rewrites`).
-        transposes: names of the transposes that now replace their matrix (exempt from
-            ``max_tensor_bytes``: they store no byte more).
+        transposes: names of the transposes that replace their matrix when folded, because
+            only transposes read it (after the rewrite, or already): exempt from
+            ``max_tensor_bytes``, as they store no byte more.
     """
 
     program: ExportedProgram
@@ -137,13 +158,13 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
     """
     found = _candidates(program, policy, policy.growth_budget(bytes_before))
     if not found:
-        return Rewrite(program)
+        return Rewrite(program, (), frozenset(_sole_transposes(program)))
     from .bodies import copy_uncompiled
     from .hops import recompile_shallow
 
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
-    ops, notes, transposes = _ops(program), [], set()
+    ops, notes, transposes = _ops(program), [], _sole_transposes(program)
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for w, readers, gathers in found:
         transposes.update(t.name for t in readers)

@@ -137,3 +137,46 @@ def test_aten_dialect_transpose_readers_and_inplace():
     assert result.program is ep and result.report.rewrites
     assert stored_constant_bytes(ep) <= stored_constant_bytes(reference)
     _check_against_unfolded(reference, result, 5000, (2, 6), 2)
+
+
+class _BigLinear(nn.Module):
+    """A 20 MiB weight (above the default 16 MiB cap), read by ``linear`` only, or also by a sum."""
+
+    def __init__(self, also_summed: bool):
+        super().__init__()
+        self.lin = nn.Linear(2560, 2048, bias=False)
+        self.also_summed = also_summed
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y + self.lin.weight.sum() if self.also_summed else y
+
+
+def test_the_transpose_of_a_weight_only_transposes_read_folds_whatever_its_size():
+    """Edge reads every linear weight through ``permute_copy``: kept for its size, it would copy
+    the weight on every call; folded, it replaces the weight (constant_prop_pass folds it too)."""
+    x = torch.randn(2, 2560)
+    ep = edge(export(_BigLinear(False).eval(), (x,)))
+    result = fold_constants(ep)
+    assert [c.shape for c in result.report.lifted] == [(2560, 2048)]
+    assert "p_lin_weight" in result.report.removed_placeholders
+    assert stored_constant_bytes(result.program) == stored_constant_bytes(ep)
+    assert not [n for n in result.program.graph.nodes if n.op == "call_function" and "permute" in str(n.target)]
+    with torch.no_grad():
+        want, got = ep.module()(x), result.program.module()(x)
+    assert (want - got).abs().max().item() <= 1e-5 * want.abs().max().item()
+    (ran,) = run_pte(edge_program_pte(result.program), (x,))
+    assert (want - ran).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+def test_a_weight_another_op_reads_keeps_the_cap():
+    """The weight stays (the sum reads it), so its transpose would be a second 20 MiB tensor:
+    above max_tensor_bytes, it stays an op."""
+    x = torch.randn(2, 2560)
+    ep = edge(export(_BigLinear(True).eval(), (x,)))
+    result = fold_constants(ep)
+    assert all(c.nbytes <= 16 * 2**20 for c in result.report.lifted), result.report.lifted
+    assert any(n.op == "call_function" and "permute" in str(n.target) for n in result.program.graph.nodes)
+    with torch.no_grad():
+        want, got = ep.module()(x), result.program.module()(x)
+    assert (want - got).abs().max().item() <= 1e-5 * want.abs().max().item()
