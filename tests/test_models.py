@@ -66,7 +66,11 @@ def test_folded_model_matches_unfolded_eagerly(folded_model):
     x = _fresh_inputs(spec)
     with torch.no_grad():
         want, got = ep.module()(*x), result.program.module()(*x)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # relative to the output's scale: a folded transpose stored contiguous (`folding.readers`)
+    # changes a matmul's summation order, which moves fp32 logits by ~1e-6 of their scale
+    scale = want.abs().max().item()
+    assert scale > 1e-3, f"{name}: output scale {scale:.3g} is too close to zero to compare"
+    assert (got - want).abs().max().item() <= 1e-5 * scale, (name, (got - want).abs().max().item(), scale)
 
 
 def test_folded_model_pte_runs_and_matches_eager(folded_model):
