@@ -252,14 +252,22 @@ def _sliceable(v: Value) -> bool:
     return _float(v) and v.ex.dim() >= 1 and 0 in v.static_dims and 1 <= v.ex.shape[0] <= 5
 
 
-def map_(g: Gen) -> Optional[Proposal]:
-    """``hop_map`` over dim 0 of a value (static size), the body reading the slice and operands."""
+def _sliced(g: Gen) -> Optional[tuple]:
+    """A value to slice along dim 0 (static size) for map/scan: ``(body, name, its slot, the
+    example of one slice)``, or None."""
     xs = g.pick_any_kind(_sliceable)
     if xs is None:
         return None
     b = Body(g)
-    xs_text = b.slot(xs)
-    ex = g.v(xs).ex[0]
+    return b, xs, b.slot(xs), g.v(xs).ex[0]
+
+
+def map_(g: Gen) -> Optional[Proposal]:
+    """``hop_map`` over dim 0 of a value (static size), the body reading the slice and operands."""
+    sliced = _sliced(g)
+    if sliced is None:
+        return None
+    b, xs, xs_text, ex = sliced
     extra = [g.pick(_float) for _ in range(g.rng.choice([0, 1, 1, 2]))]
     extra = [e for e in extra if e is not None and e != xs]  # one tensor as xs and as an operand aliases
     params = ["s"] + _params("a", extra)
@@ -271,12 +279,10 @@ def map_(g: Gen) -> Optional[Proposal]:
 
 def scan_(g: Gen) -> Optional[Proposal]:
     """``scan`` over dim 0 of a value: a carry of the slice's shape, a fresh output per step."""
-    xs = g.pick_any_kind(_sliceable)
-    if xs is None:
+    sliced = _sliced(g)
+    if sliced is None:
         return None
-    b = Body(g)
-    xs_text = b.slot(xs)
-    ex = g.v(xs).ex[0]
+    b, xs, xs_text, ex = sliced
     init = g.pick(lambda v: v.is_float and tuple(v.ex.shape) == tuple(ex.shape) and v.ex.dtype == ex.dtype
                   and not v.dynamic and v.name != xs)
     init_text = b.slot(init) if init is not None and g.rng.random() < 0.6 else \
