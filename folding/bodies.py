@@ -31,7 +31,8 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 
 from .torch_internals import copy_attribute, copy_codegen, program_with, set_uncompiled_graph
 from .analysis import analyze
-from .hops import bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, recompile_shallow
+from .hops import (bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
+                   recompile_shallow)
 from .names import copy_keeping_name, reserve_node_names
 from .ops import OpKind, freeze, op_name
 from .policy import FoldPolicy
@@ -216,7 +217,7 @@ class _Hoist:
         env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
         for n in hoisted:
             if n.op == "get_attr":
-                env[n] = gm.graph.get_attr(_move_attribute(gm, body, n.target))
+                env[n] = move_attribute(gm, body, n.target)
                 env[n].meta = copy.copy(n.meta)
             else:
                 key = _key(n, env)
@@ -342,13 +343,6 @@ def _moved_nodes(graph: torch.fx.Graph, sinks: list[torch.fx.Node]) -> list[torc
         dead.add(n)
         work.extend(n.all_input_nodes)
     return [n for n in graph.nodes if n in dead]
-
-
-def _move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target: str) -> str:
-    """Make `body`'s attribute `target` (a nested body or a tensor) an attribute of `gm`."""
-    name = free_attribute(gm, target)
-    setattr(gm, name, operator.attrgetter(target)(body))
-    return name
 
 
 def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[str, tuple]) -> list:

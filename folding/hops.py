@@ -164,6 +164,18 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
             delattr(gm, name)
 
 
+def move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target: str,
+                   graph: Optional[torch.fx.Graph] = None) -> torch.fx.Node:
+    """Make `body`'s attribute `target` (a nested body or a tensor) an attribute of `gm`, under a
+    free name, and return a ``get_attr`` of it in `graph` (default ``gm.graph``).
+
+    The node is made with ``create_node``: ``Graph.get_attr`` warns about a plain tensor
+    attribute, which is how torch.export keeps a body's tensor constants (``_tensor_constant0``)."""
+    name = free_attribute(gm, target)
+    setattr(gm, name, operator.attrgetter(target)(body))
+    return (gm.graph if graph is None else graph).create_node("get_attr", name)
+
+
 def free_attribute(gm: torch.fx.GraphModule, target: str) -> str:
     """An attribute name of `gm` not in use, derived from `target` (dots become ``_``)."""
     return unique_name(target.replace(".", "_"), _Attributes(gm))

@@ -16,7 +16,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .bodies import BODY_PATH
-from .hops import bodies, drop_unused_attributes, free_attribute, recompile_shallow
+from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shallow
 from .ops import op_name
 from .reasons import Reason
 from .report import Decision
@@ -100,9 +100,7 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
             elif n.op == "output":
                 results = torch.fx.map_arg(n.args[0], env.__getitem__)
             elif n.op == "get_attr":
-                name = free_attribute(gm, n.target)
-                setattr(gm, name, operator.attrgetter(n.target)(body))
-                env[n] = graph.get_attr(name)
+                env[n] = move_attribute(gm, body, n.target, graph)
             else:
                 copied = graph.node_copy(n, env.__getitem__)
                 keep_name(copied, unique_name(n.name, names))

@@ -13,6 +13,7 @@ from torch.export.graph_signature import InputKind
 import folding
 from folding import FoldPolicy, Reason
 from folding.signature import input_specs_by_name
+from tests.lowering import edge_pte, to_edge_program  # noqa: F401 (edge_pte: re-exported)
 from tests.invariants import (
     assert_kept_names,
     assert_report_bytes_true,
@@ -29,18 +30,7 @@ def export(module: torch.nn.Module, inputs: Sequence, **kwargs) -> ExportedProgr
     return torch.export.export(module, tuple(inputs), **kwargs)
 
 
-def edge(ep: ExportedProgram) -> ExportedProgram:
-    """The Edge-dialect program `to_edge` makes of `ep` (default EdgeCompileConfig)."""
-    from executorch.exir import to_edge
-
-    return to_edge(ep).exported_program()
-
-
-def edge_pte(edge_program: ExportedProgram) -> bytes:
-    """Serialise an Edge-dialect program to .pte bytes (portable kernels, no partitioner)."""
-    from executorch.exir import EdgeProgramManager
-
-    return EdgeProgramManager({"forward": edge_program}).to_executorch().buffer
+edge = to_edge_program  # the Edge-dialect program `to_edge` makes of a program
 
 
 def assert_close_all(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], atol: float = 1e-5) -> None:

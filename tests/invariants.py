@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Optional, Sequence
 
 import torch
@@ -10,6 +9,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from folding.sizes import STORED_KINDS, stored_constant_bytes, stored_tensor
+from tests.lowering import edge_pte, lower_pte, lower_with_edge, run_pte  # noqa: F401 (edge_pte, run_pte: re-exported)
 
 
 def assert_valid_program(ep: ExportedProgram) -> None:
@@ -56,29 +56,10 @@ def assert_same_outputs(a: ExportedProgram, b: ExportedProgram, inputs: Sequence
             assert torch.equal(x, y)
 
 
-def lower_to_pte(ep: ExportedProgram, backend: str = "portable") -> bytes:
-    """Lower `ep` for the portable runtime or XNNPACK and serialise it to .pte bytes."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    partitioner = None
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        partitioner = [XnnpackPartitioner()]
-    return to_edge_transform_and_lower(ep, partitioner=partitioner).to_executorch().buffer
-
-
-def run_pte(buffer: bytes, inputs: Sequence) -> list[torch.Tensor]:
-    """Load a .pte in the ExecuTorch runtime and run forward."""
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
-
-    return list(_load_for_executorch_from_buffer(buffer).forward(tuple(inputs)))
-
-
 def assert_pte_matches(ep: ExportedProgram, inputs: Sequence, backend: str = "portable", *,
                        expected: Optional[list[torch.Tensor]] = None, atol: float = 1e-4) -> bytes:
     """Invariant 1 (runtime): the .pte's outputs match eager `ep` (or `expected`)."""
-    buffer = lower_to_pte(ep, backend)
+    buffer = lower_pte(ep, backend)
     got = run_pte(buffer, inputs)
     want = expected if expected is not None else outputs(ep, inputs)
     for x, y in zip(want, got, strict=True):
@@ -112,7 +93,7 @@ def assert_report_bytes_true(result, pte: Optional[bytes] = None,
     reported = result.report.constant_bytes_after
     program = result.program
     if program.dialect == "EDGE":
-        measured = pte_constant_bytes(pte if pte is not None else edge_program_pte(program))
+        measured = pte_constant_bytes(pte if pte is not None else edge_pte(program))
         assert measured == reported, f"report says {reported} constant bytes, the .pte stores {measured}"
     elif pte is not None:
         assert added_by_lowering is not None, "an ATen program's .pte needs the constants lowering added"
@@ -162,13 +143,10 @@ def assert_bytes_within_lowering(reported: int, pte: bytes, added: Sequence[torc
 
 
 def lower_portable(ep: ExportedProgram) -> tuple[bytes, list[torch.Tensor]]:
-    """`lower_to_pte(ep, "portable")`, plus the constants lowering added to `ep`'s
+    """`lower_pte(ep, "portable")`, plus the constants lowering added to `ep`'s
     (`constants_added_by_lowering` of the Edge program the .pte is made from)."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    manager = to_edge_transform_and_lower(ep)
-    added = constants_added_by_lowering(ep, manager.exported_program())
-    return manager.to_executorch().buffer, added
+    buffer, edge_program = lower_with_edge(ep)
+    return buffer, constants_added_by_lowering(ep, edge_program)
 
 
 # Reasons that mean the node was not kept: folded, checked away, or it reads a runtime input.
@@ -208,13 +186,6 @@ def pte_constant_bytes(buffer: bytes) -> int:
 
     program = deserialize_pte_binary(buffer).program
     return sum(aligned(len(b.storage)) for b in program.constant_buffer)
-
-
-def edge_program_pte(edge_program: ExportedProgram) -> bytes:
-    """Serialize an Edge-dialect program (portable kernels, no partitioner) without touching it."""
-    from executorch.exir import EdgeProgramManager
-
-    return EdgeProgramManager({"forward": copy.deepcopy(edge_program)}).to_executorch().buffer
 
 
 def assert_kept_names(before: ExportedProgram, after: ExportedProgram, report) -> None:

@@ -30,7 +30,7 @@ from tests.invariants import (
     assert_pte_matches,
     assert_snapshot_equal,
     assert_valid_program,
-    lower_to_pte,
+    lower_pte,
     outputs,
     run_pte,
     state_snapshot,
@@ -105,7 +105,7 @@ def test_folding_twice_gives_identical_programs_and_byte_identical_pte():
     assert da == db
     x = torch.randn(2, 8, 8)
     pte_a = assert_pte_matches(a.program, (x,), expected=outputs(ep, (x,)))
-    pte_b = lower_to_pte(b.program)
+    pte_b = lower_pte(b.program)
     assert pte_a == pte_b
 
 

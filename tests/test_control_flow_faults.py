@@ -351,14 +351,14 @@ def test_the_same_programs_in_edge_dialect_and_their_pte(make, rows):
     import copy
 
     from tests.fold_checks import assert_close_all, edge, export
-    from tests.invariants import edge_program_pte, outputs, run_pte
+    from tests.invariants import edge_pte, outputs, run_pte
     from tests.test_control_flow import fold_checked
 
     inputs = [(torch.randn(3, 4),)] if rows else BOTH
     ep = edge(export(make(), inputs[0]))
     ref = copy.deepcopy(ep)
     result = fold_checked(ep)
-    pte = edge_program_pte(result.program)  # serialised from a copy: the program stays Edge
+    pte = edge_pte(result.program)  # serialised from a copy: the program stays Edge
     for x in inputs:
         assert_close_all(outputs(ref, x), outputs(result.program, x))
         assert_close_all(outputs(ref, x), run_pte(pte, x), atol=1e-4)

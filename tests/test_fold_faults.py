@@ -126,12 +126,12 @@ def test_a_map_body_returning_a_constant_twice_still_goes_to_edge():
 
 def test_a_branch_of_an_edge_program_returning_a_constant_twice_gets_two_copies():
     """In Edge dialect, folded directly (the copies are the dialect's own clone op)."""
-    from tests.invariants import edge_program_pte
+    from tests.invariants import edge_pte
 
     ep = edge(export(BranchReturnsAConstantTwice(), BRANCHES[0]))
     ref = copy.deepcopy(ep)
     folded = fold_checked(ep).program
-    pte = edge_program_pte(folded)
+    pte = edge_pte(folded)
     for x in BRANCHES:
         with torch.no_grad():  # to_edge lifted the body's scalar into a real tensor: no autograd trace
             want = outputs(ref, x)

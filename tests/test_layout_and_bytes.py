@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from folding import FoldPolicy
 from folding.layout import has_canonical_layout
 from tests.fold_checks import assert_close_all, export, fold
-from tests.invariants import lower_to_pte, outputs, run_pte
+from tests.invariants import lower_pte, outputs, run_pte
 
 
 def _pte_constant_bytes(buffer: bytes) -> int:
@@ -72,7 +72,7 @@ def test_size_one_dimensions_are_stored_canonically_and_run(module, shape, backe
     for t in result.program.constants.values():
         assert has_canonical_layout(t), t.stride()
     want = outputs(ep, (x,))
-    got = run_pte(lower_to_pte(result.program, backend), (x,))
+    got = run_pte(lower_pte(result.program, backend), (x,))
     assert_close_all(want, got, atol=1e-5)
 
 
@@ -156,7 +156,7 @@ def test_growth_budget_holds_in_serialized_bytes_and_report_totals_match(module,
     x = torch.randn(256) if module is TwoIdenticalBuffers else torch.randn(1)
     ep = export(module(), (x,))
     result = fold(ep, policy)
-    before_pte, after_pte = lower_to_pte(ep), lower_to_pte(result.program)
+    before_pte, after_pte = lower_pte(ep), lower_pte(result.program)
     report = result.report
     # Lowering lifts scalar operands as constants of its own; count only the program's buffers.
     budget = policy.growth_budget(report.constant_bytes_before)
@@ -190,8 +190,8 @@ def test_report_totals_equal_the_serialized_constant_data():
     ep = export(M(), (x,))
     for policy in (FoldPolicy.unlimited(), FoldPolicy.strict()):
         result = fold(ep, policy)
-        assert result.report.constant_bytes_before == _pte_constant_bytes(lower_to_pte(ep))
-        assert result.report.constant_bytes_after == _pte_constant_bytes(lower_to_pte(result.program))
+        assert result.report.constant_bytes_before == _pte_constant_bytes(lower_pte(ep))
+        assert result.report.constant_bytes_after == _pte_constant_bytes(lower_pte(result.program))
 
 
 # 2. A stored value read by a delegated op and by an op left on the CPU -----------------------
@@ -236,7 +236,7 @@ def test_value_shared_by_delegated_and_cpu_ops_lowers_for_xnnpack(module, shape,
     result = fold(ep, policy)
     want = outputs(ep, (x,))
     for backend in ("xnnpack", "portable"):
-        assert_close_all(want, run_pte(lower_to_pte(result.program, backend), (x,)), atol=1e-5)
+        assert_close_all(want, run_pte(lower_pte(result.program, backend), (x,)), atol=1e-5)
 
 
 # 7. Ops that observe strides: a stored constant is contiguous --------------------------------

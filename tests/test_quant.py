@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from folding import Reason, fold_constants
 from folding.sizes import stored_constant_bytes, stored_tensor
 from folding.signature import input_specs_by_name
-from tests.invariants import assert_pte_matches, assert_valid_program, lower_to_pte, run_pte
+from tests.invariants import assert_pte_matches, assert_valid_program, lower_pte, run_pte
 from tests.quant_programs import (
     LinearRelu,
     SharedWeight,
@@ -185,7 +185,7 @@ def test_xnnpack_quantized_pte_runs_and_matches():
     want = [ep.module()(*x)]
     assert want[0].abs().max() < 3
     folded = assert_pte_matches(result.program, x, "xnnpack", expected=want, atol=step)
-    unfolded = lower_to_pte(ep, "xnnpack")
+    unfolded = lower_pte(ep, "xnnpack")
     for a, b in zip(run_pte(unfolded, x), run_pte(folded, x), strict=True):
         assert torch.equal(a, b), f"folded .pte differs from the unfolded one by {(a - b).abs().max()}"
 

@@ -15,7 +15,7 @@ from folding import FoldPolicy, fold_constants
 from folding.sizes import stored_constant_bytes
 from tests.fold_checks import edge, export
 from tests.invariants import (assert_caller_unchanged, assert_report_bytes_true, assert_valid_program, caller_snapshot,
-                              edge_program_pte, run_pte)
+                              edge_pte, run_pte)
 
 
 class Tied(nn.Module):
@@ -35,7 +35,7 @@ class Tied(nn.Module):
 
 def _check_against_unfolded(program, result, vocab: int, shape: tuple, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    pte = edge_program_pte(result.program) if getattr(program, "dialect", "") == "EDGE" else None
+    pte = edge_pte(result.program) if getattr(program, "dialect", "") == "EDGE" else None
     for _ in range(3):
         ids = torch.randint(0, vocab, shape, generator=g)
         with torch.no_grad():
@@ -165,7 +165,7 @@ def test_the_transpose_of_a_weight_only_transposes_read_folds_whatever_its_size(
     with torch.no_grad():
         want, got = ep.module()(x), result.program.module()(x)
     assert (want - got).abs().max().item() <= 1e-5 * want.abs().max().item()
-    (ran,) = run_pte(edge_program_pte(result.program), (x,))
+    (ran,) = run_pte(edge_pte(result.program), (x,))
     assert (want - ran).abs().max().item() <= 1e-4 * want.abs().max().item()
 
 

@@ -440,9 +440,9 @@ def test_scalars_of_constants_are_evaluated_and_the_program_lowers(module, shape
     if dialect == "edge":
         got = run_pte(edge_pte(after), (x,))
     else:
-        from tests.invariants import lower_to_pte
+        from tests.invariants import lower_pte
 
-        got = run_pte(lower_to_pte(after), (x,))
+        got = run_pte(lower_pte(after), (x,))
     assert_close_all(want, got, atol=1e-5)
 
 

@@ -23,7 +23,7 @@ from tests.fold_checks import (
     export,
     fold,
 )
-from tests.invariants import assert_pte_matches, lower_to_pte, outputs, run_pte
+from tests.invariants import assert_pte_matches, lower_pte, outputs, run_pte
 
 
 def _lifted_tensor(program, placeholder_name):
@@ -201,7 +201,7 @@ def test_dynamic_batch_folds_static_constants_and_runs_at_several_batch_sizes():
     assert "aten.ones.default" in call_targets(result.program)
     for batch in (1, 5, 16):
         assert_same(ep, result.program, (torch.randn(batch, 4),))
-    buffer = lower_to_pte(result.program)
+    buffer = lower_pte(result.program)
     for batch in (2, 9):
         x = torch.randn(batch, 4)
         assert_close_all(outputs(ep, (x,)), run_pte(buffer, (x,)), atol=1e-4)

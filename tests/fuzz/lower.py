@@ -1,65 +1,19 @@
 """ExecuTorch lowering, serialisation and runtime helpers for the fuzzer (portable and XNNPACK).
 
-What differs from `tests/invariants.py`: mutated buffers are serialised with their initial
-values, the caller's program is lowered from a private copy, and a .pte runs in a worker
-process (a kernel that aborts must not end the campaign).
+Lowering is `tests/lowering.py`'s (mutated buffers serialised with their initial values,
+the caller's program lowered from a private copy, control-flow outputs copied out of the body
+arena); what differs here: a .pte runs in a worker process (a kernel that aborts must not end
+the campaign).
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
-from torch.export import ExportedProgram
 
-
-def backend_config(mutated_buffers: Sequence[str]):
-    """Serialise the initial value of mutated buffers (by default ExecuTorch leaves them
-    uninitialised), so a .pte's first call sees the same state as eager."""
-    from executorch.exir import ExecutorchBackendConfig
-    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
-
-    if not mutated_buffers:
-        return None
-    return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(list(mutated_buffers))])
-
-
-def private_copy(ep: ExportedProgram) -> ExportedProgram:
-    """A deep copy of `ep` (lowering passes may rewrite what they are given), or `ep` itself
-    when it holds tensors that cannot be deep-copied (non-leaf tensors of converted PT2E models)."""
-    try:
-        return copy.deepcopy(ep)
-    except RuntimeError:
-        return ep
-
-
-def to_edge_program(ep: ExportedProgram) -> ExportedProgram:
-    """The Edge-dialect program `to_edge` makes of `ep` (default config)."""
-    from executorch.exir import to_edge
-
-    return to_edge(ep).exported_program()
-
-
-def edge_pte(edge_program: ExportedProgram, mutated_buffers: Sequence[str] = ()) -> bytes:
-    """Serialise an Edge program (portable kernels, no partitioner); `edge_program` is not changed."""
-    from executorch.exir import EdgeProgramManager
-
-    manager = EdgeProgramManager({"forward": private_copy(edge_program)})
-    return manager.to_executorch(backend_config(mutated_buffers)).buffer
-
-
-def lower_pte(ep: ExportedProgram, backend: str, mutated_buffers: Sequence[str] = ()) -> bytes:
-    """Lower an ATen program for ``portable`` or ``xnnpack`` and serialise it; `ep` is not changed."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    partitioner = None
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        partitioner = [XnnpackPartitioner()]
-    manager = to_edge_transform_and_lower(private_copy(ep), partitioner=partitioner)
-    return manager.to_executorch(backend_config(mutated_buffers)).buffer
+from tests.lowering import (  # noqa: F401 (the fuzzer lowers through these)
+    backend_config, edge_pte, lower_pte, private_copy, to_edge_program)
 
 
 class RuntimeAborted(RuntimeError):
