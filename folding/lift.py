@@ -34,6 +34,7 @@ from .hops import graph_module
 from .layout import canonical_copy, has_canonical_layout
 from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
+from .nonfinite import NonfiniteScan
 from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names, unique_name
 from .report import LiftedConstant
 from .signature import input_specs_by_name
@@ -120,7 +121,7 @@ class _Rewrite:
         self.taken = set(self.state_dict) | set(self.constants) | {n.name for n in program.graph.nodes}
         self.target_of: dict[torch.fx.Node, object] = {}  # folded node -> placeholder, _NewConstant or _Literal
         self.new_constants: list[_NewConstant] = []
-        self.reused: dict[torch.fx.Node, list[str]] = {}
+        self.reused: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # stored placeholder -> folded nodes equal to it
         self.private: dict[tuple[torch.fx.Node, torch.fx.Node], _NewConstant] = {}
         self.graph = torch.fx.Graph()
         copy_codegen(program.graph, self.graph)
@@ -133,6 +134,7 @@ class _Rewrite:
         self.output_specs = list(program.graph_signature.output_specs)
         self.named_by_outputs = {s.target for s in self.output_specs if s.target is not None}
         self.removed_targets: set = set()
+        self.nonfinite = NonfiniteScan()
 
     # 1. Where every stored value goes: an identical stored tensor, or a new constant.
     def place_values(self, values: dict[torch.fx.Node, torch.Tensor], constant_placeholders: set) -> None:
@@ -156,7 +158,7 @@ class _Rewrite:
                 hit.replaces.append(node.name)
                 hit.computed |= node.op != "get_attr"
             else:
-                self.reused.setdefault(hit, []).append(node.name)
+                self.reused.setdefault(hit, []).append(node)
             self.record.lifted_as[node.name] = hit.name
             self.target_of[node] = hit
 
@@ -178,7 +180,8 @@ class _Rewrite:
             for reader, source in _private_readers(sources[id(c)], self.folded, private_readers):
                 copy_c = self._new_constant(source, c.value, private=True)
                 self.private[(reader, source)] = copy_c
-                self.record.lifted.append(_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True))
+                self.record.lifted.append(_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True,
+                                               nonfinite=self.nonfinite(c.value, c.source)))
 
     def add_returned_stored_placeholders(self) -> None:
         """A parameter, buffer or constant that the graph output returns (directly, or as the
@@ -209,7 +212,8 @@ class _Rewrite:
             t = stored_tensor(self.specs[stored.name], self.state_dict, self.constants)
             copy_c = self._new_constant(a, t if is_subclass(t) else canonical_copy(t.detach()), private=True)
             self.private[(output, a)] = copy_c
-            self.record.lifted.append(_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True))
+            self.record.lifted.append(_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True,
+                                           nonfinite=self.nonfinite(copy_c.value, stored)))
 
     def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
         """The nodes the graph output returns as user outputs, each once."""
@@ -316,11 +320,12 @@ class _Rewrite:
             self.constants.pop(target, None)
         for c in self.new_constants:
             if not c.private:
-                self.record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False,
-                                               moved=not c.computed))
-        for p, names in self.reused.items():
+                self.record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False, moved=not c.computed,
+                                               nonfinite=c.computed and self.nonfinite(c.value, c.source)))
+        for p, nodes in self.reused.items():
             t = stored_tensor(self.specs[p.name], self.state_dict, self.constants)
-            self.record.lifted.append(_row(p.name, self.specs[p.name].target, names, t, reused=True))
+            self.record.lifted.append(_row(p.name, self.specs[p.name].target, [n.name for n in nodes], t, reused=True,
+                                           nonfinite=self.nonfinite(t, *nodes)))
         refresh_meta(self.graph, bound, self.fake_mode)
         gm = graph_module(source.graph_module, self.graph, source.graph_module.__class__.__name__)
         gm.meta.update(source.graph_module.meta)
@@ -434,30 +439,13 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
         return torch.empty(value.shape, dtype=value.dtype, device=value.device)
 
 
-def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool, moved: bool = False) -> LiftedConstant:
+def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool, nonfinite: bool,
+         moved: bool = False) -> LiftedConstant:
     return LiftedConstant(
         placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
-        dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused, nonfinite=_nonfinite(t),
+        dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused, nonfinite=nonfinite,
         moved=moved,
     )
-
-
-def _nonfinite(t: torch.Tensor) -> bool:
-    """True when `t` holds a NaN or an Inf. Real dtypes: its min and max (``aminmax``: one
-    pass, no temporary; NaN propagates, an Inf is the min or max). ``isfinite(t).all()``
-    allocates ``abs(t)`` and bool masks, about 1.75x the tensor's bytes at fp32, and took most
-    of a weight-heavy fold (`python -m benchmarks.weight_scale`)."""
-    if is_subclass(t) or not (t.dtype.is_floating_point or t.dtype.is_complex) or t.numel() == 0:
-        return False
-    try:
-        if t.dtype.is_floating_point:
-            try:
-                return not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all())
-            except (RuntimeError, NotImplementedError):  # float8: no aminmax kernel
-                pass
-        return not bool(torch.isfinite(t).all())
-    except (RuntimeError, NotImplementedError):  # float8 and other dtypes without isfinite
-        return False
 
 
 def clone_op_of(program: ExportedProgram):

@@ -45,7 +45,10 @@ class LiftedConstant:
         shape, dtype: of the stored tensor.
         nbytes: bytes of the stored tensor.
         reused: True when an identical tensor already stored in the program was reused.
-        nonfinite: the stored value holds NaN or Inf (a folded ``log(0)``, ``x / 0`` …).
+        nonfinite: the stored value holds a NaN or Inf the fold computed (a folded ``log(0)``,
+            ``x / 0`` …). A value that only rearranges stored data (a view, ``permute_copy``,
+            ``clone`` of a weight) is not scanned: its NaN was already in the weights
+            (`folding/nonfinite.py`).
         moved: True when it holds only tensor attributes of control-flow bodies moved out of
             them (a body reads its tensors as operands): stored bytes already, not a folded
             value, so `FoldPolicy.max_tensor_bytes` does not apply to it.

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import folding
 from folding import FoldingError, FoldPolicy, InvalidProgramError, PolicyError, Reason
@@ -112,6 +113,50 @@ def test_unusual_constants_fold_and_match_eager():
     assert result.report.nonfinite, "the folded log of NaN/Inf/-1 is flagged"
     assert "NaN or Inf" in result.report.to_markdown()
     assert result.report.to_dict()["nonfinite_constants"]
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_nonfinite_flags_what_the_fold_computed_and_reads_moved_weights_not_at_all(dialect, monkeypatch):
+    """A folded ``log`` of a weight holding NaN is flagged; the transposes and views of that
+    weight are not (they hold the weight's own NaN), and no tensor is scanned twice: the scan
+    runs once, on the log's value (counted through `holds_nonfinite`)."""
+    import folding.nonfinite as nonfinite
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+            w[1, 2] = float("nan")
+            self.w = nn.Parameter(w)
+
+        def forward(self, x):
+            return F.linear(x, self.w) + F.linear(x, self.w.t().contiguous().t()), x @ self.w.log().t().reshape(4, 6)
+
+    scanned = []
+    real = nonfinite.holds_nonfinite
+    monkeypatch.setattr(nonfinite, "holds_nonfinite", lambda t: scanned.append(tuple(t.shape)) or real(t))
+    x = torch.randn(3, 4)
+    ep = export(M(), (x,))
+    if dialect == "edge":
+        from tests.lowering import to_edge_program
+
+        ep = to_edge_program(ep)
+    result = fold(ep, FoldPolicy.unlimited())
+    log = M().w.detach().log().t().reshape(4, 6)
+    stored = {**result.program.state_dict, **result.program.constants}
+
+    def holds_the_log(c) -> bool:
+        t = stored[c.target]
+        return t.shape == log.shape and torch.equal(t.isnan(), log.isnan()) and torch.allclose(t, log, equal_nan=True)
+
+    computed = [c for c in result.report.lifted if holds_the_log(c)]
+    assert computed and all(c.nonfinite for c in computed)
+    moved = [c for c in result.report.lifted if c not in computed]
+    assert moved and not any(c.nonfinite for c in moved), [(c.placeholder, c.replaces) for c in moved]
+    assert len(scanned) == len(computed), scanned
+    want, got = outputs(ep, (x,)), outputs(result.program, (x,))
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, equal_nan=True)
 
 
 def test_value_beyond_the_cap_stays_an_op():

@@ -1,0 +1,95 @@
+"""Which lifted constants hold a NaN or an Inf the fold computed (`LiftedConstant.nonfinite`).
+
+A folded ``log(0)`` or ``x / 0`` is usually a bug in the model, so the report names it. A value
+that only rearranges stored data (Edge's ``permute_copy`` of every ``linear`` weight, a
+``view``, ``clone``, ``expand``) holds a NaN only where the weights already held one: the fold
+computed nothing there, and scanning it would read every weight byte of a large model once more
+(0.05 s per GiB, `python -m benchmarks --weight-scale`). Such values are not scanned. Each other
+tensor is scanned at most once per fold.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from .ops import aten_overload
+from .sizes import is_subclass
+
+
+def holds_nonfinite(t: torch.Tensor) -> bool:
+    """True when `t` holds a NaN or an Inf. Real dtypes: its min and max (``aminmax``: one pass,
+    no temporary; NaN propagates, an Inf is the min or max). ``isfinite(t).all()`` allocates
+    ``abs(t)`` and bool masks, about 1.75x the tensor's bytes at fp32. Integer, bool and
+    tensor-subclass values (torchao's quantized weights) are never non-finite here."""
+    if is_subclass(t) or not (t.dtype.is_floating_point or t.dtype.is_complex) or t.numel() == 0:
+        return False
+    try:
+        if t.dtype.is_floating_point:
+            try:
+                return not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all())
+            except (RuntimeError, NotImplementedError):  # float8: no aminmax kernel
+                pass
+        return not bool(torch.isfinite(t).all())
+    except (RuntimeError, NotImplementedError):  # float8 and other dtypes without isfinite
+        return False
+
+
+def moves_data(node: torch.fx.Node) -> bool:
+    """True when `node` only rearranges the elements of its inputs, in their dtype: a view
+    (its schema returns an alias of an input: ``permute``, ``view``, ``expand``, ``select`` …),
+    the ``_copy`` variant of one (``torch.Tag.view_copy``: Edge's ``permute_copy``), or a
+    ``clone`` (ATen, and Edge's ``dim_order_ops._clone_dim_order``). A view that changes the
+    dtype (``view.dtype`` reinterprets bits) does not count."""
+    if node.op != "call_function":
+        return False
+    overload = aten_overload(node.target)
+    if overload is None:
+        return False
+    schema = overload._schema
+    is_view = any(r.alias_info is not None for r in schema.returns)
+    if not (is_view or torch.Tag.view_copy in overload.tags or schema.name in _CLONES):
+        return False
+    out = node.meta.get("val")
+    inputs = [i.meta.get("val") for i in node.all_input_nodes]
+    return isinstance(out, torch.Tensor) and all(
+        isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in inputs)
+
+
+_CLONES = frozenset({"aten::clone", "dim_order_ops::_clone_dim_order"})
+
+
+class NonfiniteScan:
+    """`holds_nonfinite` for the values one fold lifts, skipping values that only move stored
+    data (`moves_data` all the way back to placeholders and attributes) and scanning each
+    tensor once (private placeholders share their constant's tensor)."""
+
+    def __init__(self) -> None:
+        self._scanned: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor kept alive, result)
+        self._moves_stored: dict[torch.fx.Node, bool] = {}
+
+    def __call__(self, t: torch.Tensor, *sources: torch.fx.Node) -> bool:
+        """Whether `t`, the value of every node in `sources` (none: not known), holds a NaN or
+        an Inf the fold computed."""
+        if sources and all(self.moves_stored_data(s) for s in sources):
+            return False
+        hit = self._scanned.get(id(t))
+        if hit is None:
+            hit = self._scanned[id(t)] = (t, holds_nonfinite(t))
+        return hit[1]
+
+    def moves_stored_data(self, node: torch.fx.Node) -> bool:
+        """`node` is a stored value (placeholder, attribute) or `moves_data` of such values."""
+        stored = ("placeholder", "get_attr")
+        stack = [(node, False)]
+        while stack:  # iterative post-order: a chain of views may be long
+            n, inputs_done = stack.pop()
+            if n in self._moves_stored or n.op in stored:
+                continue
+            if inputs_done or not moves_data(n):
+                self._moves_stored[n] = moves_data(n) and all(
+                    i.op in stored or self._moves_stored[i] for i in n.all_input_nodes)
+                continue
+            stack.append((n, True))
+            stack.extend((i, False) for i in n.all_input_nodes)
+        return node.op in ("placeholder", "get_attr") or self._moves_stored[node]
