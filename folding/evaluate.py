@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.fx
@@ -19,21 +19,42 @@ from .sizes import storage_pointers
 from .symbols import bindings, concrete_ints
 
 
-class AliasClassFailed(Exception):
-    """An op of an in-place alias class failed; the class must be kept whole and folding rerun."""
+@dataclass(frozen=True)
+class KeepAliasClass:
+    """An op of an in-place alias class (`Analysis.alias_root`) had to stay: the class can only
+    fold whole, so it is kept at runtime and the attempt redone (`fold.Constraints`)."""
 
-    def __init__(self, root: torch.fx.Node, reason: Reason, detail: str) -> None:
-        super().__init__(f"{root.name}: {detail}")
-        self.root, self.reason, self.detail = root, reason, detail
+    root: torch.fx.Node
+    reason: Reason
+    detail: str
+
+    def __str__(self) -> str:
+        return f"keeping in-place alias class of {self.root.name}: {self.detail}"
 
 
-class UndeclaredWrite(Exception):
+@dataclass(frozen=True)
+class UndeclaredWrite:
     """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
-    materialised): the write must count as an in-place update and folding rerun."""
+    materialised): the write counts as an in-place update from then on, and the attempt is
+    redone with it known (`Analysis.writes`)."""
 
-    def __init__(self, node: torch.fx.Node, written: torch.fx.Node) -> None:
-        super().__init__(f"{node.name} writes to {written.name}, which its schema does not declare")
-        self.node, self.written = node, written
+    node: torch.fx.Node
+    written: torch.fx.Node
+
+    def __str__(self) -> str:
+        return f"{self.node.name} writes to {self.written.name}, which its schema does not declare"
+
+
+Learnt = Union[KeepAliasClass, UndeclaredWrite]
+
+
+class _Stop(Exception):
+    """Ends `FoldInterpreter.evaluate` early; never leaves this module (`evaluate` returns what
+    it carries as ``Evaluation.learnt``)."""
+
+    def __init__(self, learnt: Learnt) -> None:
+        super().__init__(str(learnt))
+        self.learnt = learnt
 
 
 @dataclass
@@ -46,6 +67,9 @@ class Evaluation:
     evaluated: number of ops run.
     peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
     symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2), see `symbols`.
+    learnt: set when evaluation stopped early because the analysis missed a constraint (a
+        `KeepAliasClass` or an `UndeclaredWrite`): the rest is then incomplete, and the fold
+        redoes the attempt with it.
     """
 
     values: dict[torch.fx.Node, torch.Tensor] = field(default_factory=dict)
@@ -53,6 +77,7 @@ class Evaluation:
     evaluated: int = 0
     peak_intermediate_bytes: int = 0
     symbols: dict = field(default_factory=dict)
+    learnt: Optional[Learnt] = None
 
 
 def evaluate(
@@ -71,10 +96,15 @@ def evaluate(
         module: the graph module the plan's nodes belong to (get_attr targets resolve in it).
         placeholder_value: the stored tensor of a constant placeholder (read, never written).
 
-    Raises:
-        AliasClassFailed: an op that reads or updates an in-place alias class raised.
+    Returns:
+        The `Evaluation`; its ``learnt`` is set when an op of an in-place alias class had to
+        stay or an op wrote to an input undeclared (the attempt must be redone).
     """
-    return FoldInterpreter(module, plan, analysis, placeholder_value).evaluate()
+    interpreter = FoldInterpreter(module, plan, analysis, placeholder_value)
+    try:
+        return interpreter.evaluate()
+    except _Stop as stop:
+        return Evaluation(learnt=stop.learnt, evaluated=interpreter.out.evaluated)
 
 
 class _OpRaised(Exception):
@@ -182,7 +212,7 @@ class FoldInterpreter(torch.fx.Interpreter):
     def _keep(self, node: torch.fx.Node, reason: Reason, detail: str) -> None:
         root = self.analysis.class_of(node)
         if root is not None:
-            raise AliasClassFailed(root, reason, f"{node.name}: {detail}")
+            raise _Stop(KeepAliasClass(root, reason, f"{node.name}: {detail}"))
         self.out.kept[node] = (reason, detail)
         self._materialise.discard(node)
         for i in node.all_input_nodes:
@@ -258,8 +288,8 @@ class _WriteGuard:
         return guarded
 
     def check(self) -> None:
-        """Raises:
-        UndeclaredWrite: the op wrote to one of its cloned inputs."""
+        """Stops the evaluation (`_Stop`) with an `UndeclaredWrite` when the op wrote to one of
+        its cloned inputs."""
         for n, clone in self.clones:
             if not is_cow_tensor(clone):
-                raise UndeclaredWrite(self.node, n)
+                raise _Stop(UndeclaredWrite(self.node, n))

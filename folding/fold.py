@@ -16,9 +16,10 @@ from .analysis import analyze
 from .bodies import BODY_PATH, body_decisions, hoist_body_constants, merge_duplicate_operands
 from .dedup import IdenticalBytes, fold_scope
 from .hops import recompile_shallow
-from .inline import inline_constant_conds
+from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
-from .evaluate import AliasClassFailed, UndeclaredWrite, evaluate
+from .constraints import Constraints
+from .evaluate import evaluate
 from .layout import owned_canonical
 from .lift import clone_op_of, lift
 from .ops import op_name
@@ -122,21 +123,20 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
     with timer.phase("bodies"):
         clone_op = clone_op_of(program)
     pins: dict[str, tuple[Reason, str]] = {}
-    steps: list[FoldReport | list[Decision]] = []  # folds, and the decisions of inlining
+    steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
     current = rewrite.program
     while True:
         with timer.attempt() as attempt:
             with timer.phase("bodies"):
                 working, visits = hoist_body_constants(current, policy, clone_op, pins)
-            folded, report = _fold_once(working, policy, bytes_before, timer, rewrite.transposes)
+            folded, report, moved_kept = _fold_once(working, policy, bytes_before, timer, rewrite.transposes)
             report.analysis_visits += visits
             with timer.phase("bodies"):
                 if merge_duplicate_operands(folded.graph_module):
                     recompile_shallow(folded.graph_module)
-                newly = _moved_but_kept(report)
-            if newly.keys() - pins.keys():
-                pins.update(newly)
+            if moved_kept.keys() - pins.keys():
+                pins.update(moved_kept)
                 attempt.discard()
                 continue
         steps.append(report)
@@ -162,11 +162,6 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
     return FoldResult(folded, report)
 
 
-def _moved_but_kept(report: FoldReport) -> dict[str, tuple[Reason, str]]:
-    """Body paths of nodes moved out of a body that the fold kept at runtime, with why."""
-    return {d.node: (d.reason, d.detail) for d in report.decisions if not d.folded and "/" in d.node}
-
-
 def _report_names(path) -> tuple[str, ...]:
     """The report names of one node: its own, its body path, or none for glue (`BODY_PATH`)."""
     if path is None:
@@ -174,21 +169,20 @@ def _report_names(path) -> tuple[str, ...]:
     return path if isinstance(path, tuple) else (path,)
 
 
-def _merged(steps: list[FoldReport | list[Decision]], program: ExportedProgram) -> FoldReport:
-    """One report for successive folds of one program and the decisions of inlining a cond
-    between them: a node's last decision wins; lifted constants are those the final program
-    still has. Timings are the driver's (`PhaseTimer`)."""
+def _merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> FoldReport:
+    """One report for successive folds of one program and the inlining of conds between them:
+    a node's last decision wins; lifted constants are those the final program still has.
+    Timings are the driver's (`PhaseTimer`)."""
     if len(steps) == 1:
         return steps[0]
     decisions: dict[str, Decision] = {}
     for step in steps:
-        decisions.update((d.node, d) for d in (step.decisions if isinstance(step, FoldReport) else step))
+        decisions.update((d.node, d) for d in step.decisions)
     # Code moved out of a branch that an inlined cond does not take is gone with that branch.
-    untaken = tuple(d.detail for d in decisions.values() if d.reason is Reason.BRANCH_NOT_TAKEN and d.node.endswith("/"))
+    untaken = tuple(prefix for step in steps if isinstance(step, Inlining) for prefix in step.untaken)
     for name, d in list(decisions.items()):
         if untaken and name.startswith(untaken) and d.reason is not Reason.BRANCH_NOT_TAKEN:
             decisions[name] = Decision(name, d.target, Reason.BRANCH_NOT_TAKEN)
-    decisions = {k: d for k, d in decisions.items() if not k.endswith("/")}
     placeholders = {n.name for n in program.graph.nodes if n.op == "placeholder"}
     reports = [step for step in steps if isinstance(step, FoldReport)]
     lifted = {c.placeholder: c for r in reports for c in r.lifted if c.placeholder in placeholders}
@@ -207,8 +201,9 @@ def _merged(steps: list[FoldReport | list[Decision]], program: ExportedProgram) 
 
 def _fold_once(
     program: ExportedProgram, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer, cap_exempt: frozenset = frozenset()
-) -> tuple[ExportedProgram, FoldReport]:
-    """One fold of the top-level graph; `program` is only read. `bytes_before`: the stored
+) -> tuple[ExportedProgram, FoldReport, dict[str, tuple[Reason, str]]]:
+    """One fold of the top-level graph; `program` is only read. Returns the folded program,
+    its report, and the nodes moved out of bodies that it kept at runtime (`_once_decisions`). `bytes_before`: the stored
     constant bytes of the caller's program (the growth budget's reference). An attempt that
     learns a new constraint (an in-place class kept whole, an undeclared write, a tighter
     budget) is discarded and redone; its time counts as ``reruns``."""
@@ -216,39 +211,34 @@ def _fold_once(
     with timer.phase("bytes"):
         placeholder_bytes = _placeholder_bytes(gm.graph, program)
     budget = policy.growth_budget(bytes_before)
-    forced: dict = {}
-    extra_writes: dict = {}
-    budget_cut, attempts = 0, 0
+    constraints = Constraints()
     analysis_visits = 0
-    while True:
+    while True:  # a fixpoint: each repeat adds a constraint (bound: `folding/constraints.py`)
         with timer.attempt() as attempt:
             with timer.phase("analysis"):
-                analysis = analyze(gm.graph, program.graph_signature, policy, forced, extra_writes)
+                analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
             analysis_visits += analysis.graph_visits
             with timer.phase("planning"):
-                plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
+                plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut, cap_exempt)
             with timer.phase("evaluation"):
-                evaluation = _evaluate(program, analysis, plan, forced, extra_writes)
-            if evaluation is None:
+                evaluation = evaluate(plan, analysis, gm, _stored_value(program, analysis))
+            if evaluation.learnt is not None:
+                logger.info("%s; folding again", evaluation.learnt)
+                constraints.learn(evaluation.learnt, analysis.alias_root)
                 attempt.discard()
                 continue
             with timer.phase("lift"):
                 new_program, lifting = _lift(program, analysis, plan, evaluation)
             with timer.phase("bytes"):
                 bytes_after = stored_constant_bytes(new_program)
-            excess = 0 if budget is None else bytes_after - bytes_before - (budget - budget_cut)
-            if excess <= 0 or budget - budget_cut < 0:
+            if not constraints.over_budget(budget, bytes_before, bytes_after):
                 break
-            # The planner counts bytes from metadata; the serializer merges buffers with identical
-            # bytes that only evaluation reveals. Measured growth over the budget: tighten and
-            # replan; the second miss plans with no growth at all (every region as it is).
-            attempts += 1
-            logger.info("measured growth exceeds the budget by %d bytes; replanning", excess)
-            budget_cut = budget_cut + excess if attempts < 2 else budget + 1
+            logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
             attempt.discard()
     with timer.phase("report"):
+        decisions, moved_kept = _once_decisions(gm, analysis, plan, evaluation, lifting)
         report = FoldReport(
-            decisions=_once_decisions(gm, analysis, plan, evaluation, lifting),
+            decisions=decisions,
             lifted=lifting.lifted,
             removed_placeholders=lifting.removed,
             constant_bytes_before=bytes_before,
@@ -257,34 +247,13 @@ def _fold_once(
             evaluated_nodes=evaluation.evaluated,
             analysis_visits=analysis_visits,
         )
-    return new_program, report
+    return new_program, report, moved_kept
 
 
-def _evaluate(program: ExportedProgram, analysis, plan, forced: dict, extra_writes: dict):
-    """The plan's evaluation, or None after recording in `forced` / `extra_writes` what a
-    failed evaluation taught (the attempt is then redone)."""
+def _stored_value(program: ExportedProgram, analysis):
+    """The stored tensor of a constant placeholder of `program` (read, never written)."""
     state_dict, constants = program.state_dict, program.constants
-    try:
-        return evaluate(
-            plan,
-            analysis,
-            program.graph_module,
-            lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants),
-        )
-    except AliasClassFailed as failure:
-        # An in-place class can only fold whole: keep it and rerun (rare: each rerun keeps
-        # one more class, so at most one rerun per failing class).
-        logger.info("keeping in-place alias class of %s: %s", failure.root.name, failure.detail)
-        for n, root in analysis.alias_root.items():
-            if root is failure.root:
-                forced[n] = (failure.reason, failure.detail)
-        forced[failure.root] = (failure.reason, failure.detail)
-    except UndeclaredWrite as write:
-        # The op updates that input in place: rerun with the write known, so the input's
-        # class (or buffer) is no longer constant after it. Each rerun adds one write.
-        logger.info("%s", write)
-        extra_writes.setdefault(write.node, set()).add(write.written)
-    return None
+    return lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants)
 
 
 def _lift(program: ExportedProgram, analysis, plan, evaluation):
@@ -304,17 +273,22 @@ def _lift(program: ExportedProgram, analysis, plan, evaluation):
     )
 
 
-def _once_decisions(gm: torch.fx.GraphModule, analysis, plan, evaluation, lifting) -> list[Decision]:
+def _once_decisions(gm: torch.fx.GraphModule, analysis, plan, evaluation, lifting
+                    ) -> tuple[list[Decision], dict[str, tuple[Reason, str]]]:
     """One decision per call_function node, under its report names (a node moved out of a
-    body is reported under its body path)."""
+    body is reported under its body path); and, by body path, the moved nodes the fold kept
+    at runtime, with why (they are pinned in their bodies for the next fold)."""
     considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
     path = {n.name: n.meta[BODY_PATH] for n in considered if BODY_PATH in n.meta}  # moved out of a body
-    return [
-        Decision(name, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node))
-        for d in decisions
-        for name in _report_names(path.get(d.node, d.node))
-    ]
+    out, moved_kept = [], {}
+    for d in decisions:
+        moved = d.node in path
+        for name in _report_names(path.get(d.node, d.node)):
+            out.append(Decision(name, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node)))
+            if moved and not d.folded:
+                moved_kept[name] = (d.reason, d.detail)
+    return out, moved_kept
 
 
 def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:

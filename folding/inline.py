@@ -9,6 +9,7 @@ deletes the ``cond``; a following fold then folds across the inlined code.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass, field
 from typing import Container, Optional
 
 import torch
@@ -25,7 +26,26 @@ from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, stored_tensor
 
 
-def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Container[str] = ()) -> list[Decision]:
+@dataclass
+class Inlining:
+    """What `inline_constant_conds` did.
+
+    Attributes:
+        decisions: one per inlined cond (`Reason.INLINED`), per getitem of its result that an
+            inlined node replaced, and per op of the branches not taken
+            (`Reason.BRANCH_NOT_TAKEN`), named by body path.
+        untaken: the body paths (``cond.false_graph_0/``) of the branches not taken: code that
+            an earlier fold moved out of them is not taken either.
+    """
+
+    decisions: list[Decision] = field(default_factory=list)
+    untaken: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.decisions)
+
+
+def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Container[str] = ()) -> Inlining:
     """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
     is a literal or a parameter, buffer or lifted constant the program does not mutate.
 
@@ -37,8 +57,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
             keeps its decision under its name; invariant 6, docs/DESIGN.md).
 
     Returns:
-        A `Decision` for each inlined cond (`Reason.INLINED`) and for each op of the branches
-        not taken (`Reason.BRANCH_NOT_TAKEN`), named by body path; empty when none was inlined.
+        The `Inlining` (false when no cond was inlined).
     """
     gm = program.graph_module
     specs = input_specs_by_name(program.graph_signature)
@@ -56,7 +75,8 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
         return bool(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else None
 
     reserve_node_names(gm)
-    decisions: list[Decision] = []
+    inlining = Inlining()
+    decisions = inlining.decisions
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
             taken = constant_value(node.args[0])
@@ -66,8 +86,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
             name = node.meta.get(BODY_PATH, node.name)
             decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
             attr, untaken = branches[1 if taken else 0]
-            prefix = f"{name}.{attr}/"  # a marker: what moved out of that branch is not taken either
-            decisions.append(Decision(prefix, "", Reason.BRANCH_NOT_TAKEN, prefix))
+            inlining.untaken.append(f"{name}.{attr}/")
             decisions.extend(
                 Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
                 for n in untaken.graph.nodes if n.op == "call_function"
@@ -78,7 +97,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
         _erase_unused_get_attrs(gm.graph)
         drop_unused_attributes(gm)
         recompile_shallow(gm)
-    return decisions
+    return inlining
 
 
 def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str,

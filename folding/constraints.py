@@ -1,0 +1,68 @@
+"""What one attempt of a fold teaches the next: the state of the fold's fixpoint loop.
+
+An attempt runs analysis, planning, evaluation and lift on the same read-only program. Three
+things only a later step can see send it back to the start, each as data:
+
+- an op of an in-place alias class had to stay (`evaluate.KeepAliasClass`): the class is
+  kept whole (``forced``);
+- an op wrote to an input its schema does not declare (`evaluate.UndeclaredWrite`): the write
+  is known from then on (``writes``);
+- the stored bytes measured after lift exceed the growth budget (the planner counts bytes
+  from metadata; the serializer merges buffers with identical bytes that only evaluation
+  reveals): the budget is tightened by the excess, and after a second miss the plan adds no
+  bytes at all (``budget_cut``).
+
+Each attempt that does not end the loop adds one forced class, one write, or one cut, and
+there are at most two cuts, so a fold of a graph with N nodes makes at most 2N + 3 attempts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch.fx
+
+from .evaluate import KeepAliasClass, Learnt, UndeclaredWrite
+from .reasons import Reason
+
+
+@dataclass
+class Constraints:
+    """Attributes:
+    forced: nodes the analysis must keep at runtime, with reason and detail (every node of an
+        alias class that failed).
+    writes: for an op, the inputs it was seen writing although its schema does not say so.
+    budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
+    budget_misses: how often the measured growth exceeded the planned budget.
+    """
+
+    forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
+    writes: dict[torch.fx.Node, set[torch.fx.Node]] = field(default_factory=dict)
+    budget_cut: int = 0
+    budget_misses: int = 0
+
+    def learn(self, learnt: Learnt, alias_root: dict[torch.fx.Node, torch.fx.Node]) -> None:
+        """Record what a stopped evaluation learnt (`Evaluation.learnt`); `alias_root`: the
+        attempt's `Analysis.alias_root`, to keep a failed class whole."""
+        if isinstance(learnt, KeepAliasClass):
+            why = (learnt.reason, learnt.detail)
+            self.forced.update((n, why) for n, root in alias_root.items() if root is learnt.root)
+            self.forced[learnt.root] = why
+        elif isinstance(learnt, UndeclaredWrite):
+            self.writes.setdefault(learnt.node, set()).add(learnt.written)
+        else:
+            raise TypeError(f"not a constraint: {learnt!r}")
+
+    def over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
+        """True (and the budget tightened) when the lifted program's stored bytes exceed what
+        planning was allowed: `budget` (None: no limit) less ``budget_cut``. A plan with no
+        budget left at all is final."""
+        if budget is None or budget - self.budget_cut < 0:
+            return False
+        excess = bytes_after - bytes_before - (budget - self.budget_cut)
+        if excess <= 0:
+            return False
+        self.budget_misses += 1
+        self.budget_cut = self.budget_cut + excess if self.budget_misses < 2 else budget + 1
+        return True
