@@ -34,10 +34,8 @@ from .analysis import analyze
 from .hops import (bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
                    recompile_shallow)
 from .names import copy_keeping_name, reserve_node_names
-from .ops import OpKind, freeze, op_name
+from .ops import OpKind, freeze
 from .policy import FoldPolicy
-from .reasons import Reason
-from .report import Decision
 
 # node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``); a
 # tuple of paths for a new autocast region (it holds several moved nodes), None for glue.
@@ -343,44 +341,6 @@ def _moved_nodes(graph: torch.fx.Graph, sinks: list[torch.fx.Node]) -> list[torc
         dead.add(n)
         work.extend(n.all_input_nodes)
     return [n for n in graph.nodes if n in dead]
-
-
-def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[str, tuple]) -> list:
-    """A `Decision` for every call_function node left in a body of `program` (the folded
-    program), named by its body path (``cond.true_graph_0/matmul``): a node reading a runtime
-    operand, the loop carry or a mapped slice has that reason; a constant node stayed because
-    the fold would have kept it at runtime (`pins`: the reason it was pinned), or it is a
-    check, which runs where its body runs."""
-    if not has_bodies(program.graph_module):
-        return []  # nothing to name, and no second analysis of the top-level graph
-    top = analyze(program.graph, program.graph_signature, policy)
-    out: list = []
-
-    def visit(gm, is_constant, prefix):
-        for hop in gm.graph.nodes:
-            if hop_kind(hop) is None:
-                continue
-            for attr, body in bodies(hop):
-                path = body_path(prefix, hop, attr)
-                sources = constant_placeholders(hop, body, is_constant)
-                placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-                analysis = analyze(body.graph, body_signature(placeholders, set(sources)), policy)
-                for n in body.graph.nodes:
-                    if n.op != "call_function":
-                        continue
-                    name = n.meta.get(BODY_PATH, path + n.name)
-                    if name is None:
-                        continue  # glue the fold inserted (a copy of a moved value returned)
-                    reason, detail = analysis.reason[n], analysis.detail.get(n, "")
-                    if reason is None:
-                        reason, detail = pins.get(name) or (Reason.CONTROL_FLOW, "a check on constants runs where its body runs")
-                    elif reason is Reason.RUNTIME_INPUT:
-                        detail = "reads a runtime operand, the loop carry or a mapped slice"
-                    out.append(Decision(name, op_name(n.target), reason, detail))
-                visit(body, analysis.is_constant, path)
-
-    visit(program.graph_module, top.is_constant, "")
-    return out
 
 
 def merge_duplicate_operands(gm: torch.fx.GraphModule) -> bool:

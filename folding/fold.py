@@ -13,7 +13,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .bodies import BODY_PATH, body_decisions, hoist_body_constants, merge_duplicate_operands
+from .bodies import hoist_body_constants, merge_duplicate_operands
 from .dedup import IdenticalBytes, fold_scope
 from .hops import recompile_shallow
 from .inline import Inlining, inline_constant_conds
@@ -22,12 +22,11 @@ from .constraints import Constraints
 from .evaluate import evaluate
 from .layout import owned_canonical
 from .lift import clone_op_of, lift
-from .ops import op_name
 from .plan import make_plan
-from .quant import describe_encoding
 from .readers import read_through_transposes
 from .policy import FoldPolicy
-from .report import Decision, FoldReport, PhaseTimer, Reason
+from .report import FoldReport, PhaseTimer, Reason
+from .reporting import body_decisions, fold_report, merged
 from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, aligned, inner_tensors, stored_constant_bytes, stored_tensor
 from torch.export.graph_signature import InputKind
@@ -147,7 +146,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
         steps.append(inlined)
         current = folded
     with timer.phase("report"):
-        report = _merged(steps, folded)
+        report = merged(steps, folded)
         report.rewrites = list(rewrite.notes)
     with timer.phase("bodies"):
         report.decisions.extend(body_decisions(folded, policy, pins))
@@ -160,43 +159,6 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
         len(report.folded), len(report.lifted), report.constant_bytes_before, report.constant_bytes_after,
     )
     return FoldResult(folded, report)
-
-
-def _report_names(path) -> tuple[str, ...]:
-    """The report names of one node: its own, its body path, or none for glue (`BODY_PATH`)."""
-    if path is None:
-        return ()
-    return path if isinstance(path, tuple) else (path,)
-
-
-def _merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> FoldReport:
-    """One report for successive folds of one program and the inlining of conds between them:
-    a node's last decision wins; lifted constants are those the final program still has.
-    Timings are the driver's (`PhaseTimer`)."""
-    if len(steps) == 1:
-        return steps[0]
-    decisions: dict[str, Decision] = {}
-    for step in steps:
-        decisions.update((d.node, d) for d in step.decisions)
-    # Code moved out of a branch that an inlined cond does not take is gone with that branch.
-    untaken = tuple(prefix for step in steps if isinstance(step, Inlining) for prefix in step.untaken)
-    for name, d in list(decisions.items()):
-        if untaken and name.startswith(untaken) and d.reason is not Reason.BRANCH_NOT_TAKEN:
-            decisions[name] = Decision(name, d.target, Reason.BRANCH_NOT_TAKEN)
-    placeholders = {n.name for n in program.graph.nodes if n.op == "placeholder"}
-    reports = [step for step in steps if isinstance(step, FoldReport)]
-    lifted = {c.placeholder: c for r in reports for c in r.lifted if c.placeholder in placeholders}
-    created = {c.placeholder for r in reports for c in r.lifted}
-    return FoldReport(
-        decisions=list(decisions.values()),
-        lifted=list(lifted.values()),
-        removed_placeholders=list(dict.fromkeys(p for r in reports for p in r.removed_placeholders if p not in created)),
-        constant_bytes_before=reports[0].constant_bytes_before,
-        constant_bytes_after=reports[-1].constant_bytes_after,
-        peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
-        evaluated_nodes=sum(r.evaluated_nodes for r in reports),
-        analysis_visits=sum(r.analysis_visits for r in reports),
-    )
 
 
 def _fold_once(
@@ -236,17 +198,8 @@ def _fold_once(
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
             attempt.discard()
     with timer.phase("report"):
-        decisions, moved_kept = _once_decisions(gm, analysis, plan, evaluation, lifting)
-        report = FoldReport(
-            decisions=decisions,
-            lifted=lifting.lifted,
-            removed_placeholders=lifting.removed,
-            constant_bytes_before=bytes_before,
-            constant_bytes_after=bytes_after,
-            peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
-            evaluated_nodes=evaluation.evaluated,
-            analysis_visits=analysis_visits,
-        )
+        report, moved_kept = fold_report(gm, analysis, plan, evaluation, lifting, bytes_before, bytes_after,
+                                         analysis_visits)
     return new_program, report, moved_kept
 
 
@@ -271,41 +224,6 @@ def _lift(program: ExportedProgram, analysis, plan, evaluation):
         program, folded, values, constant_placeholders,
         bound=evaluation.symbols, private_readers=kept_constant_only,
     )
-
-
-def _once_decisions(gm: torch.fx.GraphModule, analysis, plan, evaluation, lifting
-                    ) -> tuple[list[Decision], dict[str, tuple[Reason, str]]]:
-    """One decision per call_function node, under its report names (a node moved out of a
-    body is reported under its body path); and, by body path, the moved nodes the fold kept
-    at runtime, with why (they are pinned in their bodies for the next fold)."""
-    considered = [n for n in gm.graph.nodes if n.op == "call_function"]
-    decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
-    path = {n.name: n.meta[BODY_PATH] for n in considered if BODY_PATH in n.meta}  # moved out of a body
-    out, moved_kept = [], {}
-    for d in decisions:
-        moved = d.node in path
-        for name in _report_names(path.get(d.node, d.node)):
-            out.append(Decision(name, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node)))
-            if moved and not d.folded:
-                moved_kept[name] = (d.reason, d.detail)
-    return out, moved_kept
-
-
-def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:
-    out = []
-    for n in nodes:
-        reason = analysis.reason[n]
-        detail = analysis.detail.get(n, "")
-        if n in evaluation.kept:
-            reason, detail = evaluation.kept[n]
-        elif n in plan.runtime:
-            reason, detail = plan.runtime[n]
-            if reason is Reason.KEEPS_ENCODING:
-                detail = describe_encoding(n, rename)
-        elif reason is None:
-            reason = Reason.CHECKED if analysis.is_check(n) else Reason.FOLDED
-        out.append(Decision(n.name, op_name(n.target), reason, detail))
-    return out
 
 
 def _placeholder_bytes(graph: torch.fx.Graph, program: ExportedProgram) -> dict[torch.fx.Node, int]:

@@ -19,8 +19,6 @@ from torch.export import ExportedProgram
 from .bodies import BODY_PATH
 from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shallow
 from .ops import op_name
-from .reasons import Reason
-from .report import Decision
 from .names import keep_name, reserve_node_names, unique_name
 from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, stored_tensor
@@ -28,21 +26,24 @@ from .sizes import STORED_KINDS, stored_tensor
 
 @dataclass
 class Inlining:
-    """What `inline_constant_conds` did.
+    """What `inline_constant_conds` did, by report name (body paths for code that came out of
+    a body); `reporting.inlining_decisions` turns it into decisions.
 
     Attributes:
-        decisions: one per inlined cond (`Reason.INLINED`), per getitem of its result that an
-            inlined node replaced, and per op of the branches not taken
-            (`Reason.BRANCH_NOT_TAKEN`), named by body path.
-        untaken: the body paths (``cond.false_graph_0/``) of the branches not taken: code that
-            an earlier fold moved out of them is not taken either.
+        conds: (name, predicate, branch taken) of each inlined cond.
+        untaken: the body path (``cond.false_graph_0/``) of each branch not taken: code that an
+            earlier fold moved out of it is not taken either.
+        untaken_ops: (body path, op name) of each op of the branches not taken.
+        replaced: (name, cond name) of each getitem of a cond's result that an inlined node replaced.
     """
 
-    decisions: list[Decision] = field(default_factory=list)
+    conds: list[tuple[str, str, bool]] = field(default_factory=list)
     untaken: list[str] = field(default_factory=list)
+    untaken_ops: list[tuple[str, str]] = field(default_factory=list)
+    replaced: list[tuple[str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.decisions)
+        return bool(self.conds)
 
 
 def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Container[str] = ()) -> Inlining:
@@ -76,7 +77,6 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
 
     reserve_node_names(gm)
     inlining = Inlining()
-    decisions = inlining.decisions
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
             taken = constant_value(node.args[0])
@@ -84,16 +84,14 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
                 continue
             branches = bodies(node)
             name = node.meta.get(BODY_PATH, node.name)
-            decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
+            inlining.conds.append((name, str(node.args[0]), taken))
             attr, untaken = branches[1 if taken else 0]
             inlining.untaken.append(f"{name}.{attr}/")
-            decisions.extend(
-                Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
-                for n in untaken.graph.nodes if n.op == "call_function"
-            )
+            inlining.untaken_ops.extend(
+                (f"{name}.{attr}/{n.name}", op_name(n.target)) for n in untaken.graph.nodes if n.op == "call_function")
             for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved):
-                decisions.append(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result"))
-    if decisions:
+                inlining.replaced.append((removed, name))
+    if inlining:
         _erase_unused_get_attrs(gm.graph)
         drop_unused_attributes(gm)
         recompile_shallow(gm)

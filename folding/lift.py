@@ -36,9 +36,9 @@ from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
 from .nonfinite import NonfiniteScan
 from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names, unique_name
-from .report import LiftedConstant
+from .reporting import lifted_row
 from .signature import input_specs_by_name
-from .sizes import STORED_KINDS, is_subclass, nbytes, stored_tensor
+from .sizes import STORED_KINDS, is_subclass, stored_tensor
 
 # Provenance copied from a folded node to the placeholder that replaces it.
 _PROVENANCE_KEYS = ("stack_trace", "nn_module_stack")
@@ -180,7 +180,7 @@ class _Rewrite:
             for reader, source in _private_readers(sources[id(c)], self.folded, private_readers):
                 copy_c = self._new_constant(source, c.value, private=True)
                 self.private[(reader, source)] = copy_c
-                self.record.lifted.append(_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True,
+                self.record.lifted.append(lifted_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True,
                                                nonfinite=self.nonfinite(c.value, c.source)))
 
     def add_returned_stored_placeholders(self) -> None:
@@ -212,7 +212,7 @@ class _Rewrite:
             t = stored_tensor(self.specs[stored.name], self.state_dict, self.constants)
             copy_c = self._new_constant(a, t if is_subclass(t) else canonical_copy(t.detach()), private=True)
             self.private[(output, a)] = copy_c
-            self.record.lifted.append(_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True,
+            self.record.lifted.append(lifted_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True,
                                            nonfinite=self.nonfinite(copy_c.value, stored)))
 
     def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
@@ -320,11 +320,11 @@ class _Rewrite:
             self.constants.pop(target, None)
         for c in self.new_constants:
             if not c.private:
-                self.record.lifted.append(_row(c.name, c.target, c.replaces, c.value, reused=False, moved=not c.computed,
+                self.record.lifted.append(lifted_row(c.name, c.target, c.replaces, c.value, reused=False, moved=not c.computed,
                                                nonfinite=c.computed and self.nonfinite(c.value, c.source)))
         for p, nodes in self.reused.items():
             t = stored_tensor(self.specs[p.name], self.state_dict, self.constants)
-            self.record.lifted.append(_row(p.name, self.specs[p.name].target, [n.name for n in nodes], t, reused=True,
+            self.record.lifted.append(lifted_row(p.name, self.specs[p.name].target, [n.name for n in nodes], t, reused=True,
                                            nonfinite=self.nonfinite(t, *nodes)))
         refresh_meta(self.graph, bound, self.fake_mode)
         gm = graph_module(source.graph_module, self.graph, source.graph_module.__class__.__name__)
@@ -437,15 +437,6 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
         return val
     with fake_mode:
         return torch.empty(value.shape, dtype=value.dtype, device=value.device)
-
-
-def _row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool, nonfinite: bool,
-         moved: bool = False) -> LiftedConstant:
-    return LiftedConstant(
-        placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
-        dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused, nonfinite=nonfinite,
-        moved=moved,
-    )
 
 
 def clone_op_of(program: ExportedProgram):
