@@ -37,7 +37,7 @@ from .ops import (
 from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
-from .signature import input_specs_by_name
+from .signature import input_specs_by_name, mutated_targets
 from .symbols import input_symbols
 from .sizes import STORED_KINDS
 
@@ -111,9 +111,7 @@ def analyze(
     """
     forced = dict(forced or {})
     specs = input_specs_by_name(signature)
-    mutated_targets = {
-        s.target for s in signature.output_specs if s.kind.name.endswith("_MUTATION") and s.target is not None
-    }
+    mutated = mutated_targets(signature)
     skip = policy.skip_names()
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
@@ -124,7 +122,7 @@ def analyze(
     )
 
     while True:
-        _propagate(analysis, nodes, mutated_targets, skip)
+        _propagate(analysis, nodes, mutated, skip)
         tainted = _taint_mutated_classes(analysis, nodes)
         if not tainted:
             return analysis

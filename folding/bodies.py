@@ -34,7 +34,7 @@ from .analysis import analyze
 from .hops import (bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
                    recompile_shallow)
 from .names import copy_keeping_name, reserve_node_names
-from .ops import OpKind, freeze
+from .ops import OpKind, structural_key
 from .policy import FoldPolicy
 
 # node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``); a
@@ -218,7 +218,7 @@ class _Hoist:
                 env[n] = move_attribute(gm, body, n.target)
                 env[n].meta = copy.copy(n.meta)
             else:
-                key = _key(n, env)
+                key = structural_key(n, env)
                 if key is not None and key in memo:
                     env[n] = memo[key]
                     continue
@@ -298,17 +298,6 @@ class _Hoist:
 
         with graph.inserting_before(output):
             output.args = torch.fx.map_arg(output.args, copy_of)
-
-
-def _key(node: torch.fx.Node, env) -> Optional[tuple]:
-    """What makes two moved nodes compute the same value: op, mapped inputs, literals; None
-    when an argument cannot be hashed (the node is then its own)."""
-    try:
-        key = (node.target, freeze(node.args, env), freeze(node.kwargs, env))
-        hash(key)
-        return key
-    except TypeError:
-        return None
 
 
 def _drop_unused_operands(hop: torch.fx.Node) -> None:

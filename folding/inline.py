@@ -20,7 +20,7 @@ from .bodies import BODY_PATH
 from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shallow
 from .ops import op_name
 from .names import keep_name, reserve_node_names, unique_name
-from .signature import input_specs_by_name
+from .signature import input_specs_by_name, mutated_targets
 from .sizes import STORED_KINDS, stored_tensor
 
 
@@ -62,7 +62,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
     """
     gm = program.graph_module
     specs = input_specs_by_name(program.graph_signature)
-    mutated = {s.target for s in program.graph_signature.output_specs if s.kind.name.endswith("_MUTATION")}
+    mutated = mutated_targets(program.graph_signature)
 
     def constant_value(pred) -> Optional[bool]:
         if isinstance(pred, (bool, int)):

@@ -251,16 +251,28 @@ def _has_registered_effect(overload: torch._ops.OpOverload) -> bool:
     return _get_effect(overload) is not None
 
 
-def freeze(value: Any, canon) -> Any:
-    """A hashable key for an op's arguments: nodes replaced by ``canon.get(node, node)`` (their
-    representative), lists and dicts by tuples, NaN by a marker (NaN != NaN would split equal
-    ops). Two nodes with the same target and frozen arguments compute the same value."""
+def structural_key(node: torch.fx.Node, canon) -> Optional[tuple]:
+    """What makes two nodes compute the same value: the same target on the same arguments,
+    nodes among them replaced by ``canon.get(node, node)`` (their representative); None when an
+    argument cannot be hashed (the node is then its own). Used to count equal values once
+    (`plan`) and to move an op out of two branches once (`bodies`)."""
+    try:
+        key = (node.target, _frozen(node.args, canon), _frozen(node.kwargs, canon))
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def _frozen(value: Any, canon) -> Any:
+    """A hashable form of an argument: lists and dicts become tuples, NaN a marker (NaN != NaN
+    would split equal ops)."""
     if isinstance(value, torch.fx.Node):
         return canon.get(value, value)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(freeze(v, canon) for v in value)
+        return (type(value).__name__,) + tuple(_frozen(v, canon) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, freeze(v, canon)) for k, v in value.items()))
+        return tuple(sorted((k, _frozen(v, canon)) for k, v in value.items()))
     if isinstance(value, float) and value != value:
         return ("nan",)
     return (type(value).__name__, value)

@@ -25,7 +25,7 @@ import torch
 from .analysis import Analysis, is_scalar
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import observes_layout, reads_storage, strided_like_stored
-from .ops import aliased_arg_position, freeze, packet_name, reads_only_metadata
+from .ops import aliased_arg_position, structural_key, packet_name, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -144,11 +144,8 @@ def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.f
     canon: dict[torch.fx.Node, torch.fx.Node] = {}
     seen: dict[tuple, torch.fx.Node] = {}
     for n in nodes:
-        try:
-            key = (n.target, freeze(n.args, canon), freeze(n.kwargs, canon))
-            canon[n] = seen.setdefault(key, n)
-        except TypeError:  # an unhashable argument: the node is its own class
-            canon[n] = n
+        key = structural_key(n, canon)
+        canon[n] = n if key is None else seen.setdefault(key, n)
     return canon
 
 

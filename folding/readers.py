@@ -35,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 from .names import keep_name, reserve_node_names, unique_name
 from .ops import op_name, packet_name
 from .policy import FoldPolicy
-from .signature import input_specs_by_name
+from .signature import input_specs_by_name, mutated_targets
 from .sizes import STORED_KINDS, nbytes, stored_tensor
 from .torch_internals import program_with
 
@@ -88,7 +88,7 @@ def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[i
     """``(w, transposes, gathers)`` for each stored 2-D matrix read only by transposes and
     row gathers, of both kinds, whose second copy the budget does not fit."""
     specs = input_specs_by_name(program.graph_signature)
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    mutated = mutated_targets(program.graph_signature)
     skip = policy.skip_names()
     out = []
     for w in program.graph.find_nodes(op="placeholder"):
@@ -115,7 +115,7 @@ def _sole_transposes(program: ExportedProgram) -> set[str]:
     ``permute_copy`` of every ``linear`` weight): folding them replaces the matrix by its
     transpose, bytes for bytes."""
     specs = input_specs_by_name(program.graph_signature)
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    mutated = mutated_targets(program.graph_signature)
     out: set[str] = set()
     for w in program.graph.find_nodes(op="placeholder"):
         spec = specs.get(w.name)

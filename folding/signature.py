@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch.export.graph_signature import ExportGraphSignature, InputSpec
+from torch.export.graph_signature import ExportGraphSignature, InputSpec, OutputKind
 
 
 def input_specs_by_name(signature: ExportGraphSignature) -> dict[str, InputSpec]:
@@ -10,3 +10,13 @@ def input_specs_by_name(signature: ExportGraphSignature) -> dict[str, InputSpec]
     input such as an ``int`` has no name). torch's ``inputs_to_parameters`` and its siblings
     map names to targets only, one kind each; folding needs the kind and the target together."""
     return {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
+
+
+_STATE_MUTATIONS = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)
+
+
+def mutated_targets(signature: ExportGraphSignature) -> set[str]:
+    """The targets (state_dict keys) of the buffers and parameters the program writes back: the
+    one rule for "this stored tensor is mutated" (torch's ``buffers_to_mutate`` names buffers
+    only, and by output node)."""
+    return {s.target for s in signature.output_specs if s.kind in _STATE_MUTATIONS and s.target is not None}

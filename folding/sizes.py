@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
 from .errors import PolicyError
+from .signature import mutated_targets
 
 STORED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -91,7 +92,7 @@ def stored_constant_bytes(program: ExportedProgram) -> int:
     (``InitializedMutableBufferPass``), so they do not count (nor merge with an identical
     constant). Tensor attributes that graphs read with ``get_attr`` (a scalar lifted to a
     tensor inside a control-flow body by ``to_edge``) are stored too."""
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    mutated = mutated_targets(program.graph_signature)
     specs = (
         stored_tensor(s, program.state_dict, program.constants)
         for s in program.graph_signature.input_specs

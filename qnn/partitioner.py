@@ -45,6 +45,7 @@ from folding import FoldReport, fold_constants
 from .control_flow import require_no_control_flow
 from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
+from folding.signature import mutated_targets
 from folding.sizes import value_bytes
 
 from .compile_spec import split_compile_specs
@@ -437,7 +438,7 @@ def _constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
     """Nodes of `ep`'s top graph computed from parameters, non-mutated buffers and lifted
     constants only (one pass over the graph)."""
     sig = ep.graph_signature
-    mutated = set(sig.buffers_to_mutate.values())
+    mutated = mutated_targets(sig)
     stored = {
         s.arg.name
         for s in sig.input_specs
