@@ -77,51 +77,18 @@ def to_edge_transform_and_lower_to_qnn(
     if not isinstance(module, dict):
         module = {"forward": module}
     graph_names = list(module.keys())
-    inputs = _per_graph(inputs, graph_names)
-    compiler_specs = _per_graph(compiler_specs, graph_names)
-    dynamic_shapes = _per_graph(dynamic_shapes, graph_names)
-    dep_table = _per_graph(dep_table, graph_names)
-    passes_job = _per_graph(passes_job, graph_names)
+    inputs, compiler_specs, dynamic_shapes, dep_table, passes_job = (
+        _per_graph(v, graph_names) for v in (inputs, compiler_specs, dynamic_shapes, dep_table, passes_job))
 
+    options = _Options(skip_node_id_set, skip_node_op_set, skip_mutable_buffer, preserve_edge_names,
+                       convert_linear_to_conv2d, multi_method=len(module) > 1)
     qnn_specs: Dict[str, List[CompileSpec]] = {}
     partitioners: Dict[str, QnnPartitioner] = {}
     aten_programs: Dict[str, ExportedProgram] = {}
     transform_passes: Dict[str, list] = {}
     for name, m in module.items():
-        qnn_specs[name], _ = split_compile_specs(compiler_specs[name])
-        options = flatbuffer_to_option(generate_qnn_executorch_option(qnn_specs[name]))
-        if options.dump_intermediate_outputs and len(module) > 1:
-            raise ValueError("Intermediate Tensor Dump does not support multi-methods.")
-        pass_manager_cls = get_qnn_pass_manager_cls(options.backend_options.backend_type)
-        make_passes = _pass_factory(pass_manager_cls, name, passes_job, dep_table, qnn_specs,
-                                    skip_node_id_set, skip_node_op_set, convert_linear_to_conv2d)
-        partitioner = QnnPartitioner(
-            compiler_specs[name],
-            skip_node_id_set=skip_node_id_set,
-            skip_node_op_set=skip_node_op_set,
-            skip_mutable_buffer=skip_mutable_buffer,
-            preserve_edge_names=preserve_edge_names,
-            to_edge_passes=make_passes,
-        )
-        ep = torch.export.export(m, inputs[name], dynamic_shapes=dynamic_shapes[name], strict=True)
-        pass_manager = pass_manager_cls()
-        if control_flow_nodes(ep):  # QNN's export passes crash on it: fold it away first, or say why not
-            spec = fold_spec_of(compiler_specs[name])
-            ep = fold_control_flow_first(ep, spec.policy if spec is not None else None)
-        ep = pass_manager.transform_for_export_pipeline(ep)
-        # The partitioner folds `ep` in place in its pre-decomposition hook; the passes built
-        # below are bound to this same object, so they see the folded constants.
-        aten_programs[name] = ep
-        partitioners[name] = partitioner
-        transform_passes[name] = pass_manager.get_to_edge_transform_passes(
-            ep,
-            passes_job=passes_job[name],
-            dep_table=dep_table[name],
-            compiler_specs=qnn_specs[name],
-            skip_node_id_set=skip_node_id_set,
-            skip_node_op_set=skip_node_op_set,
-            convert_linear_to_conv2d=convert_linear_to_conv2d,
-        )
+        qnn_specs[name], partitioners[name], aten_programs[name], transform_passes[name] = _prepare_method(
+            m, inputs[name], compiler_specs[name], dynamic_shapes[name], dep_table[name], passes_job[name], options)
     with QnnManagerContext(qnn_specs):
         manager = to_edge_transform_and_lower(
             aten_programs,
@@ -135,20 +102,62 @@ def to_edge_transform_and_lower_to_qnn(
     return manager
 
 
-def _pass_factory(pass_manager_cls, name, passes_job, dep_table, qnn_specs, skip_ids, skip_ops, linear_to_conv2d):
+@dataclass(frozen=True)
+class _Options:
+    """The arguments of `to_edge_transform_and_lower_to_qnn` that apply to every method."""
+
+    skip_node_id_set: Optional[set]
+    skip_node_op_set: Optional[set]
+    skip_mutable_buffer: Optional[bool]
+    preserve_edge_names: Optional[bool]
+    convert_linear_to_conv2d: Optional[bool]
+    multi_method: bool
+
+
+def _prepare_method(module, inputs, compiler_specs, dynamic_shapes, dep_table, passes_job, options: _Options):
+    """One method's QNN specs, `qnn.QnnPartitioner`, exported ATen program and to-edge passes
+    (bound to that program: the partitioner folds it in place in its pre-decomposition hook,
+    so the passes see the folded constants)."""
+    qnn_specs, _ = split_compile_specs(compiler_specs)
+    qnn_options = flatbuffer_to_option(generate_qnn_executorch_option(qnn_specs))
+    if qnn_options.dump_intermediate_outputs and options.multi_method:
+        raise ValueError("Intermediate Tensor Dump does not support multi-methods.")
+    pass_manager_cls = get_qnn_pass_manager_cls(qnn_options.backend_options.backend_type)
+    make_passes = _pass_factory(pass_manager_cls, passes_job, dep_table, qnn_specs, options)
+    partitioner = QnnPartitioner(
+        compiler_specs, options.skip_node_id_set, options.skip_node_op_set,
+        skip_mutable_buffer=options.skip_mutable_buffer, preserve_edge_names=options.preserve_edge_names,
+        to_edge_passes=make_passes,
+    )
+    ep = _export_for_qnn(module, inputs, dynamic_shapes, pass_manager_cls(), compiler_specs)
+    return qnn_specs, partitioner, ep, make_passes(ep)
+
+
+def _export_for_qnn(module, inputs, dynamic_shapes, pass_manager, compiler_specs) -> ExportedProgram:
+    """``torch.export`` (strict) and QNN's ``transform_for_export_pipeline``; control flow,
+    which QNN's export passes crash on, is folded away first when folding is on, or stopped
+    with `qnn.ControlFlowNotSupportedError` (`qnn.control_flow`)."""
+    ep = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=True)
+    if control_flow_nodes(ep):
+        spec = fold_spec_of(compiler_specs)
+        ep = fold_control_flow_first(ep, spec.policy if spec is not None else None)
+    return pass_manager.transform_for_export_pipeline(ep)
+
+
+def _pass_factory(pass_manager_cls, passes_job, dep_table, qnn_specs, options: _Options):
     """Builds this call's to-edge passes for a program (the lowered one, and the unfolded copy
     `qnn.names` lowers to restore names)."""
-    job = copy.deepcopy(passes_job[name])
+    job = copy.deepcopy(passes_job)
 
     def make(program: ExportedProgram) -> list:
         return pass_manager_cls().get_to_edge_transform_passes(
             program,
             passes_job=copy.deepcopy(job),
-            dep_table=dep_table[name],
-            compiler_specs=qnn_specs[name],
-            skip_node_id_set=skip_ids,
-            skip_node_op_set=skip_ops,
-            convert_linear_to_conv2d=linear_to_conv2d,
+            dep_table=dep_table,
+            compiler_specs=qnn_specs,
+            skip_node_id_set=options.skip_node_id_set,
+            skip_node_op_set=options.skip_node_op_set,
+            convert_linear_to_conv2d=options.convert_linear_to_conv2d,
         )
 
     return make
