@@ -22,23 +22,23 @@ from torch.export.graph_signature import (
     ExportGraphSignature,
     InputKind,
     InputSpec,
-    OutputKind,
     OutputSpec,
     TensorArgument,
 )
 
 from .torch_internals import (FakeTensorMode, copy_codegen, detect_fake_mode, program_with, reserve_names,
                               verify_signature)
-from .dedup import IdenticalTensors
 from .hops import graph_module
-from .layout import canonical_copy, has_canonical_layout
+from .layout import has_canonical_layout
 from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
 from .nonfinite import NonfiniteScan
-from .names import CONSTANT_PREFIX, copy_keeping_name, keep_name, lifted_constant_target, reserve_node_names, unique_name
+from .names import copy_keeping_name, keep_name, reserve_node_names, unique_name
+from .placement import Literal, NewConstant, Placement, place
+from .report import LiftedConstant
 from .reporting import lifted_row
 from .signature import input_specs_by_name
-from .sizes import STORED_KINDS, is_subclass, stored_tensor
+from .sizes import STORED_KINDS, stored_tensor
 
 # Provenance copied from a folded node to the placeholder that replaces it.
 _PROVENANCE_KEYS = ("stack_trace", "nn_module_stack")
@@ -52,18 +52,6 @@ class Lifting:
     lifted: list[LiftedConstant] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     lifted_as: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class _NewConstant:
-    name: str
-    target: str
-    value: torch.Tensor
-    source: torch.fx.Node
-    replaces: list[str] = field(default_factory=list)
-    private: bool = False  # a reader's own placeholder of another constant's tensor
-    computed: bool = False  # some node it replaces was folded (not only moved tensor attributes)
-    placeholder: Optional[torch.fx.Node] = None  # set when emitted
 
 
 def lift(
@@ -98,9 +86,7 @@ def lift(
         FoldInvariantError: the rewritten program fails lint or the signature verifier.
     """
     rewrite = _Rewrite(program, folded)
-    rewrite.place_values(values, constant_placeholders)
-    rewrite.add_private_placeholders(private_readers)
-    rewrite.add_returned_stored_placeholders()
+    rewrite.use(place(program, folded, values, constant_placeholders, private_readers, rewrite.taken, rewrite.nonfinite))
     rewrite.copy_placeholders()
     rewrite.copy_ops()
     result = rewrite.program(bound or {})
@@ -119,10 +105,6 @@ class _Rewrite:
         self.placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
         self.record = Lifting()
         self.taken = set(self.state_dict) | set(self.constants) | {n.name for n in program.graph.nodes}
-        self.target_of: dict[torch.fx.Node, object] = {}  # folded node -> placeholder, _NewConstant or _Literal
-        self.new_constants: list[_NewConstant] = []
-        self.reused: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # stored placeholder -> folded nodes equal to it
-        self.private: dict[tuple[torch.fx.Node, torch.fx.Node], _NewConstant] = {}
         self.graph = torch.fx.Graph()
         copy_codegen(program.graph, self.graph)
         # Every existing name is reserved before anything is created, so a new node never takes
@@ -136,102 +118,14 @@ class _Rewrite:
         self.removed_targets: set = set()
         self.nonfinite = NonfiniteScan()
 
-    # 1. Where every stored value goes: an identical stored tensor, or a new constant.
-    def place_values(self, values: dict[torch.fx.Node, torch.Tensor], constant_placeholders: set) -> None:
-        self.constant_placeholders = constant_placeholders
-        dedup = IdenticalTensors({
-            p: stored_tensor(self.specs[p.name], self.state_dict, self.constants)
-            for p in self.placeholders if p in constant_placeholders
-        })
-        for node in self.source.graph.nodes:
-            value = values.get(node) if node in self.folded else None
-            if value is None:
-                continue
-            if not isinstance(value, torch.Tensor):  # a scalar: written into the ops that read it
-                self.target_of[node] = _Literal(value)
-                continue
-            hit = dedup.find(value)
-            if hit is None:
-                hit = self._new_constant(node, value)
-                dedup.add(hit, value)
-            if isinstance(hit, _NewConstant):
-                hit.replaces.append(node.name)
-                hit.computed |= node.op != "get_attr"
-            else:
-                self.reused.setdefault(hit, []).append(node)
-            self.record.lifted_as[node.name] = hit.name
-            self.target_of[node] = hit
+    # 1. Where every value goes (`placement.place`): reused, a literal, or a new constant.
+    def use(self, placement: Placement) -> None:
+        self.target_of, self.new_constants = placement.target_of, placement.new_constants
+        self.reused, self.private, self.taken = placement.reused, placement.private, placement.taken
+        self.record.lifted_as = placement.lifted_as
+        self.record.lifted.extend(placement.rows)
 
-    def _new_constant(self, source: torch.fx.Node, value: torch.Tensor, private: bool = False) -> _NewConstant:
-        target = lifted_constant_target(source.name, self.taken)
-        c = _NewConstant(CONSTANT_PREFIX + target, target, value, source, private=private)
-        self.taken.update((target, c.name))
-        self.new_constants.append(c)
-        return c
-
-    # 2. Private placeholders (same tensor, own name and target) for the readers of a new
-    # constant that executorch 1.5.1's delegation mishandles when they share one placeholder.
-    def add_private_placeholders(self, private_readers: frozenset) -> None:
-        sources: dict[int, list[torch.fx.Node]] = {}
-        for node, hit in self.target_of.items():
-            if isinstance(hit, _NewConstant):
-                sources.setdefault(id(hit), []).append(node)
-        for c in list(self.new_constants):
-            for reader, source in _private_readers(sources[id(c)], self.folded, private_readers):
-                copy_c = self._new_constant(source, c.value, private=True)
-                self.private[(reader, source)] = copy_c
-                self.record.lifted.append(lifted_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True,
-                                               nonfinite=self.nonfinite(c.value, c.source)))
-
-    def add_returned_stored_placeholders(self) -> None:
-        """A parameter, buffer or constant that the graph output returns (directly, or as the
-        stored tensor a folded value equals) while an op also reads it is returned through a
-        placeholder of its own (same bytes, stored once by the serializer) and a copy.
-
-        Why: executorch 1.5.1's delegation tags a constant with the partition of the ops that
-        read it and raises when another reader is the untagged output ("constant data node
-        (p_p) is tagged with (tag0) but has user (output) which has tag (None)",
-        ``exir/backend/backend_api.py``, ``_get_node_list_with_same_tag``); a copy of the
-        shared placeholder is not enough either (XNNPACK's conv1d reshapes its weight to 4-D
-        in place: the copy returns 4-D data). Folding makes an op's other operands constant,
-        so the partitioner starts taking the stored tensor (``F.linear(x, b + b, p), p``): the
-        unfolded program lowered, the folded one must too."""
-        output = self.source.graph.output_node()
-        stored_as: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # placeholder -> folded values equal to it
-        for n, hit in self.target_of.items():
-            if isinstance(hit, torch.fx.Node):
-                stored_as.setdefault(hit, []).append(n)
-        for a in self._returned(output):
-            stored = a if self._is_stored(a) else self.target_of.get(a)
-            if not isinstance(stored, torch.fx.Node) or (output, a) in self.private:
-                continue
-            if stored not in self.constant_placeholders:
-                continue  # a buffer the program writes: the output returns its written value
-            if not self._read_by_an_op(stored, stored_as):
-                continue
-            t = stored_tensor(self.specs[stored.name], self.state_dict, self.constants)
-            copy_c = self._new_constant(a, t if is_subclass(t) else canonical_copy(t.detach()), private=True)
-            self.private[(output, a)] = copy_c
-            self.record.lifted.append(lifted_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True,
-                                           nonfinite=self.nonfinite(copy_c.value, stored)))
-
-    def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
-        """The nodes the graph output returns as user outputs, each once."""
-        flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-        user = [a for a, spec in zip(flat, self.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
-        return list(dict.fromkeys(a for a in user if isinstance(a, torch.fx.Node)))
-
-    def _is_stored(self, n: torch.fx.Node) -> bool:
-        spec = self.specs.get(n.name) if n.op == "placeholder" else None
-        return spec is not None and spec.kind in STORED_KINDS
-
-    def _read_by_an_op(self, p: torch.fx.Node, stored_as: dict) -> bool:
-        """True when a surviving op (not the output) reads placeholder `p`, directly or through
-        a folded value stored as `p`'s tensor (`stored_as`)."""
-        sources = [p] + stored_as.get(p, [])
-        return any(u not in self.folded and u.op != "output" for s in sources for u in s.users)
-
-    # 3. Placeholders: surviving ones copied, new constants before the first user input (where
+    # 2. Placeholders: surviving ones copied, new constants before the first user input (where
     # torch.export puts lifted constants).
     def copy_placeholders(self) -> None:
         anchor = next((p for p in self.placeholders if self.specs.get(p.name) is not None
@@ -270,7 +164,7 @@ class _Rewrite:
             self.constants[c.target] = c.value
             self.new_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
 
-    # 4. Ops and the output, with their names; folded nodes are not copied, nor a get_attr
+    # 3. Ops and the output, with their names; folded nodes are not copied, nor a get_attr
     # that only folded nodes read (the bodies of a control-flow op folded whole): the new
     # GraphModule attaches only what its get_attrs read (`hops.graph_module`), so the
     # attribute goes with it.
@@ -312,7 +206,7 @@ class _Rewrite:
         self.env[node] = keep_name(self.graph.output(out_args, type_expr=node.type), node.name)
         self.env[node].meta = copy.copy(node.meta)
 
-    # 5. Stored dicts, signature, metadata of bound symbols, the program.
+    # 4. Stored dicts, signature, metadata of bound symbols, the program.
     def program(self, bound: dict) -> ExportedProgram:
         source = self.source
         for target in self.removed_targets - {s.target for s in self.new_specs}:  # tied names read elsewhere stay
@@ -362,40 +256,6 @@ def _check(program: ExportedProgram) -> None:
         ) from e
 
 
-@dataclass(frozen=True)
-class _Literal:
-    """A folded scalar, passed to its readers as a literal argument."""
-
-    value: object
-
-
-def _private_readers(sources: list[torch.fx.Node], folded, private_readers) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
-    """(reader, folded node) pairs of a new constant (the value of `sources`) that get a
-    placeholder of their own.
-
-    When a stored value has several readers, two of them do not share its placeholder with
-    the others, because executorch 1.5.1's delegation breaks on exactly these:
-
-    - the graph output (through the clone `lift` inserts): XNNPACK's conv1d lowering reshapes
-      a constant weight to 4-D in place, so a clone of the same placeholder returns 4-D data
-      into a 3-D output ("Attempted to resize a static tensor");
-    - a constant-only op kept at runtime (`private_readers`: size limits, evaluation errors):
-      it tends to land outside the partition of the value's other readers, and executorch's
-      ``duplicate_constant_node`` gives each extra reader a copy with the *same* target, so a
-      lowered module lists one lifted constant twice and unlifting it fails
-      ("`folded_mul` is not a buffer"). A plain lifted tensor constant read that way fails too.
-
-    The copies share the constant's tensor: the serializer stores its bytes once.
-    """
-    readers = [(u, s) for s in sources for u in s.users if u not in folded]
-    if len({u for u, _ in readers}) < 2:
-        return []
-    private = [(u, s) for u, s in readers if u.op == "output" or u in private_readers]
-    if len(private) == len(readers):  # one reader keeps the shared placeholder
-        private = private[1:]
-    return private
-
-
 class _Lookup:
     """Maps an original node to its copy, or a folded node to the placeholder holding its value
     (for a reader with a private placeholder of that value, to that one)."""
@@ -417,9 +277,9 @@ class _Lookup:
         if n in self.env:
             return self.env[n]
         hit = self.target_of[n]
-        if isinstance(hit, _Literal):
+        if isinstance(hit, Literal):
             return hit.value
-        return self.env[hit.source] if isinstance(hit, _NewConstant) else self.env[hit]
+        return self.env[hit.source] if isinstance(hit, NewConstant) else self.env[hit]
 
 
 def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.Tensor:

@@ -1,0 +1,221 @@
+"""Where each folded value is stored, decided before `lift` rebuilds the graph.
+
+A value equal, byte for byte, to a stored tensor reuses it (`dedup.IdenticalTensors`); a
+scalar becomes a literal of its readers; any other value becomes a new lifted constant. Two
+executorch 1.5.1 delegation faults then decide which readers get a placeholder of their own
+(same tensor, stored once): `_private_readers` and `_Placer.add_returned_stored_placeholders`
+cite the executorch code each works around.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
+
+from .dedup import IdenticalTensors
+from .layout import canonical_copy
+from .names import CONSTANT_PREFIX, lifted_constant_target
+from .nonfinite import NonfiniteScan
+from .report import LiftedConstant
+from .reporting import lifted_row
+from .signature import input_specs_by_name
+from .sizes import STORED_KINDS, is_subclass, stored_tensor
+
+
+@dataclass
+class NewConstant:
+    """A new lifted constant: its placeholder name, ``constants`` key, tensor, and the folded
+    node whose value it holds (`source`)."""
+
+
+    name: str
+    target: str
+    value: torch.Tensor
+    source: torch.fx.Node
+    replaces: list[str] = field(default_factory=list)
+    private: bool = False  # a reader's own placeholder of another constant's tensor
+    computed: bool = False  # some node it replaces was folded (not only moved tensor attributes)
+    placeholder: Optional[torch.fx.Node] = None  # set when emitted
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A folded scalar, passed to its readers as a literal argument."""
+
+    value: object
+
+
+@dataclass
+class Placement:
+    """Where every folded value goes (`place`).
+
+    Attributes:
+        target_of: folded node -> the stored placeholder it equals, its `NewConstant`, or a
+            `Literal`.
+        new_constants: in creation order; private copies included (``private=True``).
+        reused: stored placeholder -> the folded nodes whose value equals its tensor.
+        private: (reader, folded node) -> the `NewConstant` that reader reads instead.
+        lifted_as: folded node name -> the placeholder name holding its value.
+        rows: report rows of the private copies.
+        taken: names in use (the program's, and those of the new constants).
+    """
+
+    target_of: dict[torch.fx.Node, object] = field(default_factory=dict)
+    new_constants: list[NewConstant] = field(default_factory=list)
+    reused: dict[torch.fx.Node, list[torch.fx.Node]] = field(default_factory=dict)
+    private: dict[tuple[torch.fx.Node, torch.fx.Node], NewConstant] = field(default_factory=dict)
+    lifted_as: dict[str, str] = field(default_factory=dict)
+    rows: list[LiftedConstant] = field(default_factory=list)
+    taken: set[str] = field(default_factory=set)
+
+
+def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[torch.fx.Node, torch.Tensor],
+          constant_placeholders: set[torch.fx.Node], private_readers: frozenset, taken: set[str],
+          nonfinite: NonfiniteScan) -> Placement:
+    """Decide where each folded value of `program` (read only) is stored.
+
+    Args:
+        folded, values, constant_placeholders, private_readers: as for `lift`.
+        taken: names in use in `program` (node names, state_dict and constants keys); copied.
+        nonfinite: the fold's `NonfiniteScan`, for the report rows.
+    """
+    placer = _Placer(program, folded, constant_placeholders, set(taken), nonfinite)
+    placer.place_values(values)
+    placer.add_private_placeholders(private_readers)
+    placer.add_returned_stored_placeholders()
+    return placer.out
+
+
+class _Placer:
+    def __init__(self, program, folded, constant_placeholders, taken, nonfinite) -> None:
+        self.source, self.folded, self.constant_placeholders = program, folded, constant_placeholders
+        self.specs = input_specs_by_name(program.graph_signature)
+        self.output_specs = list(program.graph_signature.output_specs)
+        self.out = Placement(taken=taken)
+        self.nonfinite = nonfinite
+
+    # 1. Where every stored value goes: an identical stored tensor, or a new constant.
+    def place_values(self, values: dict[torch.fx.Node, torch.Tensor]) -> None:
+        state_dict, constants = self.source.state_dict, self.source.constants
+        dedup = IdenticalTensors({
+            p: stored_tensor(self.specs[p.name], state_dict, constants)
+            for p in self.source.graph.nodes if p.op == "placeholder" and p in self.constant_placeholders
+        })
+        for node in self.source.graph.nodes:
+            value = values.get(node) if node in self.folded else None
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor):  # a scalar: written into the ops that read it
+                self.out.target_of[node] = Literal(value)
+                continue
+            hit = dedup.find(value)
+            if hit is None:
+                hit = self._new_constant(node, value)
+                dedup.add(hit, value)
+            if isinstance(hit, NewConstant):
+                hit.replaces.append(node.name)
+                hit.computed |= node.op != "get_attr"
+            else:
+                self.out.reused.setdefault(hit, []).append(node)
+            self.out.lifted_as[node.name] = hit.name
+            self.out.target_of[node] = hit
+
+    def _new_constant(self, source: torch.fx.Node, value: torch.Tensor, private: bool = False) -> NewConstant:
+        target = lifted_constant_target(source.name, self.out.taken)
+        c = NewConstant(CONSTANT_PREFIX + target, target, value, source, private=private)
+        self.out.taken.update((target, c.name))
+        self.out.new_constants.append(c)
+        return c
+
+    # 2. Private placeholders (same tensor, own name and target) for the readers of a new
+    # constant that executorch 1.5.1's delegation mishandles when they share one placeholder.
+    def add_private_placeholders(self, private_readers: frozenset) -> None:
+        sources: dict[int, list[torch.fx.Node]] = {}
+        for node, hit in self.out.target_of.items():
+            if isinstance(hit, NewConstant):
+                sources.setdefault(id(hit), []).append(node)
+        for c in list(self.out.new_constants):
+            for reader, source in _private_readers(sources[id(c)], self.folded, private_readers):
+                copy_c = self._new_constant(source, c.value, private=True)
+                self.out.private[(reader, source)] = copy_c
+                self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True,
+                                               nonfinite=self.nonfinite(c.value, c.source)))
+
+    def add_returned_stored_placeholders(self) -> None:
+        """A parameter, buffer or constant that the graph output returns (directly, or as the
+        stored tensor a folded value equals) while an op also reads it is returned through a
+        placeholder of its own (same bytes, stored once by the serializer) and a copy.
+
+        Why: executorch 1.5.1's delegation tags a constant with the partition of the ops that
+        read it and raises when another reader is the untagged output ("constant data node
+        (p_p) is tagged with (tag0) but has user (output) which has tag (None)",
+        ``exir/backend/backend_api.py``, ``_get_node_list_with_same_tag``); a copy of the
+        shared placeholder is not enough either (XNNPACK's conv1d reshapes its weight to 4-D
+        in place: the copy returns 4-D data). Folding makes an op's other operands constant,
+        so the partitioner starts taking the stored tensor (``F.linear(x, b + b, p), p``): the
+        unfolded program lowered, the folded one must too."""
+        output = self.source.graph.output_node()
+        stored_as: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # placeholder -> folded values equal to it
+        for n, hit in self.out.target_of.items():
+            if isinstance(hit, torch.fx.Node):
+                stored_as.setdefault(hit, []).append(n)
+        for a in self._returned(output):
+            stored = a if self._is_stored(a) else self.out.target_of.get(a)
+            if not isinstance(stored, torch.fx.Node) or (output, a) in self.out.private:
+                continue
+            if stored not in self.constant_placeholders:
+                continue  # a buffer the program writes: the output returns its written value
+            if not self._read_by_an_op(stored, stored_as):
+                continue
+            t = stored_tensor(self.specs[stored.name], self.source.state_dict, self.source.constants)
+            copy_c = self._new_constant(a, t if is_subclass(t) else canonical_copy(t.detach()), private=True)
+            self.out.private[(output, a)] = copy_c
+            self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True,
+                                           nonfinite=self.nonfinite(copy_c.value, stored)))
+
+    def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
+        """The nodes the graph output returns as user outputs, each once."""
+        flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        user = [a for a, spec in zip(flat, self.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
+        return list(dict.fromkeys(a for a in user if isinstance(a, torch.fx.Node)))
+
+    def _is_stored(self, n: torch.fx.Node) -> bool:
+        spec = self.specs.get(n.name) if n.op == "placeholder" else None
+        return spec is not None and spec.kind in STORED_KINDS
+
+    def _read_by_an_op(self, p: torch.fx.Node, stored_as: dict) -> bool:
+        """True when a surviving op (not the output) reads placeholder `p`, directly or through
+        a folded value stored as `p`'s tensor (`stored_as`)."""
+        sources = [p] + stored_as.get(p, [])
+        return any(u not in self.folded and u.op != "output" for s in sources for u in s.users)
+
+def _private_readers(sources: list[torch.fx.Node], folded, private_readers) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
+    """(reader, folded node) pairs of a new constant (the value of `sources`) that get a
+    placeholder of their own.
+
+    When a stored value has several readers, two of them do not share its placeholder with
+    the others, because executorch 1.5.1's delegation breaks on exactly these:
+
+    - the graph output (through the clone `lift` inserts): XNNPACK's conv1d lowering reshapes
+      a constant weight to 4-D in place, so a clone of the same placeholder returns 4-D data
+      into a 3-D output ("Attempted to resize a static tensor");
+    - a constant-only op kept at runtime (`private_readers`: size limits, evaluation errors):
+      it tends to land outside the partition of the value's other readers, and executorch's
+      ``duplicate_constant_node`` gives each extra reader a copy with the *same* target, so a
+      lowered module lists one lifted constant twice and unlifting it fails
+      ("`folded_mul` is not a buffer"). A plain lifted tensor constant read that way fails too.
+
+    The copies share the constant's tensor: the serializer stores its bytes once.
+    """
+    readers = [(u, s) for s in sources for u in s.users if u not in folded]
+    if len({u for u, _ in readers}) < 2:
+        return []
+    private = [(u, s) for u, s in readers if u.op == "output" or u in private_readers]
+    if len(private) == len(readers):  # one reader keeps the shared placeholder
+        private = private[1:]
+    return private
