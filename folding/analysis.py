@@ -245,7 +245,7 @@ def _runtime_reason(n: torch.fx.Node, runtime: list[torch.fx.Node], reason) -> t
     runtime is only sizes: symbolic scalars (``sym_size`` of a dynamic input), symbolic values,
     or, for a metadata-only op (``full_like``, ``new_ones``), the tensor it takes its shape from
     when that shape has free symbols (the Edge decomposition of ``t[:, :, 0].fill_(v)`` is
-    ``full_like`` of a slice of a dynamic input: issue 21, fault 6). Such a value is known only
+    ``full_like`` of a slice of a dynamic input). Such a value is known only
     at runtime, so it is never evaluated; the detail names the free symbols. Else
     ``RUNTIME_INPUT``."""
     shape_source = n.args[0] if reads_only_metadata(n.target) and n.args else None

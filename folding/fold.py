@@ -99,7 +99,7 @@ def fold_constants(
 def _no_cyclic_gc():
     """Pause the cyclic garbage collector while folding. The fold allocates hundreds of
     thousands of small, acyclic objects (fx nodes, argument tuples); every generation-0 pass
-    walks them, which cost ~30% of the time at 50,000 nodes (`python -m benchmarks.scale`).
+    walks them all (its cost shows in `python -m benchmarks.scale`).
     Tensors are freed by reference counting as before; cycles are collected afterwards."""
     was_enabled = gc.isenabled()
     gc.disable()

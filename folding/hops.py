@@ -154,7 +154,7 @@ def recompile_shallow(gm: torch.fx.GraphModule) -> None:
 def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
     """Delete `gm`'s submodules and tensor attributes that no ``get_attr`` of its graph reads
     (a body moved out, a tensor moved out as an operand): a folded program keeps no dead
-    attribute (issue 21). Only for modules the stage owns (a copy it made or built)."""
+    attribute. Only for modules the stage owns (a copy it made or built)."""
     read = {n.target.split(".")[0] for n in gm.graph.find_nodes(op="get_attr")}
     names = [n for n, _ in gm.named_children()] + [n for n, _ in gm.named_parameters(recurse=False, remove_duplicate=False)]
     names += [n for n, _ in gm.named_buffers(recurse=False, remove_duplicate=False)]

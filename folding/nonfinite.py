@@ -3,9 +3,8 @@
 A folded ``log(0)`` or ``x / 0`` is usually a bug in the model, so the report names it. A value
 that only rearranges stored data (Edge's ``permute_copy`` of every ``linear`` weight, a
 ``view``, ``clone``, ``expand``) holds a NaN only where the weights already held one: the fold
-computed nothing there, and scanning it would read every weight byte of a large model once more
-(0.05 s per GiB, `python -m benchmarks --weight-scale`). Such values are not scanned. Each other
-tensor is scanned at most once per fold.
+computed nothing there, and scanning it would read every weight byte of a large model once more.
+Such values are not scanned. Each other tensor is scanned at most once per fold.
 """
 
 from __future__ import annotations

@@ -19,12 +19,10 @@ GPU and LPAI accept graphs without runtime inputs; the rule applies to HTP only.
 
 Source of the rule: the review of executorch PR 24429 (the upstream estimator) quotes it as
 ``QnnPartitioner._drop_partitions_without_runtime_inputs``, called from ``generate_partitions``
-on HTP only. executorch 1.5.1 has no such code, and neither has executorch main at commit
-cff6f4d (2026-08-22), the newest snapshot read for this project
-(backends/qualcomm/partition/qnn_partitioner.py), so this module is our mirror of the SDK's
-refusal, not a copy of upstream code. With a real SDK (``QNN_SDK_ROOT``), the ``qnn_sdk`` tests
-in tests/qnn/test_real_sdk.py lower through executorch's stock partitioner and show what HTP
-itself does with such a graph.
+on HTP only. executorch 1.5.1 has no such code (backends/qualcomm/partition/qnn_partitioner.py),
+so this module is our mirror of the SDK's refusal, not a copy of upstream code. The real-HTP
+tests (tests/qnn/test_htp_premise.py) lower through executorch's stock partitioner and show
+what HTP itself does with such a graph.
 """
 
 from __future__ import annotations

@@ -90,9 +90,8 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         preserve_edge_names: give the folded program's Edge nodes the names they have without
             folding. None (default): only when `skip_node_id_set` is given, where names decide
             what is delegated; True: always (debugging, comparing runs); False: never. Costs one
-            extra ``to_edge`` + QNN to-edge passes of the unfolded program (about as long as
-            the lowering's own ``to_edge``: 518 s of a 511 s lowering for swin_v2_t 8a8w on
-            2 shared cores; `QnnPartitionReport.naming_seconds`).
+            extra ``to_edge`` + QNN to-edge passes of the unfolded program, about as long as
+            the lowering's own ``to_edge`` (`QnnPartitionReport.naming_seconds`).
         to_edge_passes: builds QNN's to-edge passes for a program, for the name restoration;
             None: QNN's default passes (`default_to_edge_passes`).
             `qnn.to_edge_transform_and_lower_to_qnn` passes the ones it lowers with.
