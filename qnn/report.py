@@ -52,8 +52,10 @@ class QnnPartitionReport:
             they have without folding (`qnn.names`).
         origins: Edge node name -> name of the ATen node it comes from (``meta["from_node"]``),
             when the partitioner saw the ATen program (its pre-decomposition hook ran).
-        naming_seconds: wall time spent giving back the unfolded names (lowering the folded
-            region and replaying the names; 0 when names were not restored).
+        naming_seconds: wall time spent giving back the unfolded names, in seconds: lowering
+            a copy of the *unfolded* program with the same to-edge passes (`qnn.names`,
+            ``EdgeNameMap.unfolded_names``) and renaming the folded program's Edge nodes; the
+            copy made before folding is not counted. 0 when names were not restored.
         declined_by_qnn: node name -> why QNN's operator-support check declined it (no node
             visitor, QNN's op validation, skip sets, data-dependent size, ...).
     """
