@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.zoo import compare, pool, verdict
-from tests.zoo.models import build, zoo_names
+from tests.zoo.models import NEAR_ZERO, TV_MAX_PARAMS, build, tv_params, zoo_names
 from tests.zoo.run import new_row, run_model
 
 # Fold stage only (export, fold ATen and Edge with both folders, run, compare): a few seconds each.
@@ -17,13 +17,32 @@ from tests.zoo.run import new_row, run_model
 FOLD_MODELS = ["hf/t5", "hf/swin"]
 
 
-def test_zoo_has_the_issue_minimums():
+def test_zoo_lists_the_torchvision_classifiers_under_its_size_cap():
+    """The zoo holds every torchvision classifier with at most `TV_MAX_PARAMS` parameters (as
+    torchvision's weight metadata counts them), none above it, each name once."""
+    import torchvision
+
     names = zoo_names()
-    assert len(names) >= 40
-    assert sum(n.startswith("tv/") for n in names) >= 25
-    assert any(n.startswith("tvseg/") for n in names)
-    assert sum(n.startswith("hf/") for n in names) >= 15
-    assert "tv/vit_h_14" not in names and "tv/regnet_y_128gf" not in names  # the size filter
+    assert len(names) == len(set(names)) >= 40
+    every = torchvision.models.list_models(module=torchvision.models)
+    small = {n for n in every if tv_params(n) <= TV_MAX_PARAMS}
+    assert {n[3:] for n in names if n.startswith("tv/")} == small
+    assert len(small) >= 25 and len(small) < len(every)  # the cap excludes the largest ones
+
+
+@pytest.mark.parametrize("name", ["tv/mobilenet_v3_small", "tvseg/lraspp_mobilenet_v3_large", "hf/distilbert"])
+def test_each_zoo_family_builds_a_seeded_model_whose_output_is_not_near_zero(name):
+    """One model of each family, built twice: the same weights and inputs (seeded), and an
+    eager output whose scale makes a later comparison mean something (`NEAR_ZERO`)."""
+    a, b = build(name), build(name)
+    assert a.name == name
+    with torch.no_grad():
+        out_a, out_b = a.module(*a.inputs), b.module(*b.inputs)
+    assert isinstance(out_a, tuple) and out_a
+    for x, y in zip(out_a, out_b, strict=True):
+        assert torch.equal(x, y)
+        if x.dtype.is_floating_point:
+            assert torch.isfinite(x).all() and x.abs().max() > NEAR_ZERO
 
 
 @pytest.mark.parametrize("name", FOLD_MODELS)
