@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 import torch
@@ -120,7 +121,64 @@ def constant_placeholders(hop: torch.fx.Node, body: torch.fx.GraphModule, is_con
     }
 
 
+@dataclass(frozen=True)
+class BodySplit:
+    """Which nodes of a body move to its caller (`split_body`); the body is not changed.
+
+    Attributes:
+        sources: the body's placeholders fed by a constant operand -> that operand.
+        hoisted: the nodes that move, in graph order.
+        sinks: the hoisted nodes that something left in the body reads (it reads them as new
+            operands after the move).
+        visits: nodes the body's analysis visited (`Analysis.graph_visits`).
+    """
+
+    sources: dict[torch.fx.Node, torch.fx.Node]
+    hoisted: dict[torch.fx.Node, None]
+    sinks: list[torch.fx.Node]
+    visits: int
+
+
+def split_body(body: torch.fx.GraphModule, sources: dict[torch.fx.Node, torch.fx.Node], policy: FoldPolicy,
+               pins: Mapping[str, object], path: str) -> BodySplit:
+    """The constant nodes of `body` that move out: in order, those whose inputs are constant
+    operands (`sources`) or nodes moved before them; checks, pinned nodes (`pins`, by body
+    path) and what reads them stay, and so does a nested body (get_attr) that a HOP left in
+    the body calls. A tensor attribute moves out whatever reads it: it becomes an operand,
+    then a lifted constant. Pure: `body` is only read (its node names are reserved)."""
+    analysis = _analyze_body(body, sources, policy)
+    excluded: set[torch.fx.Node] = set()
+    while True:
+        out: dict[torch.fx.Node, None] = {}
+        for n in body.graph.nodes:
+            if n.op not in ("call_function", "get_attr") or not analysis.is_constant(n) or n in excluded:
+                continue
+            if analysis.kind.get(n) is OpKind.ASSERTION or n.meta.get(BODY_PATH, path + n.name) in pins:
+                continue
+            if all(i in out or i in sources for i in n.all_input_nodes):
+                out[n] = None
+        stay = {n for n in out if n.op == "get_attr" and any(u not in out for u in n.users)
+                and isinstance(getattr(body, n.target, None), torch.nn.Module)}
+        if not stay:
+            break
+        excluded |= stay
+    sinks = [n for n in out if any(u not in out for u in n.users)]
+    return BodySplit(sources, out, sinks, analysis.graph_visits)
+
+
+def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy):
+    """`analyze` of a body whose `sources` placeholders are constant (the others runtime)."""
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    reserve_node_names(body)
+    return analyze(body.graph, body_signature(placeholders, set(sources)), policy)
+
+
 class _Hoist:
+    """Rewrites what `split_body` decided, on copies: a body the caller's program holds is
+    copied on its first edit (`_own`); the moved nodes go before the HOP (`_copy`) or into a
+    new region of the same HOP (`_wrap`, autocast and ``no_grad``); the body then reads them as
+    new operands (`_replace_with_operands`)."""
+
     def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, object], top: torch.fx.GraphModule) -> None:
         self.policy, self.clone_op, self.pins = policy, clone_op, pins
         # Graphs this pass owns (copies; the caller's bodies are copied on first edit), each
@@ -150,22 +208,24 @@ class _Hoist:
             path = body_path(prefix, hop, attr)
             if has_bodies(body):  # nested control flow: its bodies are edited first
                 body, _ = self._own(gm, attr, body)
-                sources = constant_placeholders(hop, body, is_constant)
-                self.graph(body, self._analyze(body, sources).is_constant, path)
-            sources = constant_placeholders(hop, body, is_constant)
-            hoisted = self._hoistable(body, self._analyze(body, sources), sources, path)
-            plans.append((attr, body, sources, hoisted, path))
-        if not any(hoisted for *_, hoisted, _ in plans):
+                analysis = _analyze_body(body, constant_placeholders(hop, body, is_constant), self.policy)
+                self.visits += analysis.graph_visits
+                self.graph(body, analysis.is_constant, path)
+            split = split_body(body, constant_placeholders(hop, body, is_constant), self.policy, self.pins, path)
+            self.visits += split.visits
+            plans.append((attr, body, split, path))
+        if not any(split.hoisted for _, _, split, _ in plans):
             return  # the bodies stay the caller's, untouched
         moved: list[tuple[torch.fx.GraphModule, list[torch.fx.Node]]] = []
         value_of: dict[torch.fx.Node, torch.fx.Node] = {}  # sink -> the caller's node for it
         memo: dict[tuple, torch.fx.Node] = {}  # the same op on the same inputs, moved once
-        for attr, body, sources, hoisted, path in plans:
+        for attr, body, split, path in plans:
             body, env = self._own(gm, attr, body)
-            if env is not None:
+            sources, hoisted, sinks = split.sources, split.hoisted, split.sinks
+            if env is not None:  # the split was made on the caller's body: map it to the copy
                 sources = {env[p]: o for p, o in sources.items()}
                 hoisted = {env[n]: None for n in hoisted}
-            sinks = [n for n in hoisted if any(u not in hoisted for u in n.users)]
+                sinks = [env[n] for n in sinks]
             if hoisted:
                 with gm.graph.inserting_before(hop):
                     if kind.wraps:
@@ -179,34 +239,6 @@ class _Hoist:
             self._replace_with_operands(body, sinks, new_operands, value_of)
         hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
         _drop_unused_operands(hop)
-
-    def _analyze(self, body, sources):
-        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-        reserve_node_names(body)
-        analysis = analyze(body.graph, body_signature(placeholders, set(sources)), self.policy)
-        self.visits += analysis.graph_visits
-        return analysis
-
-    def _hoistable(self, body, analysis, sources, path) -> dict[torch.fx.Node, None]:
-        """The body's constant nodes, in order, whose inputs are constant operands or nodes
-        moved before them; checks, pinned nodes and what reads them stay, and so does a
-        nested body (get_attr) that a HOP left in the body calls. A tensor attribute moves
-        out whatever reads it: it becomes an operand, then a lifted constant."""
-        excluded: set[torch.fx.Node] = set()
-        while True:
-            out: dict[torch.fx.Node, None] = {}
-            for n in body.graph.nodes:
-                if n.op not in ("call_function", "get_attr") or not analysis.is_constant(n) or n in excluded:
-                    continue
-                if analysis.kind.get(n) is OpKind.ASSERTION or n.meta.get(BODY_PATH, path + n.name) in self.pins:
-                    continue
-                if all(i in out or i in sources for i in n.all_input_nodes):
-                    out[n] = None
-            stay = {n for n in out if n.op == "get_attr" and any(u not in out for u in n.users)
-                    and isinstance(getattr(body, n.target, None), torch.nn.Module)}
-            if not stay:
-                return out
-            excluded |= stay
 
     def _copy(self, gm, body, hoisted, sinks, sources, path, memo) -> list[torch.fx.Node]:
         """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`.
