@@ -67,6 +67,11 @@ class NonfiniteScan:
         self._scanned: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor kept alive, result)
         self._moves_stored: dict[torch.fx.Node, bool] = {}
 
+    @property
+    def scanned(self) -> int:
+        """How many tensors were read so far."""
+        return len(self._scanned)
+
     def __call__(self, t: torch.Tensor, *sources: torch.fx.Node) -> bool:
         """Whether `t`, the value of every node in `sources` (none: not known), holds a NaN or
         an Inf the fold computed."""

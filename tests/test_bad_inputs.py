@@ -115,34 +115,32 @@ def test_unusual_constants_fold_and_match_eager():
     assert result.report.to_dict()["nonfinite_constants"]
 
 
+class NanWeight(nn.Module):
+    """A weight holding a NaN, read by linears (through transposes: Edge's ``permute_copy``) and
+    by a folded ``log``."""
+
+    def __init__(self):
+        super().__init__()
+        w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+        w[1, 2] = float("nan")
+        self.w = nn.Parameter(w)
+
+    def forward(self, x):
+        return F.linear(x, self.w) + F.linear(x, self.w.t().contiguous().t()), x @ self.w.log().t().reshape(4, 6)
+
+
 @pytest.mark.parametrize("dialect", ["aten", "edge"])
-def test_nonfinite_flags_what_the_fold_computed_and_reads_moved_weights_not_at_all(dialect, monkeypatch):
+def test_nonfinite_flags_what_the_fold_computed_not_the_moved_weights(dialect):
     """A folded ``log`` of a weight holding NaN is flagged; the transposes and views of that
-    weight are not (they hold the weight's own NaN), and no tensor is scanned twice: the scan
-    runs once, on the log's value (counted through `holds_nonfinite`)."""
-    import folding.nonfinite as nonfinite
-
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
-            w[1, 2] = float("nan")
-            self.w = nn.Parameter(w)
-
-        def forward(self, x):
-            return F.linear(x, self.w) + F.linear(x, self.w.t().contiguous().t()), x @ self.w.log().t().reshape(4, 6)
-
-    scanned = []
-    real = nonfinite.holds_nonfinite
-    monkeypatch.setattr(nonfinite, "holds_nonfinite", lambda t: scanned.append(tuple(t.shape)) or real(t))
+    weight are not: they hold the weight's own NaN."""
     x = torch.randn(3, 4)
-    ep = export(M(), (x,))
+    ep = export(NanWeight(), (x,))
     if dialect == "edge":
         from tests.lowering import to_edge_program
 
         ep = to_edge_program(ep)
     result = fold(ep, FoldPolicy.unlimited())
-    log = M().w.detach().log().t().reshape(4, 6)
+    log = NanWeight().w.detach().log().t().reshape(4, 6)
     stored = {**result.program.state_dict, **result.program.constants}
 
     def holds_the_log(c) -> bool:
@@ -153,10 +151,29 @@ def test_nonfinite_flags_what_the_fold_computed_and_reads_moved_weights_not_at_a
     assert computed and all(c.nonfinite for c in computed)
     moved = [c for c in result.report.lifted if c not in computed]
     assert moved and not any(c.nonfinite for c in moved), [(c.placeholder, c.replaces) for c in moved]
-    assert len(scanned) == len(computed), scanned
     want, got = outputs(ep, (x,)), outputs(result.program, (x,))
     for a, b in zip(want, got):
         torch.testing.assert_close(b, a, equal_nan=True)
+
+
+def test_nonfinite_scan_reads_each_tensor_once_and_moved_data_never():
+    """`NonfiniteScan` on the nodes of a hand-built graph: a permute and a view of a stored
+    weight are answered without reading it; a computed value is read once, however often asked."""
+    from folding.nonfinite import NonfiniteScan
+
+    g = torch.fx.Graph()
+    w = g.placeholder("w")
+    t = g.call_function(torch.ops.aten.permute.default, (w, [1, 0]))
+    v = g.call_function(torch.ops.aten.view.default, (t, [24]))
+    log = g.call_function(torch.ops.aten.log.default, (w,))
+    weight = NanWeight().w.detach()
+    for node, value in ((w, weight), (t, weight.t()), (v, weight.t().reshape(24)), (log, weight.log())):
+        node.meta["val"] = value
+    scan = NonfiniteScan()
+    assert not scan(weight.t(), t) and not scan(weight.t().reshape(24), v) and scan.scanned == 0
+    value = weight.log()
+    assert scan(value, log) and scan(value, log) and scan(value) and scan.scanned == 1
+    assert not scan(torch.ones(3)) and scan.scanned == 2
 
 
 def test_value_beyond_the_cap_stays_an_op():
