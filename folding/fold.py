@@ -14,7 +14,8 @@ from torch.export import ExportedProgram
 
 from .analysis import analyze
 from .bodies import hoist_body_constants, merge_duplicate_operands
-from .dedup import IdenticalBytes, fold_scope
+from .checks import check_signature, check_stored_tensors
+from .dedup import fold_scope, placeholder_savings
 from .hops import recompile_shallow
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
@@ -27,9 +28,7 @@ from .readers import read_through_transposes
 from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
 from .reporting import body_decisions, fold_report, merged
-from .signature import input_specs_by_name
-from .sizes import STORED_KINDS, aligned, inner_tensors, stored_constant_bytes, stored_tensor
-from torch.export.graph_signature import InputKind
+from .sizes import stored_constant_bytes, stored_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +80,8 @@ def fold_constants(
     if policy is not None and not isinstance(policy, FoldPolicy):
         raise PolicyError(f"policy must be a folding.FoldPolicy or None, got {type(policy).__name__}")
     with timer.phase("checks"):
-        _check_signature(program)
-        _check_stored_tensors(program)
+        check_signature(program)
+        check_stored_tensors(program)
     try:
         with _no_cyclic_gc(), fold_scope():
             return _fold(program, policy or FoldPolicy(), inplace, timer)
@@ -171,7 +170,7 @@ def _fold_once(
     budget) is discarded and redone; its time counts as ``reruns``."""
     gm = program.graph_module  # read only: `lift` builds the new graph
     with timer.phase("bytes"):
-        placeholder_bytes = _placeholder_bytes(gm.graph, program)
+        placeholder_bytes = placeholder_savings(gm.graph, program)
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
     analysis_visits = 0
@@ -226,25 +225,6 @@ def _lift(program: ExportedProgram, analysis, plan, evaluation):
     )
 
 
-def _placeholder_bytes(graph: torch.fx.Graph, program: ExportedProgram) -> dict[torch.fx.Node, int]:
-    """What dropping each constant placeholder saves in serialized bytes (padded). Bytes that
-    several placeholders share (tied weights, identical buffers: stored once, the rule of
-    `dedup.IdenticalBytes`) are saved only when all of them go, so each of them counts 0: the
-    planner never overestimates a saving."""
-    specs = input_specs_by_name(program.graph_signature)
-    tensors = {
-        n: stored_tensor(specs[n.name], program.state_dict, program.constants)
-        for n in graph.nodes
-        if n.op == "placeholder" and n.name in specs
-    }
-    index = IdenticalBytes()
-    groups = {n: [(p, index.add(p)) for p in inner_tensors(t)] for n, t in tensors.items() if t is not None}
-    return {
-        n: sum(aligned(p.nbytes) for p, g in plain if len(index.groups[g]) == 1)
-        for n, plain in groups.items()
-    }
-
-
 def _attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
     """The top-level ``get_attr`` nodes that read a plain tensor (not a submodule or a
     control-flow body), each with its tensor: detached, canonical layout (`layout`)."""
@@ -254,52 +234,3 @@ def _attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Te
         if isinstance(value, torch.Tensor):
             out[n] = owned_canonical(value)
     return out
-
-
-def _check_stored_tensors(program: ExportedProgram) -> None:
-    """Every parameter, buffer and lifted constant the signature names is stored, as a tensor
-    with data (folding evaluates them).
-
-    Raises:
-        InvalidProgramError: naming the placeholder and its target.
-    """
-    from .torch_internals import is_fake
-
-    for spec in program.graph_signature.input_specs:
-        if spec.kind not in STORED_KINDS:
-            continue
-        t = stored_tensor(spec, program.state_dict, program.constants)
-        where = "state_dict" if spec.kind is InputKind.PARAMETER or (spec.kind is InputKind.BUFFER and spec.persistent) else "constants"
-        if t is None:
-            raise InvalidProgramError(
-                f"placeholder {spec.arg.name!r}: its {spec.kind.name.lower()} {spec.target!r} is not in the program's {where}"
-            )
-        for p in inner_tensors(t):
-            if is_fake(p) or p.device.type == "meta":
-                raise InvalidProgramError(
-                    f"placeholder {spec.arg.name!r}: {spec.target!r} is a {'fake' if is_fake(p) else 'meta'} tensor "
-                    "without data; folding evaluates constants, so load real weights first"
-                )
-
-
-def _check_signature(program: ExportedProgram) -> None:
-    """Placeholders match the InputSpecs and the outputs match the OutputSpecs, by name.
-
-    Raises:
-        InvalidProgramError: naming the first mismatch.
-    """
-    placeholders = [n.name for n in program.graph.nodes if n.op == "placeholder"]
-    _same_names("placeholder", placeholders, "InputSpec", program.graph_signature.input_specs)
-    output = program.graph.output_node()
-    flat = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-    _same_names("output", [getattr(a, "name", None) for a in flat], "OutputSpec", program.graph_signature.output_specs)
-
-
-def _same_names(kind: str, names: list, spec_kind: str, specs) -> None:
-    spec_names = [getattr(s.arg, "name", None) for s in specs]
-    if names != spec_names:
-        mismatch = next(
-            (f"{kind} {a!r} vs {spec_kind} {b!r}" for a, b in zip(names, spec_names) if a != b),
-            f"{len(names)} {kind}s vs {len(spec_names)} {spec_kind}s",
-        )
-        raise InvalidProgramError(f"graph signature does not match the graph's {kind}s: {mismatch}")

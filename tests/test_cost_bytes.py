@@ -15,7 +15,7 @@ import torch.nn as nn
 from folding import fold_constants
 import folding.dedup as dedup
 from folding.dedup import IdenticalBytes, IdenticalTensors, fold_scope
-from folding.fold import _placeholder_bytes
+from folding.dedup import placeholder_savings
 from folding.report import PHASES
 from folding.sizes import aligned, distinct_bytes
 from tests.invariants import assert_report_bytes_true
@@ -133,7 +133,7 @@ def test_a_stored_tensor_is_reused_only_with_the_same_dtype_and_shape():
 def test_tied_weights_save_nothing_when_one_name_goes():
     """Dropping one name of a tied Parameter saves no byte: the other still stores them."""
     ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
-    saving = {n.name: b for n, b in _placeholder_bytes(ep.graph, ep).items()}
+    saving = {n.name: b for n, b in placeholder_savings(ep.graph, ep).items()}
     assert saving["p_tied_weight"] == saving["p_tied_again_weight"] == 0
     assert saving["p_layers_0_weight"] == aligned(64 * 64 * 4)
 
