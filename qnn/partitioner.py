@@ -53,7 +53,7 @@ from .errors import EncodingLostError
 from .htp_rule import is_runtime_input, partition_inputs, refuses_static_graphs
 from .names import EdgeNameMap
 from .provenance import origin
-from .report import PartitionRecord, QnnPartitionReport
+from .report import PartitionRecord, QnnPartitionReport, partition_report
 
 logger = logging.getLogger(__name__)
 
@@ -219,24 +219,34 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
     def partition(self, edge_program: ExportedProgram) -> PartitionResult:
         """executorch's ``QnnPartitioner.partition`` (partition/qnn_partitioner.py: generate
         partitions, tag nodes, constant data and mutated buffers), with the partitions HTP
-        refuses left untagged (`screen_partitions`) and a `QnnPartitionReport` appended to
-        `reports`. On a folded program, the unfolded Edge names are restored first when
-        `restores_names`, and kept encodings are checked.
+        refuses left untagged (`screen_partitions`). On a folded program the unfolded Edge
+        names are restored first (when `restores_names`) and kept encodings are checked; a
+        `QnnPartitionReport` is appended to `reports` (`qnn.report.partition_report`).
 
         Raises:
             EncodingLostError: a folded constant that fed a kept dequantize lost its encoding.
         """
         fold = self._fold_for(edge_program)
-        report = self._report(edge_program, fold)
-        kept, report.partitions = screen_partitions(
-            edge_program, self._candidate_partitions(edge_program, report.declined_by_qnn),
-            refuses_static_graphs(self.backend),
+        renamed, naming_seconds = self._restore_names(edge_program, fold)
+        if fold is not None:
+            _check_encodings(edge_program, fold.encoded)
+        declined: dict[str, str] = {}
+        kept, partitions = screen_partitions(
+            edge_program, self._candidate_partitions(edge_program, declined), refuses_static_graphs(self.backend)
         )
         self.tag_nodes(kept, edge_program)
         tag_constant_data(edge_program)
         if not self.skip_mutable_buffer:
             tag_mutated_buffer(edge_program)
-        self.reports.append(report)
+        graph_id = fold.graph_id if fold is not None else self._aten_graph_id
+        self.reports.append(partition_report(
+            edge_program, self.backend.name, fold.report if fold else None,
+            list(fold.declined.values()) if fold else [], graph_id, renamed, naming_seconds, declined, partitions,
+        ))
+        if fold is not None and fold.report.folded:
+            gone = sorted(set(self.skip_node_id_set) - set(self.reports[-1].nodes))
+            if gone:
+                logger.info("skip_node_id_set names nodes absent after folding: %s", gone)
         return PartitionResult(tagged_exported_program=edge_program, partition_tags=self.partition_tags)
 
     def generate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
@@ -254,38 +264,14 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
                                    self.skip_node_op_set, declined=declined)
         return generate_partitions_from_list_of_nodes(edge_program.graph_module, op_support=support)
 
-    def _report(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> QnnPartitionReport:
-        renamed: dict[str, str] = {}
-        naming_seconds = 0.0
-        if fold is not None and fold.unfolded is not None and fold.report.folded:
-            start = time.perf_counter()
-            renamed = fold.unfolded.restore(edge_program, fold.graph_id)
-            naming_seconds = time.perf_counter() - start
-        report = QnnPartitionReport(
-            backend=self.backend.name,
-            decomposed=list(fold.declined.values()) if fold else [],
-            fold_report=fold.report if fold else None,
-            quant_attrs={n.name: dict(n.meta[QCOM_QUANT_ATTRS]) for n in edge_program.graph.nodes
-                         if QCOM_QUANT_ATTRS in n.meta},
-        )
-        report.renamed = renamed
-        report.naming_seconds = naming_seconds
-        graph_id = fold.graph_id if fold is not None else self._aten_graph_id
-        if graph_id is not None:
-            report.origins = {
-                n.name: src for n in edge_program.graph.nodes
-                if n.op == "call_function" and (src := origin(n, graph_id)) is not None
-            }
-        report.nodes = {
-            n.name: (op_name(n.target), tuple(i.name for i in n.all_input_nodes))
-            for n in edge_program.graph.nodes if n.op == "call_function"
-        }
-        if fold is not None:
-            _check_encodings(edge_program, fold.encoded)
-            gone = sorted(set(self.skip_node_id_set) - set(report.nodes))
-            if gone and fold.report.folded:
-                logger.info("skip_node_id_set names nodes absent after folding: %s", gone)
-        return report
+    def _restore_names(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> tuple[dict, float]:
+        """Give a folded program's Edge nodes their unfolded names (`qnn.names`); returns
+        ({old: new}, seconds spent), or ({}, 0.0) when names are not restored."""
+        if fold is None or fold.unfolded is None or not fold.report.folded:
+            return {}, 0.0
+        start = time.perf_counter()
+        renamed = fold.unfolded.restore(edge_program, fold.graph_id)
+        return renamed, time.perf_counter() - start
 
     # -- helpers ---------------------------------------------------------------------------
 

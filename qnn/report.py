@@ -78,3 +78,30 @@ class QnnPartitionReport:
     @property
     def refused(self) -> list[PartitionRecord]:
         return [p for p in self.partitions if not p.delegated]
+
+
+def partition_report(edge_program, backend: str, fold_report: Optional[FoldReport], decomposed: list,
+                     graph_id: Optional[int], renamed: dict, naming_seconds: float, declined: dict,
+                     partitions: list) -> QnnPartitionReport:
+    """The `QnnPartitionReport` of one partitioned Edge program, from what the partitioner
+    recorded: the fold's report and the kept-whole ops it decomposed, the ATen graph the nodes
+    come from (`graph_id`: provenance, `qnn.provenance.origin`), the names restored, why QNN
+    declined nodes, and the partitions screened (`qnn.partitioner.screen_partitions`). Reads
+    `edge_program` only."""
+    from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
+
+    from folding.ops import op_name
+
+    from .provenance import origin
+
+    calls = [n for n in edge_program.graph.nodes if n.op == "call_function"]
+    report = QnnPartitionReport(
+        backend=backend, partitions=partitions, decomposed=decomposed, fold_report=fold_report,
+        quant_attrs={n.name: dict(n.meta[QCOM_QUANT_ATTRS]) for n in edge_program.graph.nodes
+                     if QCOM_QUANT_ATTRS in n.meta},
+        nodes={n.name: (op_name(n.target), tuple(i.name for i in n.all_input_nodes)) for n in calls},
+        renamed=renamed, naming_seconds=naming_seconds, declined_by_qnn=declined,
+    )
+    if graph_id is not None:
+        report.origins = {n.name: src for n in calls if (src := origin(n, graph_id)) is not None}
+    return report
