@@ -74,7 +74,12 @@ def make_plan(
         cap_exempt: names of nodes `max_tensor_bytes` does not apply to: each replaces a stored
             tensor of its own size (`readers`: the transpose of a matrix it alone reads).
 
-    O(nodes + edges), plus the exact search of small regions when the budget binds.
+    A rule that keeps a value at runtime after the size limits chose what to store (a value
+    whose strides a kept op observes; an unstorable tuple) makes its folded inputs stored
+    values the limits did not count: the limits then run again, with it kept.
+
+    O(nodes + edges) per round (one round when no rule keeps more), plus the exact search of
+    small regions when the budget binds.
     """
     candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
     plan = Plan(candidates)
@@ -83,9 +88,13 @@ def make_plan(
     _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
-    _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
-    _keep_until_stable(plan, analysis, _keep_observed_layouts)
-    _keep_until_stable(plan, analysis, _keep_unstorable_inputs)
+    while True:  # the size limits count what is stored; each rule after them may change it
+        _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
+        limited = len(plan.runtime)
+        _keep_until_stable(plan, analysis, _keep_observed_layouts)
+        _keep_until_stable(plan, analysis, _keep_unstorable_inputs)
+        if len(plan.runtime) == limited:
+            break
     _keep_checks_of_runtime_values(plan, analysis)
     _finish(plan, analysis)
     return plan

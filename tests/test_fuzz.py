@@ -97,7 +97,7 @@ def test_dead_leftovers_are_caught():
 # Campaign cases that found folding bugs (docs/fuzzing.md): each must now pass every ATen check.
 # 11000385: randn_like of a permuted constant (layout observed); 13001881: a view kept for a
 # random op, updated in place, whose base was folded (the update wrote the stored constant).
-FOUND = [11000385, 13001881]
+FOUND = [11000385, 13001881, 8001662]
 
 
 @pytest.mark.parametrize("seed", FOUND)
