@@ -93,3 +93,31 @@ def test_an_op_that_raises_is_kept_with_the_error_and_its_inputs_are_stored():
     reason, detail = evaluation.kept[bad]
     assert reason is Reason.EVALUATION_ERROR and detail.startswith("RuntimeError"), detail
     torch.testing.assert_close(evaluation.values[mul], w * 2)  # the kept op reads it as a stored value
+
+
+def test_a_view_kept_for_its_strides_after_the_size_limits_is_counted_against_the_budget():
+    """``rand_like`` observes the strides of ``new_zeros(a)[:, -1]``, so that view stays and
+    ``new_zeros`` (64 bytes, not the 32-byte view) is what gets stored; with ``floor(w)``
+    stored too (+112 bytes: ``w`` stays for a runtime reader) the growth would be 96 bytes over a
+    70-byte budget, so ``floor`` must stay at runtime. The size limits first chose with the view
+    stored (64 bytes of growth, within budget) and were not run again (fuzz case 8001662)."""
+    g = torch.fx.Graph()
+    pa, pw, px = g.placeholder("a"), g.placeholder("w"), g.placeholder("x")
+    zeros = _op(g, "new_zeros", torch.ops.aten.new_zeros.default, pa, [5, 3])
+    view = _op(g, "select", torch.ops.aten.select.int, zeros, 1, -1)
+    noise = _op(g, "rand_like", torch.ops.aten.rand_like.default, view)
+    floor = _op(g, "floor", torch.ops.aten.floor.default, pw)
+    keep_w = _op(g, "add", torch.ops.aten.add.Tensor, px, pw)
+    use = _op(g, "mul", torch.ops.aten.mul.Tensor, keep_w, floor)
+    g.output((noise, use))
+    a, w, x = torch.randn(20), torch.randn(28), torch.randn(28)
+    base = torch.zeros(5, 3)
+    for node, v in ((pa, a), (pw, w), (px, x), (zeros, base), (view, base[:, -1]), (noise, torch.rand(5)),
+                    (floor, w.floor()), (keep_w, x + w), (use, (x + w) * w.floor())):
+        node.meta["val"] = v
+    policy = FoldPolicy(max_growth_bytes=70, max_growth_fraction=0.0)
+    analysis, plan, evaluation = _stages(g, body_signature([pa, pw, px], {pa, pw}), policy, {"a": a, "w": w})
+    assert plan.runtime[view][0] is Reason.LAYOUT_OBSERVED
+    assert plan.runtime[floor][0] is Reason.GROWTH_BUDGET
+    assert plan.materialise == {zeros}
+    torch.testing.assert_close(evaluation.values[zeros], base)
