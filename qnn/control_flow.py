@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch.export import ExportedProgram
 
-from folding import FoldPolicy, fold_constants
+from folding import FoldPolicy, FoldReport, fold_constants
 from folding.ops import op_name
 
 from .errors import ControlFlowNotSupportedError
@@ -31,17 +31,19 @@ def control_flow_nodes(program: ExportedProgram) -> list[torch.fx.Node]:
     ]
 
 
-def fold_control_flow_first(program: ExportedProgram, policy: Optional[FoldPolicy]) -> ExportedProgram:
+def fold_control_flow_first(program: ExportedProgram, policy: Optional[FoldPolicy]) -> Optional[FoldReport]:
     """Fold `program` in place when it calls control flow and `policy` is given (folding on);
-    then require that no control flow is left.
+    then require that no control flow is left. Returns the fold's report (None when it did not
+    fold), which `qnn.QnnPartitioner.fold_reports` keeps with the hook's.
 
     Raises:
         ControlFlowNotSupportedError: naming the first control-flow node left.
     """
+    report = None
     if control_flow_nodes(program) and policy is not None:
-        fold_constants(program, policy, inplace=True)
+        report = fold_constants(program, policy, inplace=True).report
     require_no_control_flow(program, folded=policy is not None)
-    return program
+    return report
 
 
 QUANTIZATION_HINT = (

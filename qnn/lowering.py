@@ -129,18 +129,21 @@ def _prepare_method(module, inputs, compiler_specs, dynamic_shapes, dep_table, p
         skip_mutable_buffer=options.skip_mutable_buffer, preserve_edge_names=options.preserve_edge_names,
         to_edge_passes=make_passes,
     )
-    ep = _export_for_qnn(module, inputs, dynamic_shapes, pass_manager_cls(), compiler_specs)
+    ep = _export_for_qnn(module, inputs, dynamic_shapes, pass_manager_cls(), compiler_specs, partitioner)
     return qnn_specs, partitioner, ep, make_passes(ep)
 
 
-def _export_for_qnn(module, inputs, dynamic_shapes, pass_manager, compiler_specs) -> ExportedProgram:
+def _export_for_qnn(module, inputs, dynamic_shapes, pass_manager, compiler_specs, partitioner) -> ExportedProgram:
     """``torch.export`` (strict) and QNN's ``transform_for_export_pipeline``; control flow,
-    which QNN's export passes crash on, is folded away first when folding is on, or stopped
-    with `qnn.ControlFlowNotSupportedError` (`qnn.control_flow`)."""
+    which QNN's export passes crash on, is folded away first when folding is on (its report is
+    kept by `partitioner`), or stopped with `qnn.ControlFlowNotSupportedError`
+    (`qnn.control_flow`)."""
     ep = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=True)
     if control_flow_nodes(ep):
         spec = fold_spec_of(compiler_specs)
-        ep = fold_control_flow_first(ep, spec.policy if spec is not None else None)
+        report = fold_control_flow_first(ep, spec.policy if spec is not None else None)
+        if report is not None:
+            partitioner.early_fold_reports.append(report)
     return pass_manager.transform_for_export_pipeline(ep)
 
 

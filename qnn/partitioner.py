@@ -115,6 +115,9 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         self.preserve_edge_names = preserve_edge_names
         self.to_edge_passes = to_edge_passes or self.default_to_edge_passes
         self.reports: list[QnnPartitionReport] = []
+        # Folds made before QNN's export pipeline, of programs that call control flow
+        # (`qnn.control_flow.fold_control_flow_first`): that pipeline crashes on control flow.
+        self.early_fold_reports: list[FoldReport] = []
         self._folds: list[_FoldRecord] = []
         self._aten_graph_id: Optional[int] = None
 
@@ -129,8 +132,10 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
 
     @property
     def fold_reports(self) -> list[FoldReport]:
-        """The fold stage's reports, one per program folded for this partitioner."""
-        return [f.report for f in self._folds]
+        """The fold stage's reports, in the order the folds ran: the fold of a program that
+        calls control flow, made before QNN's export pipeline (`early_fold_reports`), then one
+        per program this partitioner's hook folded."""
+        return self.early_fold_reports + [f.report for f in self._folds]
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         """Fold constants of the ATen program (exir/backend/partitioner.py hook).
