@@ -114,6 +114,17 @@ def test_control_flow_case_whose_pte_executorch_got_wrong_passes():
     assert outcome.status == "ok", (outcome.kind, outcome.message)
 
 
+@pytest.mark.xfail(strict=True, reason="open: inlining a constant-predicate cond gives XNNPACK code the unfolded "
+                   "program kept in the cond's branches: a branch on a buffer mutated in place gives a wrong .pte "
+                   "value (23000074); a constant-only region that a 4-byte cap keeps at runtime fails XNNPACK's "
+                   "preprocess ('Output node ... is already in the inputs', 23000294)")
+@pytest.mark.parametrize("seed", [23000074, 23000294])
+def test_control_flow_cases_where_inlining_hands_xnnpack_what_it_mishandles(seed):
+    """Control-flow campaign seed 23 (`python -m tests.fuzz --control-flow --case SEED`)."""
+    outcome = check(generate(seed, CONTROL_FLOW), Options(pte=True))
+    assert outcome.status == "ok", (outcome.kind, outcome.message)
+
+
 def test_generation_is_deterministic_and_in_range():
     for seed in range(20):
         a, b = generate(seed), generate(seed)
