@@ -9,6 +9,9 @@ arena that every control-flow body shares, and the next ``cond`` overwrites them
 wrong value, folded or not (`tests/test_executorch_upstream.py` pins it). Which programs hit
 it depends on the memory plan, so a fold that changes the bodies can move a program from
 right by luck to wrong: a check of the fold must not depend on that luck.
+
+XNNPACK lowering goes through `xnnpack_partitioner`, which works around another executorch
+fault the same way (a value returned twice through clones fails XNNPACK's preprocess).
 """
 
 from __future__ import annotations
@@ -114,10 +117,27 @@ def _partitioner(backend: str) -> Optional[list]:
     if backend == "portable":
         return None
     if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        return [XnnpackPartitioner()]
+        return [xnnpack_partitioner()]
     raise ValueError(f"unknown backend {backend!r}: portable or xnnpack")
+
+
+def xnnpack_partitioner():
+    """``XnnpackPartitioner`` without its clone configs (``CloneConfig``, ``CloneDimOrderConfig``):
+    clones run on portable kernels.
+
+    Works around an XNNPACK fault in executorch 1.5.1 (pinned in
+    `tests/test_executorch_upstream.py`): a value returned both as itself and as a clone
+    (``return c, c.clone()``, or two clones) fails to lower. ``XNNPACKRemoveCloneOpsTransform``
+    removes the clones inside the delegate, so the delegate returns ``c`` twice, and
+    ``xnnpack_preprocess.generate_node_to_external_map`` rejects a repeated output ("Output node
+    ... is already in the inputs"). Inlining a ``cond`` brings such clones out of a branch, where
+    XNNPACK never saw them, to the top level, folded or not."""
+    from executorch.backends.xnnpack.partition.config import (
+        ALL_PARTITIONER_CONFIGS, CloneConfig, CloneDimOrderConfig)
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner(configs=[c for c in ALL_PARTITIONER_CONFIGS
+                                       if c not in (CloneConfig, CloneDimOrderConfig)])
 
 
 def run_pte(buffer: bytes, inputs: Sequence) -> list[torch.Tensor]:

@@ -2,13 +2,16 @@
 
 Prints per-kind failure counts and one shrunk, standalone reproducer per kind; writes the JSON
 summary (cases, discarded, ok, failures per kind with seeds and reproducers, wall time).
-``--case SEED`` checks one case (with every stage) and prints its program and outcome.
+``--case SEED`` checks one case (with every stage) and prints its program and outcome, and for a
+failure a reproducer shrunk for ``--shrink-time`` seconds. Ctrl-C or SIGTERM stops a campaign
+early; the summary of the cases that finished is still printed and written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import List, Optional
 
@@ -50,6 +53,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(module_source(program))
         print(outcome.status, outcome.kind, outcome.message, *outcome.notes, sep="\n")
         if outcome.status == "failure":
+            if args.shrink_time > 0:
+                from .shrink import shrink
+
+                shrunk = shrink(program, outcome, Options(edge=True, pte=True), time_limit=args.shrink_time)
+                print(f"shrunk from {len(program.ops)} to {len(shrunk.program.ops)} ops")
+                program, outcome = shrunk.program, shrunk.outcome
             print(reproducer(program, outcome))
         return 1 if outcome.status == "failure" else 0
 
@@ -59,6 +68,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         elif done % 50 == 0:
             print(f"[{done}/{total}] {outcome.status} {outcome.kind}", file=sys.stderr, flush=True)
 
+    def stop(signum, frame):  # SIGTERM (a killed campaign) ends like Ctrl-C: the summary is still written
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     summary = run(Config(n=args.n, seed=args.seed, jobs=args.jobs, edge_fraction=args.edge_fraction,
                          pte_fraction=args.pte_fraction, time_limit=args.time_limit, shrink_time=args.shrink_time,
                          gen=gen),
@@ -67,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(summary.to_dict(), f, indent=1, default=str)
-    return 1 if summary.failures else 0
+    return 1 if summary.failures or summary.interrupted else 0
 
 
 if __name__ == "__main__":

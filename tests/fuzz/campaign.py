@@ -75,6 +75,7 @@ class Summary:
     wall_seconds: float = 0.0
     shrink_seconds: float = 0.0
     config: dict = field(default_factory=dict)
+    interrupted: bool = False  # stopped by Ctrl-C or SIGTERM: counts cover the cases that finished
 
     @property
     def failed(self) -> int:
@@ -87,7 +88,7 @@ class Summary:
 
     def text(self) -> str:
         """Counts, then per kind: how often, which seeds, and the shrunk reproducer."""
-        lines = [f"fuzz: {self.cases} cases in {self.wall_seconds:.0f} s (+{self.shrink_seconds:.0f} s shrinking): "
+        lines = [f"fuzz{' (interrupted)' if self.interrupted else ''}: {self.cases} cases in {self.wall_seconds:.0f} s (+{self.shrink_seconds:.0f} s shrinking): "
                  f"{self.ok} ok, {self.discarded} discarded, {self.failed} failed in {len(self.failures)} kinds"]
         for reason, count in sorted(self.discard_reasons.items(), key=lambda kv: -kv[1]):
             lines.append(f"  discarded {count:4d}  {reason}")
@@ -121,7 +122,11 @@ def run_case(args: tuple) -> tuple[int, Outcome]:
 
 
 def _init_worker() -> None:
+    import signal
+
     import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool; workers just die
 
     torch.set_num_threads(1)
 
@@ -143,7 +148,10 @@ def _outcomes(config: Config, seeds: list[int], start: float) -> Iterator[tuple[
 
 
 def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], None]] = None) -> Summary:
-    """Run the campaign, shrink the first case of every failure kind, and summarise."""
+    """Run the campaign, shrink the first case of every failure kind, and summarise.
+
+    A KeyboardInterrupt stops the campaign, not the summary: the cases that finished are counted,
+    ``Summary.interrupted`` is set, and failures keep unshrunk reproducers."""
     import torch
 
     torch.set_num_threads(1)
@@ -152,25 +160,28 @@ def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], No
     summary = Summary(seed=config.seed, config={**asdict(config), "gen": asdict(config.gen)})
     discards, typed, notes = Counter(), Counter(), Counter()
     first_failure: dict[str, tuple[int, Outcome]] = {}
-    for seed, outcome in _outcomes(config, seeds, start):
-        summary.cases += 1
-        summary.case_seeds.append(seed)
-        for note in outcome.notes:
-            (typed if ": typed " in note else notes)[note] += 1
-        if outcome.status == "ok":
-            summary.ok += 1
-        elif outcome.status == "discarded":
-            summary.discarded += 1
-            discards[outcome.kind] += 1
-        else:
-            k = summary.failures.setdefault(outcome.kind, KindSummary(outcome.kind, stage=outcome.stage))
-            k.count += 1
-            k.seeds.append(seed)
-            if outcome.kind not in first_failure:
-                first_failure[outcome.kind] = (seed, outcome)
-                k.message = outcome.message
-        if progress:
-            progress(summary.cases, config.n, seed, outcome)
+    try:
+        for seed, outcome in _outcomes(config, seeds, start):
+            summary.cases += 1
+            summary.case_seeds.append(seed)
+            for note in outcome.notes:
+                (typed if ": typed " in note else notes)[note] += 1
+            if outcome.status == "ok":
+                summary.ok += 1
+            elif outcome.status == "discarded":
+                summary.discarded += 1
+                discards[outcome.kind] += 1
+            else:
+                k = summary.failures.setdefault(outcome.kind, KindSummary(outcome.kind, stage=outcome.stage))
+                k.count += 1
+                k.seeds.append(seed)
+                if outcome.kind not in first_failure:
+                    first_failure[outcome.kind] = (seed, outcome)
+                    k.message = outcome.message
+            if progress:
+                progress(summary.cases, config.n, seed, outcome)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI: keep what finished
+        summary.interrupted = True
     summary.wall_seconds = time.perf_counter() - start
     summary.discard_reasons, summary.typed_errors, summary.notes = dict(discards), dict(typed), dict(notes)
     summary.case_seeds.sort()
@@ -180,7 +191,7 @@ def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], No
         program = generate(seed, config.gen)
         k = summary.failures[kind]
         k.ops_before = k.ops_after = len(program.ops)
-        if config.shrink_time > 0:
+        if config.shrink_time > 0 and not summary.interrupted:
             shrunk = shrink(program, outcome, case_options(seed, config.edge_fraction, config.pte_fraction),
                             time_limit=config.shrink_time)
             program, outcome = shrunk.program, shrunk.outcome
