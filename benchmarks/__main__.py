@@ -5,6 +5,10 @@
 
 ``python -m benchmarks --weight-scale [--quick] [--out DIR] [options of benchmarks.weight_scale]``:
 fold_constants vs constant_prop_pass on 0.5-4 GiB Llama programs instead (`benchmarks.weight_scale`).
+
+``python -m benchmarks --fold-time [--quick] [--models ...] [--repeats N] [--out DIR]``: the fold
+stage's time against constant_prop_pass's on the default models, side by side
+(`benchmarks.fold_time`).
 """
 
 from __future__ import annotations
@@ -70,8 +74,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="output directory (default: results/<timestamp>[-quick])")
     p.add_argument("--keep-pte", action="store_true", help="keep the .pte files in OUT/pte")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr (INFO)")
+    p.add_argument("--fold-time", action="store_true",
+                   help="time the fold stage against constant_prop_pass on the default models instead "
+                        "(python -m benchmarks.fold_time; see its --help)")
     args, rest = p.parse_known_args(argv)
     args.scale_argv = rest
+    if args.fold_time:  # its own options; --quick, --models and --out pass through
+        args.fold_time_argv = (rest + (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
+                               + (["--models", ",".join(args.models)] if args.models else []))
+        return args
     if args.weight_scale:  # its own options (benchmarks.weight_scale.main); --quick and --out pass through
         args.weight_scale_argv = rest + (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
         return args
@@ -111,6 +122,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import weight_scale
 
         return weight_scale.main(args.weight_scale_argv)
+    if args.fold_time:
+        from . import fold_time
+
+        return fold_time.main(args.fold_time_argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     if args.qnn:

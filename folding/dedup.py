@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 import hashlib
 import weakref
 from dataclasses import dataclass
@@ -58,6 +59,25 @@ class _Memo:
         self.fingerprints = 0  # work done, for tests that rule out reading every weight
         self.digested: collections.Counter = collections.Counter()  # id(tensor) -> digests
         self.digested_bytes = 0
+        # (id, version) of each tensor of a sequence -> (weak references, first of each content)
+        self._firsts: dict[tuple, tuple[list[weakref.ref], list[int]]] = {}
+        self.groupings = 0  # sequences grouped (a repeated sequence is looked up, not grouped)
+
+    def firsts(self, plain: list[torch.Tensor]) -> list[int]:
+        """`first_of_each_content(plain)`, grouped once per sequence of the same tensors (the
+        stored tensors before and after a fold that stores nothing new are the same)."""
+        key = tuple((id(p), _version(p)) for p in plain)
+        hit = self._firsts.get(key)
+        if hit is not None and all(r() is p for r, p in zip(hit[0], plain)):
+            return hit[1]
+        index = IdenticalBytes(self)
+        firsts = []
+        for i, p in enumerate(plain):
+            if len(index.groups[index.add(p)]) == 1:
+                firsts.append(i)
+        self._firsts[key] = ([weakref.ref(p) for p in plain], firsts)
+        self.groupings += 1
+        return firsts
 
     def _entry(self, p: torch.Tensor) -> _Entry:
         e = self._entries.get(id(p))
@@ -107,8 +127,8 @@ class IdenticalBytes:
     ``buffer_data``), in first-seen order: ``groups[i][0]`` is the first tensor of group i.
     Meta tensors hold no bytes: each is its own group."""
 
-    def __init__(self) -> None:
-        self._memo = _ACTIVE.get() or _Memo()
+    def __init__(self, memo: Optional[_Memo] = None) -> None:
+        self._memo = memo or _ACTIVE.get() or _Memo()
         self._by_view: dict[tuple, int] = {}
         self._by_fingerprint: dict[tuple, list[int]] = {}
         self.groups: list[list[torch.Tensor]] = []
@@ -137,6 +157,14 @@ class IdenticalBytes:
         candidates.append(len(self.groups))
         self.groups.append([])
         return candidates[-1]
+
+
+def first_of_each_content(plain: list[torch.Tensor]) -> list[int]:
+    """Indices into `plain` (plain tensors, no subclasses) of the first tensor of each distinct
+    byte content, in order (the rule of `IdenticalBytes`). Within a `fold_scope` a sequence of
+    the same tensors (identity and version) is grouped once."""
+    memo = _ACTIVE.get()
+    return (memo or _Memo()).firsts(plain)
 
 
 class IdenticalTensors:
@@ -181,23 +209,33 @@ def _view_key(p: torch.Tensor) -> tuple:
     return (p.device, p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), p.stride(), p.dtype)
 
 
+@functools.lru_cache(maxsize=4096)
+def _positions(n: int) -> np.ndarray:
+    """The byte positions `_sampled_bytes` reads of an `n`-byte tensor (read only: shared)."""
+    positions = np.arange(n) if n <= _SAMPLES else np.linspace(0, n - 1, _SAMPLES).astype(np.int64)
+    positions.setflags(write=False)
+    return positions
+
+
 def _sampled_bytes(p: torch.Tensor) -> bytes:
     """`_SAMPLES` bytes of `p`'s row-major bytes at evenly spaced positions (all of them when
     `p` is smaller), read in place from its storage for a strided CPU tensor."""
     n = p.nbytes
     if n == 0:
         return b""
-    positions = np.arange(n) if n <= _SAMPLES else np.linspace(0, n - 1, _SAMPLES).astype(np.int64)
+    positions = _positions(n)
     size = p.element_size()
     plain = (p.device.type == "cpu" and p.layout == torch.strided and not p.is_conj() and not p.is_neg()
              and p.numel() * size == n)
     if not plain:
         return np.frombuffer(raw_bytes(p), dtype=np.uint8)[positions].tobytes()
+    storage = torch.empty(0, dtype=torch.uint8).set_(p.untyped_storage()).numpy()
+    if p.is_contiguous():  # row-major bytes are the storage's, from the tensor's offset
+        return storage[p.storage_offset() * size + positions].tobytes()
     element, byte = np.divmod(positions, size)
     shape, strides = (tuple(p.shape), p.stride()) if p.dim() else ((1,), (1,))
     index = np.unravel_index(element, shape)
     offset = p.storage_offset() + sum(i * s for i, s in zip(index, strides))
-    storage = torch.empty(0, dtype=torch.uint8).set_(p.untyped_storage()).numpy()
     return storage[offset * size + byte].tobytes()
 
 

@@ -123,14 +123,10 @@ def distinct_buffers(tensors: Iterable[Optional[torch.Tensor]]) -> list[torch.Te
     """The plain tensors behind `tensors` with identical byte contents dropped, first kept
     (the identical-bytes rule of `dedup.IdenticalBytes`: most tensors are told apart without
     reading their bytes)."""
-    from .dedup import IdenticalBytes
+    from .dedup import first_of_each_content
 
-    index = IdenticalBytes()
-    for t in tensors:
-        if t is not None:
-            for p in inner_tensors(t):
-                index.add(p)
-    return [group[0] for group in index.groups]
+    plain = [p for t in tensors if t is not None for p in inner_tensors(t)]
+    return [plain[i] for i in first_of_each_content(plain)]
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,

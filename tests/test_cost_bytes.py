@@ -116,6 +116,38 @@ def test_an_in_place_write_within_a_fold_invalidates_what_was_read():
         assert second.add(a) != second.add(b)
 
 
+class NothingToFold(nn.Module):
+    """Every weight is read at runtime only: a fold stores nothing new and drops nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(32, 32) for _ in range(4)))
+        self.register_buffer("scale", torch.rand(32) + 0.5)
+
+    def forward(self, x):
+        return self.layers(x) * self.scale
+
+
+def test_stored_tensors_that_a_fold_leaves_alone_are_grouped_once():
+    """The bytes before and after a fold that stores nothing new come from one grouping of the
+    same tensors, and they are the serialized bytes (`assert_report_bytes_true`)."""
+    ep = torch.export.export(NothingToFold().eval(), (torch.randn(3, 32),))
+    with fold_scope() as work:
+        result = fold_constants(ep)
+    assert not result.report.folded and not result.report.lifted
+    assert work.groupings == 1, work.groupings
+    assert_report_bytes_true(result)
+
+
+def test_a_repeated_sequence_is_grouped_again_after_an_in_place_write():
+    a, b = torch.ones(1024), torch.ones(1024)
+    with fold_scope() as work:
+        assert distinct_bytes([a, b]) == aligned(4096)
+        assert distinct_bytes([a, b]) == aligned(4096) and work.groupings == 1
+        b[3] = 2.0
+        assert distinct_bytes([a, b]) == 2 * aligned(4096) and work.groupings == 2
+
+
 def test_meta_tensors_are_never_identical():
     index = IdenticalBytes()
     assert index.add(torch.empty(8, device="meta")) != index.add(torch.empty(8, device="meta"))
