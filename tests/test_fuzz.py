@@ -204,6 +204,26 @@ def test_a_fold_that_changes_the_callers_bodies_is_caught():
     assert outcome.status == "failure" and outcome.kind == "aten: caller-changed", outcome
 
 
+def _fold_raising(error):
+    def fold(ep, policy, inplace=False):
+        raise error("raised by the test's fold")
+    return fold
+
+
+@pytest.mark.parametrize("error, status", [
+    (folding.FoldInternalError, "failure"), (folding.FoldInvariantError, "failure"),
+    (folding.InvalidProgramError, "ok"), (folding.PolicyError, "ok")], ids=lambda v: getattr(v, "__name__", v))
+def test_the_stage_raising_about_itself_is_a_failure_and_a_typed_error_about_the_input_is_not(error, status):
+    """A `FoldInternalError` or `FoldInvariantError` is a bug in the stage, whatever its type;
+    an error about the input (a program or policy the stage refuses) is a note."""
+    outcome = check(SMALL, Options(fold=_fold_raising(error)))
+    assert outcome.status == status, (outcome.kind, outcome.notes)
+    if status == "failure":
+        assert outcome.kind.startswith(f"aten: fold: {error.__name__}"), outcome.kind
+    else:
+        assert any(f"typed {error.__name__}" in n for n in outcome.notes), outcome.notes
+
+
 def test_a_fold_that_changes_the_callers_program_is_caught_and_shrunk():
     options = Options(fold=_inplace_fold)
     noise = [(f"n{i}", "$0 + 1.0", ("x",)) for i in range(6)]

@@ -3,7 +3,8 @@
 Stages, in order (each stops the case at its first failure):
 
 1. build and run eagerly (a generator bug if this fails), export (``discarded`` if it fails);
-2. ATen: fold with the case's policy (success, or a typed `FoldingError`), then the caller's
+2. ATen: fold with the case's policy (success, or a typed `FoldingError` about the input; a
+   `FoldInternalError` or `FoldInvariantError` is a bug, a failure), then the caller's
    program is unchanged, the folded program validates, the report's byte totals are true, the
    policy's limits hold, folding twice gives the same program, outputs equal eager (two calls,
    so mutated buffers are compared too; a second batch size when the batch is dynamic);
@@ -353,7 +354,9 @@ class Case:
         except Exception as exc:
             import folding
 
-            if isinstance(exc, folding.FoldingError):
+            # A typed error about the input is allowed; one the stage raises about itself is a bug.
+            if isinstance(exc, folding.FoldingError) and not isinstance(
+                    exc, (folding.FoldInternalError, folding.FoldInvariantError)):
                 self.notes.append(f"{stage}: typed {type(exc).__name__}: {normalise(str(exc))}")
                 return None
             raise exception_kind(stage, "fold", exc)
