@@ -301,8 +301,12 @@ def _keep_unstorable_inputs(plan: Plan) -> None:
     each unstorable value it reads. Any rule that keeps a ``getitem`` needs this: a runtime op
     observing the strides of ``chunk(buffer)[0]`` kept the ``getitem`` and left its ``chunk``
     folded (timm ``eva02_tiny_patch14_224``'s rotary embedding: ``KeyError: chunk`` in `lift`).
-    Size limits need it not (`cuts` stores only storable values). O(nodes + edges)."""
+    The readers are every node that is not folded: those the plan keeps, and those the analysis
+    keeps (a ``getitem`` of a control-flow call's tuple that an in-place op of runtime values
+    writes into). Size limits need it not (`cuts` stores only storable values). O(nodes + edges)."""
     work = list(plan.runtime)
+    work += [r for n in plan.candidates if plan.folded(n) and not _storable(n.meta.get("val"))
+             for r in n.users if r.op != "output" and not plan.folded(r)]
     while work:
         reader = work.pop()
         for n in reader.all_input_nodes:

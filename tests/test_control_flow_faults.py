@@ -431,3 +431,38 @@ def assert_close(a, b):
     for u, v in zip(a, b):
         scale = u.abs().max().item()
         assert scale > 1e-3 and (u - v).abs().max().item() <= 1e-5 * scale, (scale, (u - v).abs().max().item())
+
+
+class RegionOutputWrittenAtRuntime(nn.Module):
+    """Constant code in a region (or a map, or a multi-output op) whose output an in-place op of
+    runtime values then writes: the call's tuple folds, the ``getitem`` the write aliases stays
+    at runtime (fuzz case 26000094, shrunk: ``KeyError`` in `lift`, the tuple had no stored
+    value)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.register_buffer("b", torch.randn(4, 3, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        if self.how == "no_grad":
+            with torch.no_grad():
+                v = torch.relu(self.b) * 2.0
+        elif self.how == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                v = (torch.relu(self.b) * 2.0).float()
+        elif self.how == "map":
+            v = hop_map(lambda r: r * 2.0, self.b)
+        elif self.how == "chunk":
+            v = (self.b * 2.0).chunk(2)[0].repeat(2, 1)
+        v.add_(x.mean())
+        return x + v
+
+
+@pytest.mark.parametrize("policy", [None, FoldPolicy.unlimited()], ids=["default", "unlimited"])
+@pytest.mark.parametrize("how", ["no_grad", "autocast", "map", "chunk"])
+def test_a_folded_call_whose_output_a_runtime_op_writes_stays_with_its_getitem(how, policy):
+    g = torch.Generator().manual_seed(1)
+    fold_and_compare(RegionOutputWrittenAtRuntime(how).eval(), [(torch.randn(4, 3, generator=g) + 1.0,),
+                                                                  (torch.randn(4, 3, generator=g) - 1.0,)],
+                     policy=policy)

@@ -106,6 +106,17 @@ def test_cases_that_found_bugs_pass(seed):
     assert outcome.status == "ok", (outcome.kind, outcome.message)
 
 
+# Control-flow campaign cases that found folding bugs: 26000094, a no_grad region's output
+# written in place by a runtime op (the region call folded, its getitem kept: KeyError in lift).
+CONTROL_FLOW_FOUND = [26000094]
+
+
+@pytest.mark.parametrize("seed", CONTROL_FLOW_FOUND)
+def test_control_flow_cases_that_found_bugs_pass(seed):
+    outcome = check(generate(seed, CONTROL_FLOW), Options())
+    assert outcome.status == "ok", (outcome.kind, outcome.message)
+
+
 def test_control_flow_case_whose_pte_executorch_got_wrong_passes():
     """Control-flow campaign seed 11, case 11000257 (`python -m tests.fuzz --control-flow --case
     11000257`): its folded portable .pte returned another cond's value, executorch issue 21490
