@@ -33,8 +33,10 @@ def _control_flow_targets() -> tuple:
 class CopyControlFlowOutputs(PassBase):
     """Copy every output of a ``cond``/``map``/``scan`` into the caller's memory right after the
     call (an Edge ``aten.clone``), in every graph of the program: the copy is memory-planned in
-    the caller, so a later body cannot overwrite it (executorch issue 21490). Changes only
-    where values live, not what they are."""
+    the caller, so a later body cannot overwrite it (executorch issue 21490). Each ``getitem``
+    moves to right after its call first: delegating a partition can leave a ``getitem`` after
+    the next ``cond`` (fuzz case 26000182, XNNPACK). Changes only where values live, not what
+    they are."""
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         from executorch.exir.dialects._ops import ops as exir_ops
@@ -44,11 +46,15 @@ class CopyControlFlowOutputs(PassBase):
         for gm in [m for m in graph_module.modules() if isinstance(m, torch.fx.GraphModule)]:
             hops = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
             for hop in hops:
+                anchor = hop
                 for item in [u for u in hop.users if u.target is operator.getitem]:
+                    anchor.append(item)  # right after the call: a later node may be another cond
+                    anchor = item
                     with gm.graph.inserting_after(item):
                         kept = gm.graph.call_function(exir_ops.edge.aten.clone.default, (item,))
                     kept.meta = dict(item.meta)
                     item.replace_all_uses_with(kept, delete_user_cb=lambda user, kept=kept: user is not kept)
+                    anchor = kept
                     changed = True
             if hops:
                 gm.recompile()

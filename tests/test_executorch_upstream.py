@@ -112,6 +112,24 @@ def test_copying_control_flow_outputs_makes_folded_and_unfolded_pte_right(model,
             _assert_matches(want, run_pte(buffer, inputs))
 
 
+def test_each_control_flow_output_is_copied_before_the_next_cond_runs():
+    """Delegation can leave a ``cond``'s ``getitem`` after the next ``cond`` (fuzz case 26000182,
+    XNNPACK): the copy must still come before it, or the next body overwrites the value."""
+    import operator
+
+    from tests.lowering import CopyControlFlowOutputs
+
+    program = to_edge_program(torch.export.export(ConsecutiveConds().eval(), _inputs(0)))
+    graph = program.graph_module.graph
+    first, second = graph.find_nodes(op="call_function", target=torch.ops.higher_order.cond)
+    item = next(u for u in first.users if u.target is operator.getitem)
+    second.append(item)  # the getitem of the first cond now follows the second cond
+    CopyControlFlowOutputs()(program.graph_module)
+    order = list(graph.nodes)
+    copy = next(u for u in item.users if "clone" in str(u.target))
+    assert order.index(first) < order.index(item) < order.index(copy) < order.index(second)
+
+
 # -- 2. XNNPACK: one value returned twice through clones ------------------------------------------
 
 

@@ -125,6 +125,14 @@ def test_control_flow_case_whose_pte_executorch_got_wrong_passes():
     assert outcome.status == "ok", (outcome.kind, outcome.message)
 
 
+def test_control_flow_case_whose_xnnpack_pte_left_a_cond_output_to_the_next_cond_passes():
+    """Control-flow campaign seed 26, case 26000182: XNNPACK's delegation left the first cond's
+    getitem after the second cond, past the copy that works around executorch issue 21490; the
+    copy now moves each getitem right after its call (`tests.lowering.CopyControlFlowOutputs`)."""
+    outcome = check(generate(26000182, CONTROL_FLOW), Options(pte=True))
+    assert outcome.status == "ok", (outcome.kind, outcome.message)
+
+
 @pytest.mark.parametrize("seed", [23000074, 23000294])
 def test_control_flow_cases_where_inlining_handed_xnnpack_its_own_faults_pass(seed):
     """Control-flow campaign seed 23 (`python -m tests.fuzz --control-flow --case SEED`): inlining a
