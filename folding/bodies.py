@@ -281,7 +281,7 @@ class _Hoist:
         )
         call.meta["val"] = tuple(s.meta.get("val") for s in sinks)
         # The region stands for every node moved into it; its getitems are glue (no decision).
-        call.meta[BODY_PATH] = tuple(n.meta.get(BODY_PATH, path + n.name) for n in hoisted if n.op == "call_function")
+        call.meta[BODY_PATH] = _report_paths(hoisted, path)
         out = []
         for i, s in enumerate(sinks):
             g = gm.graph.call_function(operator.getitem, (call, i))
@@ -416,3 +416,17 @@ def _merged_copy(body: torch.fx.GraphModule, varying: int, repeats: list[tuple[i
     merge_duplicate_operands(copied)
     recompile_shallow(copied)
     return copied
+
+
+def _report_paths(nodes, path: str) -> tuple[str, ...]:
+    """The body paths a region call made of `nodes` stands for in the report: each op's own
+    path, the paths of a region call among them (a region inside a region), none for glue
+    (a region's getitems, `BODY_PATH` None)."""
+    out: list[str] = []
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        p = n.meta.get(BODY_PATH, path + n.name)
+        if p is not None:
+            out.extend(p if isinstance(p, tuple) else (p,))
+    return tuple(out)

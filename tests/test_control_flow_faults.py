@@ -466,3 +466,34 @@ def test_a_folded_call_whose_output_a_runtime_op_writes_stays_with_its_getitem(h
     fold_and_compare(RegionOutputWrittenAtRuntime(how).eval(), [(torch.randn(4, 3, generator=g) + 1.0,),
                                                                   (torch.randn(4, 3, generator=g) - 1.0,)],
                      policy=policy)
+
+
+class RegionWrittenByAnInlinedBranch(nn.Module):
+    """A constant-only region whose output a runtime value from a constant-predicate cond then
+    writes in place (fuzz case 27000333, shrunk): the region is kept at runtime, pinned, and
+    folded again; the new region call stood for a glue getitem with no report name (a
+    ``Decision`` named None, AttributeError while merging reports)."""
+
+    def __init__(self, region: str, returned: bool):
+        super().__init__()
+        self.region, self.returned = region, returned
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("b", torch.randn(1, 2, 5, 1, generator=g))
+        self.w = nn.Parameter(torch.randn(2, 1, generator=g))
+
+    def forward(self, x):
+        context = torch.autocast("cpu", dtype=torch.bfloat16) if self.region == "autocast" else torch.no_grad()
+        with context:
+            v = torch.nn.functional.linear(self.b * 2.0 + 2.0, self.w.tanh()).float()
+        r = torch.cond(self.w.mean() < 0, lambda a: (a + 1.5,), lambda a: (a.sigmoid(),), (x,))[0]
+        v.sub_(r)
+        return (x * 2.0, v) if self.returned else (x * 2.0,)
+
+
+@pytest.mark.parametrize("returned", [False, True], ids=["dead", "returned"])
+@pytest.mark.parametrize("region", ["autocast", "no_grad"])
+def test_a_region_folded_again_after_a_pin_reports_under_its_nodes_paths(region, returned):
+    g = torch.Generator().manual_seed(2)
+    _, result = fold_and_compare(RegionWrittenByAnInlinedBranch(region, returned).eval(),
+                                 [(torch.randn(1, 2, 5, 2, generator=g),)], pte=returned)
+    assert all(isinstance(d.node, str) and d.node for d in result.report.decisions), result.report.decisions

@@ -107,8 +107,9 @@ def test_cases_that_found_bugs_pass(seed):
 
 
 # Control-flow campaign cases that found folding bugs: 26000094, a no_grad region's output
-# written in place by a runtime op (the region call folded, its getitem kept: KeyError in lift).
-CONTROL_FLOW_FOUND = [26000094]
+# written in place by a runtime op (the region call folded, its getitem kept: KeyError in lift);
+# 27000333, a region folded again after a pin stood for a glue getitem (a decision named None).
+CONTROL_FLOW_FOUND = [26000094, 27000333]
 
 
 @pytest.mark.parametrize("seed", CONTROL_FLOW_FOUND)
