@@ -56,6 +56,13 @@ class HopKind:
             return list(node.args[self.first_arg:])
         return list(node.args[self.invariant_arg])
 
+    def varying_operands(self, node: torch.fx.Node) -> list:
+        """The operands that change per call of the body (a loop's carry, the mapped or scanned
+        inputs): the sequences between the bodies and the invariant operands."""
+        if self.invariant_arg is None:
+            return []
+        return [a for seq in node.args[max(self.bodies) + 1: self.invariant_arg] for a in seq]
+
     def with_operands(self, node: torch.fx.Node, operands: list) -> tuple:
         """`node`'s arguments with `operands` as its invariant operands."""
         args = list(node.args)

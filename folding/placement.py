@@ -4,7 +4,8 @@ A value equal, byte for byte, to a stored tensor reuses it (`dedup.IdenticalTens
 scalar becomes a literal of its readers; any other value becomes a new lifted constant. Two
 executorch 1.5.1 delegation faults then decide which readers get a placeholder of their own
 (same tensor, stored once): `_private_readers` and `_Placer.add_returned_stored_placeholders`
-cite the executorch code each works around.
+cite the executorch code each works around; so does torch's refusal of a loop whose operands
+alias (`_Placer.add_distinct_loop_operands`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
 from .dedup import IdenticalTensors
+from .hops import hop_kind
 from .layout import canonical_copy
 from .names import CONSTANT_PREFIX, lifted_constant_target
 from .nonfinite import NonfiniteScan
@@ -88,6 +90,7 @@ def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[tor
     placer.place_values(values)
     placer.add_private_placeholders(private_readers)
     placer.add_returned_stored_placeholders()
+    placer.add_distinct_loop_operands()
     return placer.out
 
 
@@ -177,6 +180,58 @@ class _Placer:
             self.out.private[(output, a)] = copy_c
             self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True,
                                            nonfinite=self.nonfinite(copy_c.value, stored)))
+
+    def add_distinct_loop_operands(self) -> None:
+        """A loop (``map``, ``scan``, ``while_loop``) that would receive one stored tensor twice,
+        once as an operand that changes per call (the carry, the mapped or scanned inputs) and
+        again as any other operand, reads the second through a placeholder of its own (same
+        tensor, stored once by the serializer).
+
+        Why: torch refuses a HOP whose operands alias ("scan might be aliasing the input or the
+        output!", torch/_higher_order_ops/utils.py, checked when ``to_edge`` traces the program
+        again). Folding makes two values stored tensors, and identical bytes make them one
+        (``zeros(())`` as the carry, ``(arange(1) / 1).reshape(())`` read by the body). Repeats
+        among the invariant operands alone are merged instead (`bodies.merge_duplicate_operands`)."""
+        for hop in self.source.graph.nodes:
+            kind = hop_kind(hop)
+            if kind is None or hop in self.folded:
+                continue
+            varying = kind.varying_operands(hop)
+            if not varying:
+                continue
+            seen: dict[int, bool] = {}  # storage -> first seen as a varying operand
+            for position, n in enumerate(varying + kind.invariant_operands(hop)):
+                storage = self._storage(n)
+                if storage is None:
+                    continue
+                is_varying = position < len(varying)
+                if id(storage) in seen and (is_varying or seen[id(storage)]) and (hop, n) not in self.out.private:
+                    self._private_copy(hop, n, storage)
+                seen.setdefault(id(storage), is_varying)
+
+    def _storage(self, n: object) -> Optional[object]:
+        """What holds `n`'s value after lifting: a stored placeholder or a `NewConstant`; None for
+        a runtime value or a literal."""
+        if not isinstance(n, torch.fx.Node):
+            return None
+        if n in self.folded:
+            hit = self.out.target_of.get(n)
+            return None if isinstance(hit, Literal) else hit
+        return n if n in self.constant_placeholders else None
+
+    def _private_copy(self, reader: torch.fx.Node, n: torch.fx.Node, storage: object) -> None:
+        """`reader` reads `n` through a new placeholder holding a copy of `storage`'s tensor
+        (torch's alias check compares storages, so the copy owns its own; the serializer stores
+        identical bytes once)."""
+        if isinstance(storage, NewConstant):
+            t = storage.value
+        else:
+            t = stored_tensor(self.specs[storage.name], self.source.state_dict, self.source.constants)
+        t = t if is_subclass(t) else canonical_copy(t.detach())
+        copy_c = self._new_constant(n, t, private=True)
+        self.out.private[(reader, n)] = copy_c
+        self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [n.name], t, reused=True,
+                                        nonfinite=self.nonfinite(t, n)))
 
     def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
         """The nodes the graph output returns as user outputs, each once."""

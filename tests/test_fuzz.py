@@ -108,13 +108,14 @@ def test_cases_that_found_bugs_pass(seed):
 
 # Control-flow campaign cases that found folding bugs: 26000094, a no_grad region's output
 # written in place by a runtime op (the region call folded, its getitem kept: KeyError in lift);
-# 27000333, a region folded again after a pin stood for a glue getitem (a decision named None).
-CONTROL_FLOW_FOUND = [26000094, 27000333]
+# 27000333, a region folded again after a pin stood for a glue getitem (a decision named None);
+# 29000135, a scan given one stored tensor as its carry and as a closure value (alias refused).
+CONTROL_FLOW_FOUND = [26000094, 27000333, 29000135]
 
 
 @pytest.mark.parametrize("seed", CONTROL_FLOW_FOUND)
 def test_control_flow_cases_that_found_bugs_pass(seed):
-    outcome = check(generate(seed, CONTROL_FLOW), Options())
+    outcome = check(generate(seed, CONTROL_FLOW), Options(pte=True))
     assert outcome.status == "ok", (outcome.kind, outcome.message)
 
 
