@@ -1,17 +1,22 @@
 """``python -m benchmarks --fold-time``: the time of the fold stage against ``constant_prop_pass``
 on the default benchmark models, side by side in one process.
 
-Each side is timed as the default benchmark's pipeline runs it (`benchmarks.variants`):
+Each side is timed as the default benchmark's pipeline runs it (`benchmarks.variants`), in the
+two like-for-like pairings:
 
-* ``constant_prop_pass``: executorch's pass on the Edge program (``to_edge`` of the export),
-  which edits the program it is given (a private deep copy, made outside the clock);
-* ``fold_constants``: ``fold_constants`` on the ATen program (the caller's program is left
-  unchanged, nothing is copied), plus ``FoldConstantsPass`` on the Edge program of the folded
-  export (what Edge decomposition creates); the two calls together.
+* ``fold_constants`` (the caller's program is left unchanged) against ``copy.deepcopy`` +
+  ``constant_prop_pass`` (the copy timed: what a caller who keeps the unfolded program pays);
+* ``fold_constants(..., inplace=True)`` against ``constant_prop_pass`` alone (both edit the
+  program they are given: private deep copies, made outside the clock).
 
-A model is built and exported once; both sides are then timed in alternation, ``--repeats``
+``constant_prop_pass`` runs on the Edge program (``to_edge`` of the export). The fold side is
+``fold_constants`` on the ATen program plus ``fold_constants`` on the Edge program of the folded
+export (what Edge decomposition creates; the call `FoldConstantsPass` makes): the two calls
+together.
+
+A model is built and exported once; every side is then timed in alternation, ``--repeats``
 times, and the fastest run of each is reported (the same process, machine state and inputs).
-``floor`` is what any fold that leaves its input alone pays at least: a copy of the ATen and of
+``floor`` is what any fold that builds a new graph pays at least: a copy of the ATen and of
 the Edge graph into new ``GraphModule``s (``Graph.graph_copy``, codegen), timed the same way;
 ``constant_prop_pass`` edits its program in place and pays no copy.
 Every program timed is run once afterwards, outside the clock, and compared with eager on the
@@ -33,17 +38,21 @@ from . import models
 
 @dataclass
 class FoldTimeRow:
-    """One model. Times in seconds (fastest of the repeats); ``ratio`` is
-    ``constant_prop_pass_s / fold_constants_s`` (above 1: the fold stage is faster)."""
+    """One model. Times in seconds (fastest of the repeats). ``ratio_copy`` is
+    ``deepcopy_constant_prop_pass_s / fold_constants_s`` and ``ratio_inplace`` is
+    ``constant_prop_pass_s / fold_inplace_s`` (above 1: the fold stage is faster)."""
 
     model: str
     aten_nodes: int
     edge_nodes: int
     constant_prop_pass_s: float
+    deepcopy_constant_prop_pass_s: float
     fold_aten_s: float
     fold_edge_s: float
     fold_constants_s: float
-    ratio: float
+    ratio_copy: float
+    fold_inplace_s: float
+    ratio_inplace: float
     floor_s: float
     error_constant_prop_pass: float
     error_fold_constants: float
@@ -84,50 +93,64 @@ def measure(name: str, repeats: int, quick: bool = False) -> FoldTimeRow:
     from executorch.exir import to_edge
     from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
-    from folding import FoldConstantsPass, fold_constants
+    from folding import fold_constants
 
     spec = models.build(name, quick=quick)
     aten = torch.export.export(spec.module, spec.inputs)
     edge = to_edge(copy.deepcopy(aten)).exported_program()
     edge_of_folded = to_edge(fold_constants(aten).program).exported_program()
-    best = {"cpp": float("inf"), "aten": float("inf"), "edge": float("inf"), "floor": float("inf")}
+    keys = ("cpp", "copy_cpp", "aten", "edge", "aten_inplace", "edge_inplace", "floor")
+    best = dict.fromkeys(keys, float("inf"))
     last = {}
+
+    def clock(key, fn):
+        t, out = _timed(fn)
+        best[key] = min(best[key], t)
+        return out
+
     for _ in range(repeats):
         private = copy.deepcopy(edge)
-        t, last["cpp"] = _timed(lambda: constant_prop_pass(private))
-        best["cpp"] = min(best["cpp"], t)
-        t, _ = _timed(lambda: fold_constants(aten))
-        best["aten"] = min(best["aten"], t)
-        private = copy.deepcopy(edge_of_folded)
-        t, result = _timed(lambda: FoldConstantsPass()(private))
-        last["fold"] = result.exported_program
-        best["edge"] = min(best["edge"], t)
-        t, _ = _timed(lambda: (_graph_copy(aten.graph_module), _graph_copy(edge_of_folded.graph_module)))
-        best["floor"] = min(best["floor"], t)
+        last["cpp"] = clock("cpp", lambda: constant_prop_pass(private))
+        clock("copy_cpp", lambda: constant_prop_pass(copy.deepcopy(edge)))
+        clock("aten", lambda: fold_constants(aten))
+        last["fold"] = clock("edge", lambda: fold_constants(edge_of_folded)).program
+        private_aten, private_edge = copy.deepcopy(aten), copy.deepcopy(edge_of_folded)
+        clock("aten_inplace", lambda: fold_constants(private_aten, inplace=True))
+        last["inplace"] = clock("edge_inplace", lambda: fold_constants(private_edge, inplace=True)).program
+        clock("floor", lambda: (_graph_copy(aten.graph_module), _graph_copy(edge_of_folded.graph_module)))
     fold_s = best["aten"] + best["edge"]
+    inplace_s = best["aten_inplace"] + best["edge_inplace"]
+    error_fold = max(_relative_error(last["fold"], spec), _relative_error(last["inplace"], spec))
     return FoldTimeRow(
         model=name,
         aten_nodes=len(aten.graph.nodes),
         edge_nodes=len(edge.graph.nodes),
         constant_prop_pass_s=best["cpp"],
+        deepcopy_constant_prop_pass_s=best["copy_cpp"],
         fold_aten_s=best["aten"],
         fold_edge_s=best["edge"],
         fold_constants_s=fold_s,
-        ratio=best["cpp"] / fold_s,
+        ratio_copy=best["copy_cpp"] / fold_s,
+        fold_inplace_s=inplace_s,
+        ratio_inplace=best["cpp"] / inplace_s,
         floor_s=best["floor"],
         error_constant_prop_pass=_relative_error(last["cpp"], spec),
-        error_fold_constants=_relative_error(last["fold"], spec),
+        error_fold_constants=error_fold,
     )
 
 
 def table(rows: List[FoldTimeRow]) -> str:
-    lines = ["| model | nodes aten/edge | constant_prop_pass s | fold_constants s (ATen + Edge) | ratio | "
-             "floor s (two graph copies) | ratio above the floor | rel. error cpp / fold |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | nodes aten/edge | fold_constants s (ATen + Edge) | deepcopy + constant_prop_pass s | ratio | "
+             "fold_constants inplace s | constant_prop_pass s | ratio | floor s (two graph copies) | "
+             "inplace ratio above the floor | rel. error cpp / fold |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.model} | {r.aten_nodes}/{r.edge_nodes} | {r.constant_prop_pass_s:.3f} | "
+        above = r.constant_prop_pass_s / max(r.fold_inplace_s - r.floor_s, 1e-9)
+        lines.append(f"| {r.model} | {r.aten_nodes}/{r.edge_nodes} | "
                      f"{r.fold_constants_s:.3f} ({r.fold_aten_s:.3f} + {r.fold_edge_s:.3f}) | "
-                     f"{r.ratio:.2f}x | {r.floor_s:.3f} | {r.constant_prop_pass_s / max(r.fold_constants_s - r.floor_s, 1e-9):.2f}x | "
+                     f"{r.deepcopy_constant_prop_pass_s:.3f} | {r.ratio_copy:.2f}x | "
+                     f"{r.fold_inplace_s:.3f} | {r.constant_prop_pass_s:.3f} | {r.ratio_inplace:.2f}x | "
+                     f"{r.floor_s:.3f} | {above:.2f}x | "
                      f"{r.error_constant_prop_pass:.1e} / {r.error_fold_constants:.1e} |")
     return "\n".join(lines)
 

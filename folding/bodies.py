@@ -57,8 +57,10 @@ def hoist_body_constants(
 ) -> tuple[ExportedProgram, int]:
     """A copy of `program` (the graphs it edits copied; tensors, signature, dicts and untouched
     bodies shared) with the constant code of every body moved to its caller; `program` itself
-    when it has no control-flow body. `program` is never modified. Also returns the number of
-    nodes its analyses visited (`FoldReport.analysis_visits`).
+    when it has no control-flow body. `program` is never modified. The copy's bodies are
+    compiled; its top-level graph is not (its ``forward`` is stale): the fold only reads it,
+    and `lift` builds the program that runs. Also returns the number of nodes its analyses
+    visited (`FoldReport.analysis_visits`).
 
     Args:
         clone_op: the program dialect's copy op, inserted where a body returns a value that
@@ -74,7 +76,8 @@ def hoist_body_constants(
     hoist.graph(gm, top.is_constant, "")
     for module in hoist.changed:  # copies this pass made: what they no longer read goes
         drop_unused_attributes(module)
-        recompile_shallow(module)
+        if module is not gm:  # a body runs (evaluated whole, or at runtime); the top graph
+            recompile_shallow(module)  # is only read: `lift` builds the program that runs
     return program_with(program, graph_module=gm), top.graph_visits + hoist.visits
 
 

@@ -175,11 +175,7 @@ class _Placer:
                 continue  # a buffer the program writes: the output returns its written value
             if not self._read_by_an_op(stored, stored_as):
                 continue
-            t = stored_tensor(self.specs[stored.name], self.source.state_dict, self.source.constants)
-            copy_c = self._new_constant(a, t if is_subclass(t) else canonical_copy(t.detach()), private=True)
-            self.out.private[(output, a)] = copy_c
-            self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [a.name], copy_c.value, reused=True,
-                                           nonfinite=self.nonfinite(copy_c.value, stored)))
+            self._private_copy(output, a, stored, scanned_as=stored)
 
     def add_distinct_loop_operands(self) -> None:
         """A loop (``map``, ``scan``, ``while_loop``) that would receive one stored tensor twice,
@@ -219,10 +215,12 @@ class _Placer:
             return None if isinstance(hit, Literal) else hit
         return n if n in self.constant_placeholders else None
 
-    def _private_copy(self, reader: torch.fx.Node, n: torch.fx.Node, storage: object) -> None:
+    def _private_copy(self, reader: torch.fx.Node, n: torch.fx.Node, storage: object,
+                      scanned_as: Optional[torch.fx.Node] = None) -> None:
         """`reader` reads `n` through a new placeholder holding a copy of `storage`'s tensor
-        (torch's alias check compares storages, so the copy owns its own; the serializer stores
-        identical bytes once)."""
+        (a `NewConstant`, or a stored placeholder), with its report row; torch's alias check
+        compares storages, so the copy owns its own; the serializer stores identical bytes once.
+        `scanned_as`: the node the NaN/Inf scan names as the source (default `n`)."""
         if isinstance(storage, NewConstant):
             t = storage.value
         else:
@@ -231,7 +229,7 @@ class _Placer:
         copy_c = self._new_constant(n, t, private=True)
         self.out.private[(reader, n)] = copy_c
         self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [n.name], t, reused=True,
-                                        nonfinite=self.nonfinite(t, n)))
+                                        nonfinite=self.nonfinite(t, scanned_as or n)))
 
     def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
         """The nodes the graph output returns as user outputs, each once."""

@@ -154,13 +154,14 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
 
     Returns:
         A `Rewrite`: a copy of `program` (the graph copied; tensors, signature and bodies
-        shared), or `program` itself when nothing applies.
+        shared), or `program` itself when nothing applies. The copy's graph is not compiled
+        (its ``forward`` is stale): the fold only reads it, and `lift` builds the program that
+        runs.
     """
     found = _candidates(program, policy, policy.growth_budget(bytes_before))
     if not found:
         return Rewrite(program, (), frozenset(_sole_transposes(program)))
     from .bodies import copy_uncompiled
-    from .hops import recompile_shallow
 
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
@@ -174,7 +175,6 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
         for gather in gathers:
             _rewrite(gm.graph, env[gather], transpose, ops)
             notes.append(f"{gather.name} ({op_name(gather.target)}) reads the transpose of {w.name} ({transpose.name})")
-    recompile_shallow(gm)
     return Rewrite(program_with(program, graph_module=gm), tuple(notes), frozenset(transposes))
 
 
