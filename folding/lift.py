@@ -143,7 +143,8 @@ class _Rewrite:
             self._emit_new_constants()
 
     def _survives(self, p: torch.fx.Node) -> bool:
-        """Placeholders that no surviving node reads are dropped, unless an output spec names
+        """Placeholders that no surviving node reads are dropped (a reader given a private
+        placeholder of `p`'s tensor reads that one instead), unless an output spec names
         their target (a buffer written but never read: after functionalization its
         placeholder has no users, and the mutation output still names it)."""
         spec = self.specs.get(p.name)
@@ -151,7 +152,7 @@ class _Rewrite:
             return True
         if spec.target in self.named_by_outputs:
             return True
-        return any(u not in self.folded for u in p.users)
+        return any(u not in self.folded and (u, p) not in self.private for u in p.users)
 
     def _emit_new_constants(self) -> None:
         for c in self.new_constants:

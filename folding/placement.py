@@ -187,7 +187,10 @@ class _Placer:
         output!", torch/_higher_order_ops/utils.py, checked when ``to_edge`` traces the program
         again). Folding makes two values stored tensors, and identical bytes make them one
         (``zeros(())`` as the carry, ``(arange(1) / 1).reshape(())`` read by the body). Repeats
-        among the invariant operands alone are merged instead (`bodies.merge_duplicate_operands`)."""
+        among the invariant operands alone are merged instead (`bodies.merge_duplicate_operands`).
+        One node passed twice (a buffer as the carry and read by the body) is the caller's own
+        aliasing, which folding did not make, and a reader's private placeholder would replace
+        both occurrences: it is left as it is."""
         for hop in self.source.graph.nodes:
             kind = hop_kind(hop)
             if kind is None or hop in self.folded:
@@ -195,15 +198,16 @@ class _Placer:
             varying = kind.varying_operands(hop)
             if not varying:
                 continue
-            seen: dict[int, bool] = {}  # storage -> first seen as a varying operand
+            first: dict[int, tuple[torch.fx.Node, bool]] = {}  # storage -> first operand, and if it varies
             for position, n in enumerate(varying + kind.invariant_operands(hop)):
                 storage = self._storage(n)
                 if storage is None:
                     continue
                 is_varying = position < len(varying)
-                if id(storage) in seen and (is_varying or seen[id(storage)]) and (hop, n) not in self.out.private:
-                    self._private_copy(hop, n, storage)
-                seen.setdefault(id(storage), is_varying)
+                if id(storage) in first and (is_varying or first[id(storage)][1]) and (hop, n) not in self.out.private:
+                    if n is not first[id(storage)][0]:  # the same node twice: the program passed it so
+                        self._private_copy(hop, n, storage)
+                first.setdefault(id(storage), (n, is_varying))
 
     def _storage(self, n: object) -> Optional[object]:
         """What holds `n`'s value after lifting: a stored placeholder or a `NewConstant`; None for

@@ -532,3 +532,39 @@ def test_a_loop_given_one_stored_tensor_twice_reads_a_copy(how):
     # executorch 1.5.1's emitter has no while_loop: that one is checked in Edge only.
     _, result = fold_and_compare(module, inputs, pte=how != "while_loop")
     to_edge_program(result.program)  # torch's alias check runs when to_edge traces it again
+
+
+class LoopPassedOneBufferTwice(nn.Module):
+    """A loop given one stored node twice, as its carry (or mapped input) and as an operand its
+    body reads (fuzz case 32000380, shrunk): torch.export passes the buffer in both places. The
+    private placeholder meant for a second tensor of the same storage replaced both occurrences,
+    and the buffer was left in the program without a reader (and then the copy was copied again
+    at each refold). The program's own aliasing stays as it is; ``to_edge`` refuses it folded or
+    not, so only the ATen program is checked. (``map`` cannot be given one tensor twice: export
+    refuses a mapped input aliasing another operand.)"""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.register_buffer("b", torch.randn(4, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        if self.how == "while_loop":
+            return while_loop(lambda i, a: i < 2, lambda i, a: (i + 1, a * self.b + x),
+                              (torch.zeros((), dtype=torch.int64), self.b))[1]
+        return scan(lambda c, t: (c + self.b * t, c * 2.0), self.b, x.unsqueeze(-1).expand(4, 4))[0] + x
+
+
+@pytest.mark.parametrize("policy", [None, FoldPolicy(max_growth_bytes=0, max_growth_fraction=0.0)], ids=["default", "no-growth"])
+@pytest.mark.parametrize("how", ["while_loop", "scan"])
+def test_a_loop_passed_one_buffer_twice_keeps_it_and_copies_nothing(how, policy):
+    g = torch.Generator().manual_seed(4)
+    module = LoopPassedOneBufferTwice(how).eval()
+    inputs = [(torch.randn(4, generator=g) + 1.0,), (torch.randn(4, generator=g) - 1.0,)]
+    ep, result = fold_and_compare(module, inputs, pte=False, policy=policy)
+    folded = result.program
+    specs = {s.arg.name: s for s in folded.graph_signature.input_specs}
+    for p in folded.graph.find_nodes(op="placeholder"):
+        assert p.users or specs[p.name].kind.name == "USER_INPUT", f"{p.name} has no reader"
+    stored = [s for s in folded.graph_signature.input_specs if s.kind.name != "USER_INPUT"]
+    assert len(folded.constants) + len(folded.state_dict) <= len(ep.constants) + len(ep.state_dict) + 1, stored

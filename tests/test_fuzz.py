@@ -110,7 +110,7 @@ def test_cases_that_found_bugs_pass(seed):
 # written in place by a runtime op (the region call folded, its getitem kept: KeyError in lift);
 # 27000333, a region folded again after a pin stood for a glue getitem (a decision named None);
 # 29000135, a scan given one stored tensor as its carry and as a closure value (alias refused).
-CONTROL_FLOW_FOUND = [26000094, 27000333, 29000135]
+CONTROL_FLOW_FOUND = [26000094, 27000333, 29000135, 32000380]
 
 
 @pytest.mark.parametrize("seed", CONTROL_FLOW_FOUND)
