@@ -40,7 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from .campaign import Config, run
+    from .campaign import Config, request_stop, run
     from .check import Options, check
     from .generate import CONTROL_FLOW, GenConfig, generate
     from .program import module_source
@@ -69,6 +69,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"[{done}/{total}] {outcome.status} {outcome.kind}", file=sys.stderr, flush=True)
 
     def stop(signum, frame):  # SIGTERM (a killed campaign) ends like Ctrl-C: the summary is still written
+        request_stop()  # in case the interrupt lands in a weakref callback, which drops it
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)

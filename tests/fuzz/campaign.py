@@ -147,11 +147,24 @@ def _outcomes(config: Config, seeds: list[int], start: float) -> Iterator[tuple[
                 return
 
 
+class StopRequest:
+    """Set by the CLI's SIGTERM handler before it raises KeyboardInterrupt. Python drops an
+    exception raised while a weakref callback or ``__del__`` runs ("Exception ignored in ..."),
+    so a case can swallow the interrupt and carry on; `run` then stops after that case."""
+
+    requested = False
+
+
+def request_stop() -> None:
+    StopRequest.requested = True
+
+
 def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], None]] = None) -> Summary:
     """Run the campaign, shrink the first case of every failure kind, and summarise.
 
     A KeyboardInterrupt stops the campaign, not the summary: the cases that finished are counted,
-    ``Summary.interrupted`` is set, and failures keep unshrunk reproducers."""
+    ``Summary.interrupted`` is set, and failures keep unshrunk reproducers. So does a stop
+    request (`request_stop`) whose interrupt a case swallowed, after that case."""
     import torch
 
     torch.set_num_threads(1)
@@ -180,6 +193,8 @@ def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], No
                     k.message = outcome.message
             if progress:
                 progress(summary.cases, config.n, seed, outcome)
+            if StopRequest.requested:
+                raise KeyboardInterrupt
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI: keep what finished
         summary.interrupted = True
     summary.wall_seconds = time.perf_counter() - start
