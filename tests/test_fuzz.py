@@ -301,12 +301,11 @@ def test_an_interrupted_campaign_still_summarises_the_cases_that_finished():
     assert summary.case_seeds == sorted(seed for seed, _ in seen)
 
 
-def test_a_stop_request_whose_interrupt_was_swallowed_ends_the_campaign_after_that_case(monkeypatch):
+def test_a_stop_request_whose_interrupt_was_swallowed_ends_the_campaign_after_that_case():
     """SIGTERM's KeyboardInterrupt can land in a weakref callback, where Python drops it; the
     handler's stop request still ends the campaign once the case that swallowed it finishes."""
     from tests.fuzz import campaign
 
-    monkeypatch.setattr(campaign.StopRequest, "requested", False)
     seen = []
 
     def progress(done, total, seed, outcome):
@@ -314,5 +313,8 @@ def test_a_stop_request_whose_interrupt_was_swallowed_ends_the_campaign_after_th
         if done == 2:
             campaign.request_stop()  # as the handler does, with its exception lost
 
-    summary = run(Config(n=20, seed=2026, edge_fraction=0.0, pte_fraction=0.0, shrink_time=0.0), progress)
+    try:
+        summary = run(Config(n=20, seed=2026, edge_fraction=0.0, pte_fraction=0.0, shrink_time=0.0), progress)
+    finally:
+        campaign.StopRequest.requested = False  # the request is process-wide
     assert summary.interrupted and summary.cases == 2 == len(seen)
