@@ -30,7 +30,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
-from .torch_internals import copy_attribute, copy_codegen, program_with, set_uncompiled_graph
+from .torch_internals import copy_attribute, copy_codegen, lazy_graph_module, program_with, set_uncompiled_graph
 from .analysis import analyze
 from .hops import (bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
                    recompile_shallow)
@@ -57,9 +57,10 @@ def hoist_body_constants(
 ) -> tuple[ExportedProgram, int]:
     """A copy of `program` (the graphs it edits copied; tensors, signature, dicts and untouched
     bodies shared) with the constant code of every body moved to its caller; `program` itself
-    when it has no control-flow body. `program` is never modified. The copy's bodies are
-    compiled; its top-level graph is not (its ``forward`` is stale): the fold only reads it,
-    and `lift` builds the program that runs. Also returns the number of nodes its analyses
+    when it has no control-flow body. `program` is never modified. The copy's graphs compile
+    on first use (`copy_uncompiled`): a body when it runs (evaluated whole, or at runtime); the
+    top-level graph never, since the fold only reads it and `lift` builds the program that
+    runs. Also returns the number of nodes its analyses
     visited (`FoldReport.analysis_visits`).
 
     Args:
@@ -76,22 +77,21 @@ def hoist_body_constants(
     hoist.graph(gm, top.is_constant, "")
     for module in hoist.changed:  # copies this pass made: what they no longer read goes
         drop_unused_attributes(module)
-        if module is not gm:  # a body runs (evaluated whole, or at runtime); the top graph
-            recompile_shallow(module)  # is only read: `lift` builds the program that runs
+        recompile_shallow(module)  # the code is stale: compiled on first use
     return program_with(program, graph_module=gm), top.graph_visits + hoist.visits
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
     """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
-    every attribute, bodies included, shared) in a new GraphModule, and the node map. Not
-    compiled: the caller edits it, then calls `hops.recompile_shallow` (one compile per
-    edited graph, however many bodies the program has)."""
+    every attribute, bodies included, shared) in a new GraphModule, and the node map. Compiled
+    on first use (`torch_internals.lazy_graph_module`): the caller edits it freely, and a copy
+    that is only read (the fold's intermediate top-level graphs) is never compiled."""
     graph = torch.fx.Graph()
     copy_codegen(gm.graph, graph)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in gm.graph.nodes:  # names are unique in `gm`: each copy gets its own back
         env[n] = copy_keeping_name(graph, n, env.__getitem__)
-    out = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), class_name=gm.__class__.__name__)
+    out = lazy_graph_module(torch.nn.Module(), torch.fx.Graph(), gm.__class__.__name__)
     for target in dict.fromkeys(n.target for n in graph.nodes if n.op == "get_attr"):
         copy_attribute(gm, out, target)
     set_uncompiled_graph(out, graph)  # GraphModule.graph's setter would compile it now

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
-from .torch_internals import children_hidden
+from .torch_internals import children_hidden, lazy_graph_module
 from .names import unique_name
 from .ops import OpKind, classify
 
@@ -126,7 +126,9 @@ def evaluable(node: torch.fx.Node) -> bool:
 
 
 def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
-    """``torch.fx.GraphModule(attributes_from, graph)`` that compiles `graph` only.
+    """``torch.fx.GraphModule(attributes_from, graph)`` that compiles `graph` only, and only on
+    first use (`torch_internals.lazy_graph_module`: the programs the fold builds are mostly
+    read, by ``to_edge`` and the next fold, and never run as fx code).
 
     GraphModule's constructor (and ``recompile``) also recompiles every GraphModule child
     (``GraphModule._recompile_submodules``): a program with a thousand bodies would compile
@@ -145,7 +147,7 @@ def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str
         if isinstance(value, torch.fx.GraphModule):
             later[n.target], value = value, torch.nn.Module()
         attributes[n.target] = value
-    out = torch.fx.GraphModule(attributes, graph, class_name=class_name)
+    out = lazy_graph_module(attributes, graph, class_name)
     for target, body in later.items():
         owner, _, name = target.rpartition(".")
         setattr(out.get_submodule(owner) if owner else out, name, body)
@@ -153,7 +155,8 @@ def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str
 
 
 def recompile_shallow(gm: torch.fx.GraphModule) -> None:
-    """``gm.recompile()`` without recompiling its GraphModule children (see `graph_module`)."""
+    """``gm.recompile()`` without recompiling its GraphModule children (see `graph_module`); on
+    a `graph_module` it only marks the code stale."""
     with children_hidden(gm):
         gm.recompile()
 

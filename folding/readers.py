@@ -154,9 +154,8 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
 
     Returns:
         A `Rewrite`: a copy of `program` (the graph copied; tensors, signature and bodies
-        shared), or `program` itself when nothing applies. The copy's graph is not compiled
-        (its ``forward`` is stale): the fold only reads it, and `lift` builds the program that
-        runs.
+        shared), or `program` itself when nothing applies. The copy's graph compiles on first
+        use, that is never: the fold only reads it, and `lift` builds the program that runs.
     """
     found = _candidates(program, policy, policy.growth_budget(bytes_before))
     if not found:

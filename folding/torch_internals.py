@@ -18,12 +18,13 @@ from torch._guards import detect_fake_mode  # noqa: F401 (torch/_guards.py: the 
 from torch._prims_common import make_contiguous_strides_for  # noqa: F401 (the strides torch.empty gives)
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401
 from torch.export import ExportedProgram
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph_module import _copy_attr
 from torch.fx.node import _side_effectful_functions as side_effectful_functions  # noqa: F401 (fx's impure targets)
 
 __all__ = [
     "FakeTensorMode", "children_hidden", "copy_attribute", "copy_codegen", "detect_fake_mode", "fresh_name",
-    "is_cow_tensor", "is_fake", "lazy_clone", "make_contiguous_strides_for", "program_with", "release_name",
+    "is_cow_tensor", "is_fake", "lazy_clone", "lazy_graph_module", "make_contiguous_strides_for", "program_with", "release_name",
     "reserve_names", "set_exact_name", "set_signature", "set_uncompiled_graph", "verify_signature",
     "side_effectful_functions",
 ]
@@ -59,9 +60,30 @@ def copy_attribute(source: torch.nn.Module, target: torch.nn.Module, qualified_n
     _copy_attr(source, target, qualified_name)
 
 
+def lazy_graph_module(root, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
+    """``torch.fx.GraphModule(root, graph, class_name)`` whose Python code is generated and
+    compiled on first use (``forward``, ``.code``, ``str``, pickling) instead of at once, and
+    for its own graph only (torch/fx/_lazy_graph_module.py ``_LazyGraphModule``, which torch's
+    compiler uses for the same reason). ``recompile()`` on it only marks the code stale.
+    ``ExportedProgram.module()``, ``to_edge`` and ``torch.export.save`` read the graph and never
+    compile it. A subclass of GraphModule; a deep copy or a pickle of it is a GraphModule too."""
+    return _ShallowLazyGraphModule(root, graph, class_name=class_name)
+
+
+class _ShallowLazyGraphModule(_LazyGraphModule):
+    """A `_LazyGraphModule` whose compile leaves its GraphModule children alone:
+    ``GraphModule.recompile`` also recompiles every child, and the children of a folded
+    program include bodies it shares with the caller's program (`children_hidden`)."""
+
+    def _real_recompile(self):
+        with children_hidden(self):
+            return super()._real_recompile()
+
+
 def set_uncompiled_graph(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> None:
     """Attach `graph` to `gm` without compiling it (the ``GraphModule.graph`` setter recompiles
-    at once; the caller edits the graph first, then recompiles once)."""
+    at once; the caller edits the graph first, then recompiles once). A `lazy_graph_module`
+    compiles the attached graph on first use."""
     gm._graph = graph
     graph.owning_module = gm
 

@@ -82,3 +82,50 @@ def test_live_intermediates_stay_within_the_largest_two():
     # 9 intermediates of 4 MiB each: at most the input and the output of one op are alive
     assert 0 < result.report.peak_intermediate_bytes <= 2 * one
     torch.testing.assert_close(ep.module()(x), result.program.module()(x))
+
+
+def _count_codegen_calls(fn) -> int:
+    """Python code generations of fx graphs (``Graph.python_code``) while `fn` runs."""
+    count = 0
+
+    def profiler(frame, event, arg):
+        nonlocal count
+        if event == "call" and frame.f_code.co_name == "python_code" and frame.f_code.co_filename.endswith("torch/fx/graph.py"):
+            count += 1
+
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def _graph_module_inputs(program, *user_inputs) -> list:
+    """The flat arguments of `program.graph_module`: its stored tensors and `user_inputs`, in
+    placeholder order."""
+    stored = {**program.state_dict, **program.constants}
+    users = iter(user_inputs)
+    return [next(users) if spec.kind.name == "USER_INPUT" else stored[spec.target]
+            for spec in program.graph_signature.input_specs]
+
+
+def test_the_folded_program_is_compiled_on_first_use_only():
+    """Generating and compiling the folded graph's code costs about as much as the rest of a
+    fold of a few hundred nodes, and `to_edge` (like `module()` and `torch.export.save`) never
+    uses it: the fold generates none; calling the folded graph module compiles it then."""
+    from executorch.exir import to_edge
+
+    ep = chain_program(200, "ATEN")
+    results = []
+    assert _count_codegen_calls(lambda: results.append(fold_constants(ep))) == 0
+    folded = results[0].program
+    assert_valid_program(folded)
+    assert _count_codegen_calls(lambda: to_edge(folded)) > 0  # the counter sees to_edge's own graphs
+    x = torch.randn(4, 4)
+    want = ep.module()(x)
+    calls = []
+    assert _count_codegen_calls(lambda: calls.append(folded.graph_module(*_graph_module_inputs(folded, x)))) == 1
+    got = calls[0][0]
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max())), (got - want).abs().max()
+    assert "placeholder" not in folded.graph_module.code and "def forward" in folded.graph_module.code

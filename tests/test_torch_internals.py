@@ -66,6 +66,21 @@ def test_set_uncompiled_graph_defers_compilation():
     assert gm(torch.tensor(2.0)).item() == 6.0
 
 
+def test_lazy_graph_module_compiles_on_first_use():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    add = graph.call_function(torch.add, (x, 1))
+    graph.output(add)
+    gm = ti.lazy_graph_module(nn.Module(), graph, "Lazy")
+    assert isinstance(gm, torch.fx.GraphModule) and gm.graph is graph
+    add.target = torch.mul  # edited after construction: an eager GraphModule would still add
+    assert gm(torch.tensor(2.0)).item() == 2.0
+    assert "torch.mul" in gm.code
+    add.target = torch.sub
+    gm.recompile()  # marks the code stale; the next call compiles again
+    assert gm(torch.tensor(2.0)).item() == 1.0
+
+
 def test_children_hidden_keeps_bodies_from_recompiling():
     ep = _program()
     gm = ep.graph_module
