@@ -147,7 +147,7 @@ def quantize_for_htp(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], 
 
     Export is non-strict (``torch.export.export``'s default; HF models do not trace strictly)."""
     import qnn  # noqa: F401  (sets QNN_SDK_ROOT: QnnQuantizer downloads an SDK when it is unset)
-    from qnn.control_flow import QUANTIZATION_HINT, require_no_control_flow
+    from qnn.control_flow import require_no_control_flow
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
     from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -160,7 +160,7 @@ def quantize_for_htp(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], 
         quantizer.add_discard_nodes(sorted(discard))
         with torch.no_grad():
             program = torch.export.export(module.eval(), inputs, strict=False)
-        require_no_control_flow(program, hint=QUANTIZATION_HINT)  # typed, not QNN's AttributeError
+        require_no_control_flow(program)  # typed, not QNN's AttributeError
         prepared = prepare_pt2e(program.module(), quantizer)
         g = torch.Generator().manual_seed(models.SEED + 2)
         with torch.no_grad():

@@ -11,6 +11,7 @@ from .sdk import QnnSdk, load_qnn_sdk, prevent_sdk_download, try_load_qnn_sdk
 
 try_load_qnn_sdk()  # before executorch's QNN code first reads QNN_SDK_ROOT (it downloads when unset)
 
+from .control_flow import pass_manager_cls
 from .compile_spec import FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs
 from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLostError, QnnFoldingError, QnnSdkError
 from .lowering import PartitionSummary, describe_partitions, to_edge_transform_and_lower_to_qnn
@@ -37,6 +38,7 @@ __all__ = [
     "generate_qnn_executorch_compiler_spec",
     "kept_whole_ops",
     "load_qnn_sdk",
+    "pass_manager_cls",
     "prevent_sdk_download",
     "run_pte",
     "try_load_qnn_sdk",

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
-from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
 from executorch.backends.qualcomm.partition.utils import generate_qnn_executorch_option
 from executorch.backends.qualcomm.serialization.qc_schema_serialize import flatbuffer_to_option
 from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
@@ -34,7 +33,7 @@ from folding.ops import op_name
 from folding.sizes import stored_constant_bytes
 
 from .compile_spec import fold_spec_of, split_compile_specs
-from .control_flow import control_flow_nodes, fold_control_flow_first
+from .control_flow import control_flow_nodes, fold_control_flow_first, pass_manager_cls, with_control_flow_passes
 from .partitioner import QnnPartitioner
 
 logger = logging.getLogger(__name__)
@@ -122,22 +121,23 @@ def _prepare_method(module, inputs, compiler_specs, dynamic_shapes, dep_table, p
     qnn_options = flatbuffer_to_option(generate_qnn_executorch_option(qnn_specs))
     if qnn_options.dump_intermediate_outputs and options.multi_method:
         raise ValueError("Intermediate Tensor Dump does not support multi-methods.")
-    pass_manager_cls = get_qnn_pass_manager_cls(qnn_options.backend_options.backend_type)
-    make_passes = _pass_factory(pass_manager_cls, passes_job, dep_table, qnn_specs, options)
+    manager_cls = pass_manager_cls(qnn_options.backend_options.backend_type)
+    make_passes = _pass_factory(manager_cls, passes_job, dep_table, qnn_specs, options)
     partitioner = QnnPartitioner(
         compiler_specs, options.skip_node_id_set, options.skip_node_op_set,
         skip_mutable_buffer=options.skip_mutable_buffer, preserve_edge_names=options.preserve_edge_names,
         to_edge_passes=make_passes,
     )
-    ep = _export_for_qnn(module, inputs, dynamic_shapes, pass_manager_cls(), compiler_specs, partitioner)
+    ep = _export_for_qnn(module, inputs, dynamic_shapes, manager_cls(), compiler_specs, partitioner)
     return qnn_specs, partitioner, ep, make_passes(ep)
 
 
 def _export_for_qnn(module, inputs, dynamic_shapes, pass_manager, compiler_specs, partitioner) -> ExportedProgram:
-    """``torch.export`` (strict) and QNN's ``transform_for_export_pipeline``; control flow,
-    which QNN's export passes crash on, is folded away first when folding is on (its report is
-    kept by `partitioner`), or stopped with `qnn.ControlFlowNotSupportedError`
-    (`qnn.control_flow`)."""
+    """``torch.export`` (strict) and QNN's ``transform_for_export_pipeline`` (`pass_manager`:
+    `qnn.control_flow.pass_manager_cls`, which leaves control flow alone). A program that calls
+    control flow is folded first when folding is on (its report is kept by `partitioner`), so
+    that the export passes see the code of constant-predicate conds and of bodies' constant
+    code (`qnn.control_flow`)."""
     ep = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=True)
     if control_flow_nodes(ep):
         spec = fold_spec_of(compiler_specs)
@@ -150,7 +150,8 @@ def _export_for_qnn(module, inputs, dynamic_shapes, pass_manager, compiler_specs
 def _pass_factory(pass_manager_cls, passes_job, dep_table, qnn_specs, options: _Options):
     """Builds this call's to-edge passes for a program (the lowered one, and the unfolded copy
     `qnn.names` lowers to restore names)."""
-    job = copy.deepcopy(passes_job)
+    job = with_control_flow_passes(copy.deepcopy(passes_job))
+    dep_table = with_control_flow_passes(dep_table)
 
     def make(program: ExportedProgram) -> list:
         return pass_manager_cls().get_to_edge_transform_passes(

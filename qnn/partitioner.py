@@ -38,11 +38,10 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.passes.infra.partitioner import Partition
 
-from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
 
 from folding import FoldReport, fold_constants
 
-from .control_flow import require_no_control_flow
+from .control_flow import pass_manager_cls
 from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
 from folding.signature import mutated_targets
@@ -152,14 +151,14 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             return exported_program
         unfolded = EdgeNameMap.snapshot(exported_program, self.to_edge_passes) if self.restores_names else None
         result = fold_constants(exported_program, self.fold_spec.policy, inplace=True)
-        require_no_control_flow(result.program)  # QNN's to-edge passes would crash on it
         self._record_fold(result.program, result.report, unfolded)
         return result.program
 
     def default_to_edge_passes(self, program: ExportedProgram) -> list:
         """QNN's default to-edge passes for this backend, bound to `program`
-        (``get_to_edge_transform_passes`` in _passes/qnn_pass_manager.py)."""
-        return get_qnn_pass_manager_cls(self.backend)().get_to_edge_transform_passes(
+        (``get_to_edge_transform_passes`` in _passes/qnn_pass_manager.py), with the variants
+        that leave control flow alone (`qnn.control_flow.pass_manager_cls`)."""
+        return pass_manager_cls(self.backend)().get_to_edge_transform_passes(
             program,
             compiler_specs=self.compiler_specs_snapshot,
             skip_node_id_set=set(self.skip_node_id_set),
@@ -193,12 +192,17 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Optional[Callable[[torch.fx.Node], bool]]]:
         """QNN's ``get_skip_decomp_table()`` and ``filter_fn``, minus the kept-whole nodes the
-        fold stage declined (they are decomposed, and the report lists them)."""
+        fold stage declined (they are decomposed, and the report lists them) and the nodes
+        inside control-flow bodies: `partition` tags top-level nodes only, so a body's
+        kept-whole op would be neither delegated nor decomposed (executorch's
+        ``_replace_aten_ops_with_transformed_ops`` asks this filter about body nodes too)."""
         table = get_skip_decomp_table()
         decompose = self._declined_nodes(ep)
+        top = ep.graph
 
         def keep_whole(node: torch.fx.Node) -> bool:
-            return node not in decompose and filter_fn(node) and not is_core_aten_op(node.target)
+            return (node.graph is top and node not in decompose and filter_fn(node)
+                    and not is_core_aten_op(node.target))
 
         return table, keep_whole
 
@@ -241,6 +245,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         )
         self.tag_nodes(kept, edge_program)
         tag_constant_data(edge_program)
+        untag_constants_read_by_the_cpu_side(edge_program)
         if not self.skip_mutable_buffer:
             tag_mutated_buffer(edge_program)
         graph_id = fold.graph_id if fold is not None else self._aten_graph_id
@@ -333,6 +338,30 @@ class _OperatorSupport(QnnOperatorSupport):
         if node.target.__name__ not in self.node_visitors:
             return "no QNN node visitor (builders/)"
         return "refused by QNN's op validation (QnnBackend_validateOpConfig)"
+
+
+def untag_constants_read_by_the_cpu_side(edge_program: ExportedProgram) -> list[str]:
+    """Untag each parameter, buffer or lifted constant that `tag_constant_data` gave a
+    partition's tag although a control-flow call or the output also reads it: executorch
+    1.5.1's ``tag_constant_data`` (exir/backend/utils.py) tags a constant after its tagged
+    readers only, and ``to_backend`` then refuses the program (exir/backend/backend_api.py:
+    "constant data node (p_w) is tagged with (qnn_0) but has user (map_impl) which has tag
+    (None)"). Untagged, the constant stays in the program, stored once, and the delegate reads
+    it as an input. Only readers that no partition can hold count (a partitioner may not
+    add placeholders, so the constant cannot be given to each side): a partition reading a
+    constant that an op left on the CPU also reads keeps QNN's tag, since some QNN op builders
+    require static operands (``rms_norm``'s weight). Returns the untagged placeholders' names."""
+    out = []
+    for node in edge_program.graph.find_nodes(op="placeholder"):
+        tag = node.meta.get("delegation_tag")
+        if tag is not None and any(u.op == "output" or _calls_control_flow(u) for u in node.users):
+            del node.meta["delegation_tag"]
+            out.append(node.name)
+    return out
+
+
+def _calls_control_flow(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
 
 
 def screen_partitions(

@@ -123,16 +123,22 @@ HTP_TOLERANCE = {"fp16": 5e-3, "quantized": 6e-2}
 
 
 def assert_runs_on_htp(manager: EdgeProgramManager, reference, inputs: Sequence, *,
-                       quantized: bool = False) -> bytes:
-    """Serialise `manager` to a .pte, run it on the emulated HTP (`qnn.run_pte`) and compare each
-    output with `reference(*inputs)` (the eager module; for a quantized program the converted
-    q/dq module) relative to the output's scale (`HTP_TOLERANCE`). Returns the .pte bytes."""
+                       quantized: bool = False, more_inputs: Sequence[Sequence] = ()) -> bytes:
+    """Serialise `manager` to a .pte, run it on the emulated HTP (`qnn.run_pte`) on `inputs`
+    (and on each of `more_inputs`: the other branch of a cond) and compare each output with
+    `reference(*inputs)` (the eager module; for a quantized program the converted q/dq module)
+    relative to the output's scale (`HTP_TOLERANCE`). Returns the .pte bytes."""
     buffer = manager.to_executorch().buffer
+    for each in (inputs, *more_inputs):
+        _assert_pte_matches(buffer, reference, each, HTP_TOLERANCE["quantized" if quantized else "fp16"])
+    return buffer
+
+
+def _assert_pte_matches(buffer: bytes, reference, inputs: Sequence, tolerance: float) -> None:
     got = qnn.run_pte(buffer, inputs)
     with torch.no_grad():
         want = _as_list(reference(*inputs))
     assert len(got) == len(want), (len(got), len(want))
-    tolerance = HTP_TOLERANCE["quantized" if quantized else "fp16"]
     for index, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape and g.dtype == w.dtype, (index, g.shape, w.shape, g.dtype, w.dtype)
         if not w.dtype.is_floating_point:
@@ -143,7 +149,6 @@ def assert_runs_on_htp(manager: EdgeProgramManager, reference, inputs: Sequence,
         diff = (g - w).abs().max().item()
         print(f"HTP vs eager, output {index}: max abs diff {diff:.3g}, scale {scale:.3g}")
         assert diff <= tolerance * scale, (index, diff, scale)
-    return buffer
 
 
 

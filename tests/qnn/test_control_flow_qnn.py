@@ -1,11 +1,12 @@
-"""Control flow on the QNN path (issue 12), on the real HTP backend.
+"""Control flow on the QNN path, on the real HTP backend.
 
-executorch 1.5.1's QNN pass ``LiftConstantScalarOperands`` crashes on every higher-order op,
-in ``transform_for_export_pipeline`` already (pinned below, so a fixed executorch shows up
-here). With ``fold_constants`` on, the upstream review's two cases lower when the cond's
-predicate is constant (the cond is inlined and its constant-only kept-whole ops folded); with
-a runtime predicate the QNN path stops with `qnn.ControlFlowNotSupportedError`, which names
-the node and the upstream pass, fold on or off.
+executorch 1.5.1's QNN passes ``LiftConstantScalarOperands`` and ``I64toI32`` crash on every
+higher-order op (pinned below, so a fixed executorch shows up here); `qnn.pass_manager_cls`
+replaces both with variants that leave control flow alone. With ``fold_constants`` on, the
+upstream review's two cases lower when the cond's predicate is constant (the cond is inlined
+and its constant-only kept-whole ops folded); with a runtime predicate the cond and its bodies
+stay on the CPU and the rest is delegated, fold on or off. QNN's quantizer still stops on
+control flow, with `qnn.ControlFlowNotSupportedError`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
 from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager
 
 import qnn
@@ -84,103 +87,163 @@ def test_review_cases_with_a_constant_predicate_lower_with_fold_on(case):
     assert_runs_on_htp(manager, module, inputs)
 
 
+def _ops_on_cpu(manager) -> set[str]:
+    return set(qnn.describe_partitions(manager).cpu_ops)
+
+
+def _flipped(inputs):
+    return tuple(-t for t in inputs)
+
+
 @pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-def test_runtime_predicate_stops_with_a_typed_error_naming_the_upstream_pass(case, fold):
-    with pytest.raises(qnn.ControlFlowNotSupportedError, match="'cond'.*LiftConstantScalarOperands") as error:
-        lower_with_wrapper(case(constant_predicate=False).eval(), (torch.randn(8, 8),), compiler_specs(fold))
-    assert ("reads runtime values" in str(error.value)) is fold
+def test_a_runtime_cond_stays_on_the_cpu_and_the_rest_runs_on_htp(case, fold):
+    """executorch 1.5.1's QNN passes crash on a cond (pinned below); `qnn.control_flow`'s
+    variants leave it alone, so the cond and its bodies run on the CPU and the code around it
+    is delegated. Both branches are taken on the emulated HTP."""
+    module, inputs = case(constant_predicate=False).eval(), (torch.randn(8, 8).abs(),)
+    manager = lower_with_wrapper(module, inputs, compiler_specs(fold))
+    assert "higher_order.cond" in _ops_on_cpu(manager)
+    assert qnn.describe_partitions(manager).partitions >= 1
+    assert_kept_whole_ops_gone(manager)  # a body's kept-whole op is decomposed, not stranded
+    if fold:
+        assert_no_static_partition(partitioner_of(manager).reports[-1])
+    assert_runs_on_htp(manager, module, inputs, more_inputs=[_flipped(inputs)])
+
+
+def test_a_runtime_cond_lowers_in_the_stock_flow_with_the_control_flow_pass_manager():
+    """executorch's own ``to_edge_transform_and_lower`` with `qnn.QnnPartitioner`: the caller
+    builds QNN's pipelines from `qnn.pass_manager_cls()` instead of ``QnnPassManager``."""
+    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+    from executorch.exir import to_edge_transform_and_lower
+
+    module, inputs = LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8).abs(),)
+    ep = qnn.pass_manager_cls()().transform_for_export_pipeline(torch.export.export(module, inputs, strict=True))
+    partitioner = qnn.QnnPartitioner(compiler_specs(True))
+    manager = to_edge_transform_and_lower(ep, transform_passes=partitioner.default_to_edge_passes(ep),
+                                          partitioner=[partitioner], compile_config=qnn_edge_config())
+    assert "higher_order.cond" in _ops_on_cpu(manager)
+    assert_kept_whole_ops_gone(manager)
+    assert_runs_on_htp(manager, module, inputs, more_inputs=[_flipped(inputs)])
+
+
+class LinearThenMap(nn.Module):
+    """A parameter read by a delegated linear and by a map on the CPU (executorch 1.5.1's
+    ``tag_constant_data`` tagged it for the delegate, and ``to_backend`` refused the program)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) / 4)
+
+    def forward(self, x):
+        return hop_map(lambda xi, w: torch.relu(xi @ w), F.linear(x, self.w), self.w) + 1.0
+
+
+class LinearThenScan(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) / 4)
+
+    def forward(self, x):
+        def combine(carry, xi):
+            carry = carry + xi
+            return carry, carry.clone()
+
+        return scan(combine, torch.zeros(8), F.linear(x, self.w))[1] * 2.0
+
+
+class LinearInRegion(nn.Module):
+    def __init__(self, region: str):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) / 4)
+        self.region = region
+
+    def forward(self, x):
+        y = F.linear(x, self.w)
+        with torch.no_grad() if self.region == "no_grad" else torch.autocast("cpu", enabled=False):
+            z = torch.relu(y) * 2.0
+        return z + y
+
+
+class ParameterReadAndReturned(nn.Module):
+    """A parameter read by a delegated linear and returned as an output."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(6, 8))
+        self.p = nn.Parameter(torch.randn(6))
+
+    def forward(self, x):
+        return F.linear(x, self.b + self.b, self.p), self.p
+
+
+OTHER_CASES = {
+    "map": LinearThenMap,
+    "scan": LinearThenScan,
+    "no_grad": lambda: LinearInRegion("no_grad"),
+    "autocast": lambda: LinearInRegion("autocast"),
+    "parameter_returned": ParameterReadAndReturned,
+}
+_SCAN_FOLD_OFF = pytest.mark.xfail(
+    strict=True, raises=RuntimeError,
+    reason="fold off: the delegate before the scan computes its zeros carry (aten.full, no input) as a "
+           "graph output, and the emulated HTP fails CALL_DELEGATE (0x1); folded, the carry is a constant")
+
+
+@pytest.mark.parametrize("fold", [True, pytest.param(False, id="False")])
+@pytest.mark.parametrize("name", sorted(OTHER_CASES))
+def test_other_control_flow_and_shared_constants_lower_and_run_on_htp(name, fold, request):
+    if name == "scan" and not fold:
+        request.applymarker(_SCAN_FOLD_OFF)
+    module, inputs = OTHER_CASES[name]().eval(), (torch.randn(8, 8),)
+    manager = lower_with_wrapper(module, inputs, compiler_specs(fold))
+    assert qnn.describe_partitions(manager).partitions >= 1
+    assert_kept_whole_ops_gone(manager)
+    assert_runs_on_htp(manager, module, inputs, more_inputs=[_flipped(inputs)])
+
+
+def test_a_while_loop_lowers_and_the_emitter_refuses_it_as_on_every_backend():
+    """QNN lowering keeps a while_loop on the CPU; executorch 1.5.1's emitter has no while_loop
+    (exir/emit/_emitter.py), on any backend. This starts failing once it has one."""
+    from torch._higher_order_ops.while_loop import while_loop
+
+    class HalveThrice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8) / 4)
+
+        def forward(self, x):
+            y = F.linear(x, self.w)
+            return while_loop(lambda i, z: i < 3, lambda i, z: (i + 1, z * 0.5), (torch.tensor(0), y))[1] + 1.0
+
+    manager = lower_with_wrapper(HalveThrice().eval(), (torch.randn(8, 8),), compiler_specs(True))
+    assert "higher_order.while_loop" in _ops_on_cpu(manager)
+    with pytest.raises(Exception, match="Unsupported control flow operator: while_loop"):
+        manager.to_executorch()
 
 
 def test_upstream_export_pipeline_still_crashes_on_cond():
-    """The limitation the typed error names: QNN's own export passes on a cond (no fold)."""
+    """Why `qnn.control_flow.LiftScalarOperandsSkippingControlFlow` exists: QNN's own export
+    passes on a cond (no fold). This starts failing once executorch skips higher-order ops."""
     ep = torch.export.export(LinearFeedsCond(constant_predicate=True).eval(), (torch.randn(8, 8),), strict=True)
     with pytest.raises(Exception, match="LiftConstantScalarOperands") as error:
         QnnPassManager().transform_for_export_pipeline(ep)
     assert "_schema" in repr(error.value.__cause__ or error.value) or "_schema" in str(error.value)
 
 
-# -- where executorch 1.5.1 stops a runtime-predicate cond on QNN ---------------------------
-# executorch PR 22252 ("skip higher-order ops in LiftConstantScalarOperands") has this shape: a
-# variant of the pass that leaves higher-order ops alone. With it, QNN's export pipeline passes
-# a runtime cond; the to-edge pass I64toI32 then fails on the cond's body get_attr (no
-# meta["val"], builders/utils.py is_constant). The test pins both and passes (strict xfail
-# turns into a failure) once executorch lowers the cond with its bodies on the CPU.
-
-
-def _hop_aware_pass_manager():
-    from types import BuiltinFunctionType, BuiltinMethodType
-
-    from executorch.backends.qualcomm._passes.lift_constant_scalar_operands import (
-        SKIP_LIFT_OPS,
-        LiftConstantScalarOperands,
-    )
-    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
-
-    class SkipHigherOrderOps(LiftConstantScalarOperands):
-        def _lift(self, gm):
-            for n in gm.graph.nodes:
-                if (n.op != "call_function" or n.target in SKIP_LIFT_OPS or isinstance(
-                        n.target, (BuiltinMethodType, BuiltinFunctionType, torch._ops.HigherOrderOperator))):
-                    continue
-                if tensor_args := self._create_tensor_args(n, gm):
-                    self._update_node(n, tensor_args)
-
-    def swap(p):
-        return SkipHigherOrderOps if p is LiftConstantScalarOperands else p
-
-    base = get_qnn_pass_manager_cls()
-
-    class HopAware(base):
-        @classmethod
-        def get_export_passes(cls):
-            return [swap(p) for p in super().get_export_passes()]
-
-        @classmethod
-        def get_default_pass_activations(cls):
-            return [(swap(p), on) for p, on in super().get_default_pass_activations()]
-
-        @classmethod
-        def get_passes_dependency_for_capture_program(cls):
-            return {swap(k): [swap(v) for v in vs] for k, vs in super().get_passes_dependency_for_capture_program().items()}
-
-    return HopAware
-
-
-def test_upstream_lift_fix_lets_the_export_pipeline_pass_a_runtime_cond():
-    ep = torch.export.export(LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8),), strict=True)
-    ep = _hop_aware_pass_manager()().transform_for_export_pipeline(ep)
-    assert any(n.target is torch.ops.higher_order.cond for n in ep.graph.nodes)
-
-
-def _lower_runtime_cond_with_the_upstream_lift_fix():
-    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
-    from executorch.exir import to_edge_transform_and_lower
+def test_upstream_i64toi32_still_crashes_on_a_body():
+    """Why `qnn.control_flow.I64toI32SkippingBodies` exists: QNN's own I64toI32 on an Edge
+    program with a cond reads ``meta["val"]`` of the body's get_attr. This starts failing once
+    executorch's pass leaves bodies alone."""
+    from executorch.backends.qualcomm._passes.i64_to_i32 import I64toI32
+    from executorch.exir import to_edge
 
     module, inputs = LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8),)
-    manager_cls = _hop_aware_pass_manager()
-    ep = manager_cls().transform_for_export_pipeline(torch.export.export(module, inputs, strict=True))
-    partitioner = qnn.QnnPartitioner(compiler_specs(False), to_edge_passes=lambda p: manager_cls().get_to_edge_transform_passes(p))
-    manager = to_edge_transform_and_lower(ep, transform_passes=partitioner.to_edge_passes(ep),
-                                          partitioner=[partitioner], compile_config=qnn_edge_config())
-    return manager, module, inputs
-
-
-def test_with_the_upstream_lift_fix_i64toi32_is_where_a_runtime_cond_stops():
-    with pytest.raises(Exception, match="'I64toI32' pass") as error:
-        _lower_runtime_cond_with_the_upstream_lift_fix()
-    assert isinstance(error.value.__cause__, KeyError) and error.value.__cause__.args == ("val",)
-
-
-@pytest.mark.xfail(strict=True, raises=Exception,
-                   reason="executorch 1.5.1: I64toI32 reads meta['val'] of a control-flow body's get_attr")
-def test_runtime_cond_lowers_with_its_bodies_on_the_cpu_once_upstream_allows():
-    from .helpers import assert_runs_on_htp
-
-    manager, module, inputs = _lower_runtime_cond_with_the_upstream_lift_fix()
-    assert qnn.describe_partitions(manager).partitions >= 1
-    assert_runs_on_htp(manager, module, inputs)
-    assert_runs_on_htp(manager, module, (-inputs[0],))
+    ep = qnn.pass_manager_cls()().transform_for_export_pipeline(torch.export.export(module, inputs, strict=True))
+    edge = to_edge(ep).exported_program()
+    with pytest.raises(KeyError, match="val"):
+        I64toI32(edge)(edge.graph_module)
+    qnn.control_flow.I64toI32SkippingBodies(edge)(edge.graph_module)  # the variant passes
 
 
 def test_quantizing_a_runtime_cond_stops_with_the_typed_error():
