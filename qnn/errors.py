@@ -21,16 +21,13 @@ class EncodingLostError(QnnFoldingError):
 
 
 class ControlFlowNotSupportedError(QnnFoldingError):
-    """The program still calls a control-flow higher-order op (``cond`` on a runtime predicate,
-    ``map``, ``scan``, a loop on runtime values) that QNN's passes in executorch 1.5.1 cannot
-    process: ``LiftConstantScalarOperands`` (backends/qualcomm/_passes/
-    lift_constant_scalar_operands.py, in the export, annotation and to-edge pipelines) reads
-    ``node.target._schema`` of every call_function node, and higher-order ops have no schema
-    (``AttributeError: 'CondOp' object has no attribute '_schema'``). With that pass made to
-    skip higher-order ops (executorch PR 22252's shape), the to-edge pass ``I64toI32``
-    (_passes/i64_to_i32.py, through builders/utils.py ``is_constant``) fails next: it reads
-    ``meta["val"]`` of the ``get_attr`` of each body, which has none
-    (tests/qnn/test_control_flow_qnn.py pins both)."""
+    """QNN's quantizer was given a program that calls a control-flow higher-order op (``cond``,
+    ``map``, ``scan``, ``while_loop``). ``QnnQuantizer.transform_for_annotation`` builds
+    executorch's own pass manager, whose ``LiftConstantScalarOperands``
+    (backends/qualcomm/_passes/lift_constant_scalar_operands.py) reads ``node.target._schema``
+    of every call, and higher-order ops have no schema (``AttributeError: 'CondOp' object has
+    no attribute '_schema'``). Lowering such a program is supported (`qnn.pass_manager_cls`);
+    quantizing it is not (tests/qnn/test_control_flow_qnn.py)."""
 
 
 class QnnSdkError(QnnFoldingError, RuntimeError):

@@ -1,7 +1,7 @@
 """`QnnPartitioner`: executorch's QNN partitioner with the fold stage and the HTP input rule.
 
 Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, so every
-``isinstance(p, executorch ... QnnPartitioner)`` check still holds) and differs in four places:
+``isinstance(p, executorch ... QnnPartitioner)`` check still holds) and differs in five places:
 
 - our ``fold_constants`` compile spec is removed before executorch's code reads the list
   (`qnn.compile_spec`);
@@ -10,8 +10,11 @@ Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, s
   spec enables it;
 - ``ops_to_not_decompose`` returns QNN's ``get_skip_decomp_table()`` and ``filter_fn``
   (partition/utils.py) unchanged, except that a kept-whole op the fold stage declined (still
-  constant-only after folding) is decomposed, so it can never reach the CPU undecomposed;
-- on HTP, a partition without a runtime input stays on the CPU (`qnn.htp_rule`).
+  constant-only after folding), or one inside a control-flow body (only top-level nodes are
+  partitioned), is decomposed, so it can never reach the CPU undecomposed;
+- on HTP, a partition without a runtime input stays on the CPU (`qnn.htp_rule`);
+- a constant that a control-flow call or the output also reads is not tagged for a partition
+  (`untag_constants_read_by_the_cpu_side`).
 """
 
 from __future__ import annotations
