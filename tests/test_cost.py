@@ -17,19 +17,13 @@ from tests.invariants import assert_valid_program
 _SIGNATURE_FILE = "torch/export/graph_signature.py"
 
 
-def _count_signature_calls(fn) -> int:
-    """Calls into torch.export.graph_signature made while `fn` runs (its derived properties,
-    such as ``inputs_to_parameters``, rebuild a dict from every InputSpec on each access)."""
+def _count_calls(fn, counts) -> int:
+    """Python function calls made while `fn` runs for which ``counts(code)`` is true."""
     count = 0
 
     def profiler(frame, event, arg):
         nonlocal count
-        # constructors (one InputSpec per new lifted constant) are writes, not reads
-        if (
-            event == "call"
-            and frame.f_code.co_filename.endswith(_SIGNATURE_FILE)
-            and frame.f_code.co_name not in ("__init__", "__post_init__")
-        ):
+        if event == "call" and counts(frame.f_code):
             count += 1
 
     sys.setprofile(profiler)
@@ -38,6 +32,14 @@ def _count_signature_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return count
+
+
+def _count_signature_calls(fn) -> int:
+    """Calls into torch.export.graph_signature made while `fn` runs (its derived properties,
+    such as ``inputs_to_parameters``, rebuild a dict from every InputSpec on each access).
+    Constructors (one InputSpec per new lifted constant) are writes, not reads."""
+    return _count_calls(fn, lambda code: code.co_filename.endswith(_SIGNATURE_FILE)
+                        and code.co_name not in ("__init__", "__post_init__"))
 
 
 def test_signature_reads_do_not_grow_with_program_size():
@@ -86,19 +88,7 @@ def test_live_intermediates_stay_within_the_largest_two():
 
 def _count_codegen_calls(fn) -> int:
     """Python code generations of fx graphs (``Graph.python_code``) while `fn` runs."""
-    count = 0
-
-    def profiler(frame, event, arg):
-        nonlocal count
-        if event == "call" and frame.f_code.co_name == "python_code" and frame.f_code.co_filename.endswith("torch/fx/graph.py"):
-            count += 1
-
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
+    return _count_calls(fn, lambda code: code.co_name == "python_code" and code.co_filename.endswith("torch/fx/graph.py"))
 
 
 def _graph_module_inputs(program, *user_inputs) -> list:
