@@ -66,7 +66,7 @@ def lazy_graph_module(root, graph: torch.fx.Graph, class_name: str) -> torch.fx.
     for its own graph only (torch/fx/_lazy_graph_module.py ``_LazyGraphModule``, which torch's
     compiler uses for the same reason). ``recompile()`` on it only marks the code stale.
     ``ExportedProgram.module()``, ``to_edge`` and ``torch.export.save`` read the graph and never
-    compile it. A subclass of GraphModule; a deep copy or a pickle of it is a GraphModule too."""
+    compile it. A subclass of GraphModule; a deep copy of it is lazy too."""
     return _ShallowLazyGraphModule(root, graph, class_name=class_name)
 
 

@@ -81,6 +81,20 @@ def test_lazy_graph_module_compiles_on_first_use():
     assert gm(torch.tensor(2.0)).item() == 1.0
 
 
+def test_lazy_graph_module_compiles_its_own_graph_only():
+    """A folded program shares untouched bodies with the caller's: compiling it on first use
+    leaves them (their compiled ``forward``) as they were."""
+    ep = _program()
+    gm = ti.lazy_graph_module(ep.graph_module, ep.graph_module.graph, "Lazy")
+    body = gm.true_graph_0
+    assert body is ep.graph_module.true_graph_0
+    forward = type(body).forward
+    x = torch.randn(4).abs() + 0.1
+    (out,) = gm(ep.state_dict["w"], x)
+    assert torch.allclose(out, x + ep.state_dict["w"])
+    assert type(body).forward is forward  # the body was not recompiled
+
+
 def test_children_hidden_keeps_bodies_from_recompiling():
     ep = _program()
     gm = ep.graph_module
