@@ -222,6 +222,23 @@ def test_a_while_loop_lowers_and_the_emitter_refuses_it_as_on_every_backend():
         manager.to_executorch()
 
 
+def test_a_callers_passes_job_and_dep_table_get_the_control_flow_variants():
+    """`to_edge_transform_and_lower_to_qnn(..., passes_job=..., dep_table=...)` takes executorch's
+    tables, keyed by its pass classes; the lowering swaps in the variants."""
+    from executorch.backends.qualcomm._passes.i64_to_i32 import I64toI32
+    from executorch.backends.qualcomm._passes.lift_constant_scalar_operands import LiftConstantScalarOperands
+
+    from qnn.control_flow import I64toI32SkippingBodies, LiftScalarOperandsSkippingControlFlow, with_control_flow_passes
+
+    job = with_control_flow_passes(QnnPassManager.get_capture_program_passes())
+    deps = with_control_flow_passes(QnnPassManager.get_passes_dependency_for_capture_program())
+    assert I64toI32 not in job and I64toI32SkippingBodies in job
+    assert list(job) == [I64toI32SkippingBodies if p is I64toI32 else p for p in QnnPassManager.get_capture_program_passes()]
+    assert deps[I64toI32SkippingBodies] == [LiftScalarOperandsSkippingControlFlow if p is LiftConstantScalarOperands else p
+                                           for p in QnnPassManager.get_passes_dependency_for_capture_program()[I64toI32]]
+    assert with_control_flow_passes(None) is None
+
+
 def test_upstream_export_pipeline_still_crashes_on_cond():
     """Why `qnn.control_flow.LiftScalarOperandsSkippingControlFlow` exists: QNN's own export
     passes on a cond (no fold). This starts failing once executorch skips higher-order ops."""
