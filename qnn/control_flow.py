@@ -24,6 +24,7 @@ executorch's own pass manager; a program with control flow stops there with
 from __future__ import annotations
 
 import functools
+import operator
 import types
 from typing import Optional
 
@@ -94,7 +95,7 @@ class I64toI32SkippingBodies(I64toI32):
 
     def _cast_constant_to_int32(self, graph_module: torch.fx.GraphModule) -> None:
         bodies = [n for n in graph_module.graph.find_nodes(op="get_attr")
-                  if "val" not in n.meta and isinstance(_attribute(graph_module, n.target), torch.nn.Module)]
+                  if "val" not in n.meta and isinstance(operator.attrgetter(n.target)(graph_module), torch.nn.Module)]
         for n in bodies:
             n.meta["val"] = _BODY_VALUE
         before = set(graph_module.graph.nodes)
@@ -111,13 +112,6 @@ class I64toI32SkippingBodies(I64toI32):
 # What I64toI32 reads of a get_attr's value: ``.constant`` (builders/utils.py ``is_constant``:
 # None is "not a constant") and whether it is a FakeTensor (it is not: no int64 tensor to cast).
 _BODY_VALUE = types.SimpleNamespace(constant=None)
-
-
-def _attribute(gm: torch.fx.GraphModule, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part, None)
-    return value
 
 
 _VARIANTS = {LiftConstantScalarOperands: LiftScalarOperandsSkippingControlFlow, I64toI32: I64toI32SkippingBodies}
@@ -192,7 +186,7 @@ QUANTIZATION_HINT = (
 )
 
 
-def require_no_control_flow(program: ExportedProgram, *, hint: str = QUANTIZATION_HINT) -> None:
+def require_no_control_flow(program: ExportedProgram) -> None:
     """Stop before executorch's QNN annotation pipeline crashes on control flow: called before
     QNN's quantization annotation (``QnnQuantizer.transform_for_annotation`` runs
     ``LiftConstantScalarOperands``).
@@ -206,6 +200,6 @@ def require_no_control_flow(program: ExportedProgram, *, hint: str = QUANTIZATIO
         n = nodes[0]
         raise ControlFlowNotSupportedError(
             f"node {n.name!r} ({op_name(n.target)}) is control flow, which executorch 1.5.1's QNN quantizer "
-            f"cannot annotate: {hint}. Lowering (not quantizing) a program with control flow works: "
+            f"cannot annotate: {QUANTIZATION_HINT}. Lowering (not quantizing) a program with control flow works: "
             "qnn.to_edge_transform_and_lower_to_qnn keeps the control flow on the CPU."
         )
