@@ -52,25 +52,43 @@ def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
     return f"{prefix}{hop.name}.{attr}/"
 
 
+@dataclass(frozen=True)
+class Hoisting:
+    """What `hoist_body_constants` made.
+
+    Attributes:
+        program: the program with the constant code of its bodies moved out (a copy, or the
+            program given when it was its to edit or nothing applied).
+        owned: the GraphModules this call made (copies of the caller's bodies, new regions,
+            the top-level copy): the stages after it may edit them in place.
+        visits: nodes the analyses visited (`FoldReport.analysis_visits`).
+    """
+
+    program: ExportedProgram
+    owned: frozenset
+    visits: int
+
+
 def hoist_body_constants(
-    program: ExportedProgram, policy: FoldPolicy, clone_op, pins: Mapping[str, object] = {}
-) -> tuple[ExportedProgram, int]:
-    """A copy of `program` (the graphs it edits copied; tensors, signature, dicts and untouched
-    bodies shared) with the constant code of every body moved to its caller; `program` itself
-    when it has no control-flow body. `program` is never modified. The copy's graphs compile
-    on first use (`copy_uncompiled`): a body when it runs (evaluated whole, or at runtime); the
-    top-level graph never, since the fold only reads it and `lift` builds the program that
-    runs. Also returns the number of nodes its analyses
-    visited (`FoldReport.analysis_visits`).
+    program: ExportedProgram, policy: FoldPolicy, clone_op, pins: Mapping[str, object] = {}, *, inplace: bool = False
+) -> Hoisting:
+    """`program` with the constant code of every body moved to its caller: a copy (the graphs
+    it edits copied; tensors, signature, dicts and untouched bodies shared), or `program`
+    itself when it has no control-flow body. The copy's graphs compile on first use
+    (`copy_uncompiled`): a body when it runs (evaluated whole, or at runtime); the top-level
+    graph never, since the fold only reads it and `lift` builds the program that runs.
 
     Args:
         clone_op: the program dialect's copy op, inserted where a body returns a value that
             is now one of its operands (a body output must not alias its input).
         pins: body paths (``cond.true_graph_0/linear``) of nodes that stay in their body.
+        inplace: `program`'s top-level graph module is the caller's own copy (`copy_uncompiled`
+            of a program it must not change): edit it instead of copying it again. Its bodies
+            are still copied on first edit.
     """
     if not has_bodies(program.graph_module):
-        return program, 0
-    gm, _ = copy_uncompiled(program.graph_module)
+        return Hoisting(program, frozenset(), 0)
+    gm = program.graph_module if inplace else copy_uncompiled(program.graph_module)[0]
     reserve_node_names(gm)
     top = analyze(gm.graph, program.graph_signature, policy)
     hoist = _Hoist(policy, clone_op, pins, gm)
@@ -78,7 +96,8 @@ def hoist_body_constants(
     for module in hoist.changed:  # copies this pass made: what they no longer read goes
         drop_unused_attributes(module)
         recompile_shallow(module)  # the code is stale: compiled on first use
-    return program_with(program, graph_module=gm), top.graph_visits + hoist.visits
+    result = program if inplace else program_with(program, graph_module=gm)
+    return Hoisting(result, frozenset(hoist.changed), top.graph_visits + hoist.visits)
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
@@ -367,7 +386,7 @@ def _moved_nodes(graph: torch.fx.Graph, sinks: list[torch.fx.Node]) -> list[torc
     return [n for n in graph.nodes if n in dead]
 
 
-def merge_duplicate_operands(gm: torch.fx.GraphModule) -> bool:
+def merge_duplicate_operands(gm: torch.fx.GraphModule, owned: frozenset = frozenset()) -> bool:
     """Pass each value once to each HOP of `gm`'s graph: after lifting, two moved values with
     identical bytes read one placeholder, and a HOP given the same tensor twice is refused
     (``cond_true might be aliasing the input``, torch/_higher_order_ops/utils.py). The
@@ -375,10 +394,11 @@ def merge_duplicate_operands(gm: torch.fx.GraphModule) -> bool:
     of a repeated operand are merged into the first one's; a HOP nested in such a copy now
     receives repeated operands too and is merged the same way.
 
-    `gm` must be the stage's own module (`lift` built it); the bodies are never edited in
-    place: they may be the caller's (invariant 7, docs/DESIGN.md) or shared with the program
-    a rerun of the fold starts from. Returns True when something changed (the caller
-    recompiles `gm`; the copied bodies are compiled here)."""
+    `gm` must be the stage's own module (`lift` built it). A body is edited in place only
+    when it is in `owned` (a copy the same attempt made, `Hoisting.owned`); any other may be
+    the caller's (invariant 7, docs/design.md) or shared with the program a rerun of the fold
+    starts from, and is copied. Returns True when something changed (the caller recompiles
+    `gm`; the bodies are recompiled here)."""
     changed = False
     for hop in gm.graph.nodes:
         kind = hop_kind(hop)
@@ -389,7 +409,7 @@ def merge_duplicate_operands(gm: torch.fx.GraphModule) -> bool:
         if not repeats:
             continue
         for attr, body in bodies(hop):
-            setattr(gm, attr, _merged_copy(body, kind.varying(hop), repeats))
+            setattr(gm, attr, _merged(body, kind.varying(hop), repeats, owned))
         dropped = {i for i, _ in repeats}
         hop.args = kind.with_operands(hop, [o for i, o in enumerate(operands) if i not in dropped])
         changed = True
@@ -408,17 +428,18 @@ def _repeats(operands: list) -> list[tuple[int, int]]:
     return out
 
 
-def _merged_copy(body: torch.fx.GraphModule, varying: int, repeats: list[tuple[int, int]]) -> torch.fx.GraphModule:
-    """A compiled copy of `body` whose invariant placeholder ``i`` is merged into ``j`` for
-    each ``(i, j)`` of `repeats` (positions after the `varying` leading placeholders)."""
-    copied, _ = copy_uncompiled(body)
-    placeholders = [n for n in copied.graph.nodes if n.op == "placeholder"][varying:]
+def _merged(body: torch.fx.GraphModule, varying: int, repeats: list[tuple[int, int]],
+            owned: frozenset) -> torch.fx.GraphModule:
+    """`body` (when `owned`, else a copy) with its invariant placeholder ``i`` merged into ``j``
+    for each ``(i, j)`` of `repeats` (positions after the `varying` leading placeholders)."""
+    merged = body if body in owned else copy_uncompiled(body)[0]
+    placeholders = [n for n in merged.graph.nodes if n.op == "placeholder"][varying:]
     for i, j in repeats:
         placeholders[i].replace_all_uses_with(placeholders[j])
-        copied.graph.erase_node(placeholders[i])
-    merge_duplicate_operands(copied)
-    recompile_shallow(copied)
-    return copied
+        merged.graph.erase_node(placeholders[i])
+    merge_duplicate_operands(merged, owned)
+    recompile_shallow(merged)
+    return merged
 
 
 def _report_paths(nodes, path: str) -> tuple[str, ...]:

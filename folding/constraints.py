@@ -1,7 +1,9 @@
 """What one attempt of a fold teaches the next: the state of the fold's fixpoint loop.
 
-An attempt runs analysis, planning, evaluation and lift on the same read-only program. Three
-things only a later step can see send it back to the start, each as data:
+An attempt runs analysis, planning, evaluation and lift on the same program (`lift` may edit
+it when the attempt owns it, `working.Working`; the next attempt then folds a fresh copy, and
+the constraints follow their nodes by name, `Constraints.rebound`). Three things only a later
+step can see send it back to the start, each as data:
 
 - an op of an in-place alias class had to stay (`evaluate.KeepAliasClass`): the class is
   kept whole (``forced``);
@@ -53,6 +55,15 @@ class Constraints:
             self.writes.setdefault(learnt.node, set()).add(learnt.written)
         else:
             raise TypeError(f"not a constraint: {learnt!r}")
+
+    def rebound(self, graph: torch.fx.Graph) -> None:
+        """Point the learnt constraints at the nodes of the same names in `graph` (a fresh copy
+        of the program the constraints were learnt on: names are unique and kept)."""
+        if not (self.forced or self.writes):
+            return
+        by_name = {n.name: n for n in graph.nodes}
+        self.forced = {by_name[n.name]: why for n, why in self.forced.items()}
+        self.writes = {by_name[n.name]: {by_name[w.name] for w in ws} for n, ws in self.writes.items()}
 
     def over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
         """True (and the budget tightened) when the lifted program's stored bytes exceed what

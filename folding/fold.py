@@ -13,7 +13,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .bodies import hoist_body_constants, merge_duplicate_operands
+from .bodies import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors
 from .dedup import fold_scope, placeholder_savings
 from .hops import recompile_shallow
@@ -24,11 +24,11 @@ from .evaluate import evaluate
 from .layout import owned_canonical
 from .lift import clone_op_of, lift
 from .plan import make_plan
-from .readers import read_through_transposes
 from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
 from .reporting import body_decisions, fold_report, merged
 from .sizes import stored_constant_bytes, stored_tensor
+from .working import Preparation, Working
 
 logger = logging.getLogger(__name__)
 
@@ -116,37 +116,33 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
     ``cond`` whose predicate became a stored constant is inlined and the result folded again."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
-    with timer.phase("rewrites"):
-        rewrite = read_through_transposes(program, policy, bytes_before)
     with timer.phase("bodies"):
         clone_op = clone_op_of(program)
     pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    current = rewrite.program
+    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer)
     while True:
         with timer.attempt() as attempt:
+            once = _fold_once(prepare, policy, bytes_before, timer)
+            folded = once.program
             with timer.phase("bodies"):
-                working, visits = hoist_body_constants(current, policy, clone_op, pins)
-            folded, report, moved_kept = _fold_once(working, policy, bytes_before, timer, rewrite.transposes)
-            report.analysis_visits += visits
-            with timer.phase("bodies"):
-                if merge_duplicate_operands(folded.graph_module):
+                if merge_duplicate_operands(folded.graph_module, once.working.owned_bodies):
                     recompile_shallow(folded.graph_module)
-            if moved_kept.keys() - pins.keys():
-                pins.update(moved_kept)
+            if once.moved_kept.keys() - pins.keys():
+                pins.update(once.moved_kept)
                 attempt.discard()
                 continue
-        steps.append(report)
+        steps.append(once.report)
         with timer.phase("inlining"):
             inlined = inline_constant_conds(folded, clone_op, reserved)
         if not inlined:
             break
         steps.append(inlined)
-        current = folded
+        prepare = prepare.after_inlining(folded, once.working)
     with timer.phase("report"):
         report = merged(steps, folded)
-        report.rewrites = list(rewrite.notes)
+        report.rewrites = list(once.working.notes)
     with timer.phase("bodies"):
         report.decisions.extend(body_decisions(folded, policy, pins))
     if inplace:  # only a program that passed lift's checks replaces the caller's
@@ -160,27 +156,42 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
     return FoldResult(folded, report)
 
 
-def _fold_once(
-    program: ExportedProgram, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer, cap_exempt: frozenset = frozenset()
-) -> tuple[ExportedProgram, FoldReport, dict[str, tuple[Reason, str]]]:
-    """One fold of the top-level graph; `program` is only read. Returns the folded program,
-    its report, and the nodes moved out of bodies that it kept at runtime (`_once_decisions`). `bytes_before`: the stored
-    constant bytes of the caller's program (the growth budget's reference). An attempt that
-    learns a new constraint (an in-place class kept whole, an undeclared write, a tighter
-    budget) is discarded and redone; its time counts as ``reruns``."""
-    gm = program.graph_module  # read only: `lift` builds the new graph
-    with timer.phase("bytes"):
-        placeholder_bytes = placeholder_savings(gm.graph, program)
+@dataclass(frozen=True)
+class _Once:
+    """One fold of the top-level graph: the folded program, its report, the nodes moved out
+    of bodies that it kept at runtime (by body path, with why), and the working program it
+    folded (`working.Working`)."""
+
+    program: ExportedProgram
+    report: FoldReport
+    moved_kept: dict[str, tuple[Reason, str]]
+    working: Working
+
+
+def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer) -> _Once:
+    """One fold of the top-level graph of the program `prepare` makes. `bytes_before`: the
+    stored constant bytes of the caller's program (the growth budget's reference). An
+    attempt that learns a new constraint (an in-place class kept whole, an undeclared write,
+    a tighter budget) is discarded and redone; its time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
     analysis_visits = 0
+    working = None
     while True:  # a fixpoint: each repeat adds a constraint (bound: `folding/constraints.py`)
         with timer.attempt() as attempt:
+            if working is None:  # the first attempt, or the last one's was lifted in place
+                working = prepare()
+                analysis_visits += working.visits
+                program, gm = working.program, working.program.graph_module
+                constraints.rebound(gm.graph)
+                with timer.phase("bytes"):
+                    placeholder_bytes = placeholder_savings(gm.graph, program)
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
             analysis_visits += analysis.graph_visits
             with timer.phase("planning"):
-                plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut, cap_exempt)
+                plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
+                                 working.transposes)
             with timer.phase("evaluation"):
                 evaluation = evaluate(plan, analysis, gm, _stored_value(program, analysis))
             if evaluation.learnt is not None:
@@ -188,18 +199,21 @@ def _fold_once(
                 constraints.learn(evaluation.learnt, analysis.alias_root)
                 attempt.discard()
                 continue
+            considered = [n for n in gm.graph.nodes if n.op == "call_function"]  # before lift edits it
             with timer.phase("lift"):
-                new_program, lifting = _lift(program, analysis, plan, evaluation)
+                new_program, lifting = _lift(program, analysis, plan, evaluation, in_place=working.owned)
             with timer.phase("bytes"):
                 bytes_after = stored_constant_bytes(new_program)
             if not constraints.over_budget(budget, bytes_before, bytes_after):
                 break
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
+            if working.owned:
+                working = None
             attempt.discard()
     with timer.phase("report"):
-        report, moved_kept = fold_report(gm, analysis, plan, evaluation, lifting, bytes_before, bytes_after,
+        report, moved_kept = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after,
                                          analysis_visits)
-    return new_program, report, moved_kept
+    return _Once(new_program, report, moved_kept, working)
 
 
 def _stored_value(program: ExportedProgram, analysis):
@@ -208,10 +222,10 @@ def _stored_value(program: ExportedProgram, analysis):
     return lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants)
 
 
-def _lift(program: ExportedProgram, analysis, plan, evaluation):
+def _lift(program: ExportedProgram, analysis, plan, evaluation, in_place: bool):
     """`lift` of the folded nodes and of the top-level tensor attributes (``get_attr``
     constants a transform pass inserted: lifted like folded values, so that no get_attr
-    tensor is left in the program)."""
+    tensor is left in the program); `in_place`: `program` is the attempt's own copy."""
     gm = program.graph_module
     folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
     attributes = _attribute_tensors(gm)
@@ -221,7 +235,7 @@ def _lift(program: ExportedProgram, analysis, plan, evaluation):
     kept_constant_only = frozenset(plan.runtime) | frozenset(evaluation.kept)
     return lift(
         program, folded, values, constant_placeholders,
-        bound=evaluation.symbols, private_readers=kept_constant_only,
+        bound=evaluation.symbols, private_readers=kept_constant_only, in_place=in_place,
     )
 
 

@@ -1,15 +1,20 @@
 """Rewrite a program so that folded values become lifted constants.
 
-The rewritten graph is built in one pass over the original (which is only read): surviving
-nodes are copied with their names, each stored value becomes a placeholder with a
-``CONSTANT_TENSOR`` InputSpec and its tensor in ``ExportedProgram.constants`` (or reuses a
-byte-identical stored tensor), folded nodes are not copied, and parameters, buffers and
-constants left without users are dropped from the graph, the signature and the stored dicts.
-New placeholders go before the first user input, where torch.export puts lifted constants.
+The rewritten graph is made in one pass over the original: surviving nodes keep their names,
+each stored value becomes a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its tensor in
+``ExportedProgram.constants`` (or reuses a byte-identical stored tensor), folded nodes go, and
+parameters, buffers and constants left without users are dropped from the graph, the
+signature and the stored dicts. New placeholders go before the first user input, where
+torch.export puts lifted constants.
+
+The graph is built anew (surviving nodes copied, the original only read), or, when the fold
+owns the program it lifts (a copy an earlier stage of the same attempt made), edited in place
+(`lift`'s ``in_place``): the same decisions, one graph copy fewer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Optional
@@ -62,11 +67,12 @@ def lift(
     *,
     bound: Optional[dict] = None,
     private_readers: frozenset = frozenset(),
+    in_place: bool = False,
 ) -> tuple[ExportedProgram, Lifting]:
     """Build the folded program.
 
     Args:
-        program: the program to fold; read only.
+        program: the program to fold; read only unless `in_place`.
         folded: nodes of ``program.graph`` that are folded away.
         values: stored tensors (contiguous, owning their storage) of the folded nodes that a
             surviving node or the output reads.
@@ -76,6 +82,10 @@ def lift(
             (`_private_readers`).
         bound: data-dependent symbols that evaluation fixed (``u0`` -> 2): substituted in the
             metadata of the nodes left in the program, their range constraints dropped.
+        in_place: edit ``program.graph`` instead of building a new graph: only for a program
+            the caller owns and will not read again (its graph becomes the folded program's;
+            the folded nodes are erased from it). Its stored dicts and signature are still
+            never modified.
 
     Returns:
         The folded program, checked with torch's signature verifier and graph lint, and a
@@ -85,31 +95,38 @@ def lift(
     Raises:
         FoldInvariantError: the rewritten program fails lint or the signature verifier.
     """
-    rewrite = _Rewrite(program, folded)
+    rewrite = _Rewrite(program, folded, in_place)
     rewrite.use(place(program, folded, values, constant_placeholders, private_readers, rewrite.taken, rewrite.nonfinite))
     rewrite.copy_placeholders()
     rewrite.copy_ops()
+    rewrite.erase_dead()
     result = rewrite.program(bound or {})
     _check(result)
     return result, rewrite.record
 
 
 class _Rewrite:
-    """The steps of `lift`, in order; the original program is only read."""
+    """The steps of `lift`, in order. The original program is only read, unless `in_place`:
+    then its graph is the one edited (nodes kept as they are, their inputs redirected; the
+    dead ones erased last)."""
 
-    def __init__(self, program: ExportedProgram, folded: set[torch.fx.Node]) -> None:
-        self.source, self.folded = program, folded
+    def __init__(self, program: ExportedProgram, folded: set[torch.fx.Node], in_place: bool = False) -> None:
+        self.source, self.folded, self.in_place = program, folded, in_place
         self.state_dict = dict(program.state_dict)  # new dicts even in place: the caller's change
         self.constants = dict(program.constants)  # only once the folded program passed its checks
         self.specs = input_specs_by_name(program.graph_signature)
         self.placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
         self.record = Lifting()
         self.taken = set(self.state_dict) | set(self.constants) | {n.name for n in program.graph.nodes}
-        self.graph = torch.fx.Graph()
-        copy_codegen(program.graph, self.graph)
+        if in_place:
+            self.graph = program.graph
+        else:
+            self.graph = torch.fx.Graph()
+            copy_codegen(program.graph, self.graph)
         # Every existing name is reserved before anything is created, so a new node never takes
         # one; copies then get their original names back (see `copy_keeping_name`).
         reserve_names(self.graph, self.taken)
+        self.dead: list[torch.fx.Node] = []  # in place: nodes erased once nothing reads them
         self.env: dict[torch.fx.Node, torch.fx.Node] = {}
         self.fake_mode = detect_fake_mode([p.meta.get("val") for p in self.placeholders]) or FakeTensorMode()
         self.new_specs: list[InputSpec] = []
@@ -132,15 +149,31 @@ class _Rewrite:
                        and self.specs[p.name].kind == InputKind.USER_INPUT), None)
         for p in self.placeholders:
             if p is anchor:
-                self._emit_new_constants()
+                self._emit_new_constants(p)
             if self._survives(p):
-                self.env[p] = copy_keeping_name(self.graph, p, self.env.__getitem__)
+                self.env[p] = self._keep(p, self.env.__getitem__)
                 self.new_specs.append(self.specs[p.name])
             else:
                 self.record.removed.append(p.name)
                 self.removed_targets.add(self.specs[p.name].target)
+                self.dead.append(p)
         if anchor is None:
-            self._emit_new_constants()
+            self._emit_new_constants(next(n for n in self.source.graph.nodes if n.op != "placeholder"))
+
+    def _keep(self, node: torch.fx.Node, lookup) -> torch.fx.Node:
+        """`node` in the new graph: a copy reading `lookup`'s nodes, or (in place) `node`
+        itself, its inputs redirected when one of them is folded or read privately."""
+        if not self.in_place:
+            return copy_keeping_name(self.graph, node, lookup)
+        if any(i in self.folded or (node, i) in self.private for i in node.all_input_nodes):
+            node.args = torch.fx.map_arg(node.args, lookup)
+            node.kwargs = torch.fx.map_arg(node.kwargs, lookup)
+        return node
+
+    def _inserting_before(self, node: torch.fx.Node):
+        """Where new nodes go: before `node` when editing in place; at the end of the graph
+        being built otherwise (everything before `node` is already there)."""
+        return self.graph.inserting_before(node) if self.in_place else contextlib.nullcontext()
 
     def _survives(self, p: torch.fx.Node) -> bool:
         """Placeholders that no surviving node reads are dropped (a reader given a private
@@ -154,9 +187,10 @@ class _Rewrite:
             return True
         return any(u not in self.folded and (u, p) not in self.private for u in p.users)
 
-    def _emit_new_constants(self) -> None:
+    def _emit_new_constants(self, before: torch.fx.Node) -> None:
         for c in self.new_constants:
-            ph = keep_name(self.graph.create_node("placeholder", c.name, name=c.name), c.name)
+            with self._inserting_before(before):
+                ph = keep_name(self.graph.create_node("placeholder", c.name, name=c.name), c.name)
             ph.meta["val"] = _fake_value(c.source, c.value, self.fake_mode)
             _copy_provenance(c.source, ph)
             c.placeholder = ph
@@ -171,15 +205,15 @@ class _Rewrite:
     # attribute goes with it.
     def copy_ops(self) -> None:
         lookup = _Lookup(self.env, self.target_of, self.private)
-        for node in self.source.graph.nodes:
-            if node.op == "placeholder" or node in self.folded:
+        for node in list(self.source.graph.nodes):
+            if node.op == "placeholder":
                 continue
-            if node.op == "get_attr" and all(u in self.folded for u in node.users):
-                continue
-            if node.op == "output":
+            if node in self.folded or (node.op == "get_attr" and all(u in self.folded for u in node.users)):
+                self.dead.append(node)
+            elif node.op == "output":
                 self._copy_output(node, lookup)
             else:
-                self.env[node] = copy_keeping_name(self.graph, node, lookup.for_reader(node))
+                self.env[node] = self._keep(node, lookup.for_reader(node))
 
     def _copy_output(self, node: torch.fx.Node, lookup: "_Lookup") -> None:
         """ExecuTorch cannot return a stored constant as an output: a stored value returned
@@ -196,7 +230,8 @@ class _Rewrite:
                 name = unique_name(f"{a.name}_clone", self.taken)
                 self.taken.add(name)
                 src = lookup.for_reader(node)(a)
-                c = keep_name(self.graph.create_node("call_function", clone_op, (src,), name=name), name)
+                with self._inserting_before(node):
+                    c = keep_name(self.graph.create_node("call_function", clone_op, (src,), name=name), name)
                 c.meta["val"] = src.meta["val"]
                 _copy_provenance(a, c)
                 clones[a] = c
@@ -204,8 +239,19 @@ class _Rewrite:
             self.output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
         mapped = [clones.get(a, None) or torch.fx.map_arg(a, lookup) for a in flat]
         out_args = type(node.args[0])(mapped) if isinstance(node.args[0], (list, tuple)) else mapped[0]
+        if self.in_place:
+            node.args = (out_args,)
+            self.env[node] = node
+            return
         self.env[node] = keep_name(self.graph.output(out_args, type_expr=node.type), node.name)
         self.env[node].meta = copy.copy(node.meta)
+
+    def erase_dead(self) -> None:
+        """In place: erase the folded nodes, the dropped placeholders and the get_attrs only
+        folded nodes read, last first (every reader left was redirected)."""
+        if self.in_place:
+            for node in reversed(self.dead):
+                self.graph.erase_node(node)
 
     # 4. Stored dicts, signature, metadata of bound symbols, the program.
     def program(self, bound: dict) -> ExportedProgram:

@@ -22,11 +22,12 @@ from .report import Decision, FoldReport, LiftedConstant
 from .sizes import nbytes
 
 
-def fold_report(gm: torch.fx.GraphModule, analysis, plan, evaluation, lifting, bytes_before: int,
+def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting, bytes_before: int,
                 bytes_after: int, analysis_visits: int) -> tuple[FoldReport, dict[str, tuple[Reason, str]]]:
-    """The report of one fold of `gm`'s graph (the graph analysed, not the lifted one), and the
-    nodes moved out of bodies that it kept at runtime, by body path (`_fold_decisions`)."""
-    decisions, moved_kept = _fold_decisions(gm, analysis, plan, evaluation, lifting)
+    """The report of one fold of a graph, given its call_function nodes as analysed (`lift`
+    may have erased the folded ones since), and the nodes moved out of bodies that it kept at
+    runtime, by body path (`_fold_decisions`)."""
+    decisions, moved_kept = _fold_decisions(considered, analysis, plan, evaluation, lifting)
     report = FoldReport(
         decisions=decisions,
         lifted=lifting.lifted,
@@ -50,12 +51,11 @@ def inlining_decisions(inlining: Inlining) -> list[Decision]:
     return out
 
 
-def _fold_decisions(gm: torch.fx.GraphModule, analysis, plan, evaluation, lifting
+def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting
                     ) -> tuple[list[Decision], dict[str, tuple[Reason, str]]]:
-    """One decision per call_function node, under its report names (a node moved out of a
-    body is reported under its body path); and, by body path, the moved nodes the fold kept
-    at runtime, with why (they are pinned in their bodies for the next fold)."""
-    considered = [n for n in gm.graph.nodes if n.op == "call_function"]
+    """One decision per call_function node of `considered`, under its report names (a node
+    moved out of a body is reported under its body path); and, by body path, the moved nodes
+    the fold kept at runtime, with why (they are pinned in their bodies for the next fold)."""
     decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
     path = {n.name: n.meta[BODY_PATH] for n in considered if BODY_PATH in n.meta}  # moved out of a body
     out, moved_kept = [], {}

@@ -93,3 +93,73 @@ def test_a_value_with_a_stored_tensors_bytes_reuses_its_placeholder():
     assert [a.name for a in add.all_input_nodes][1] == p_w.name
     want = module(x)
     torch.testing.assert_close(new.module()(x), want, rtol=1e-6, atol=1e-6 * want.abs().max().item())
+
+
+def _first_attempt_up_to_lift(ep):
+    """The working program of a fold's first attempt (a private copy of `ep` after its
+    readers and bodies rewrites), and the analysis, plan and evaluation of that attempt; None
+    when its evaluation stops to learn a constraint."""
+    from folding.analysis import analyze
+    from folding.bodies import copy_uncompiled
+    from folding.dedup import placeholder_savings
+    from folding.evaluate import evaluate
+    from folding.fold import _stored_value
+    from folding.lift import clone_op_of
+    from folding.plan import make_plan
+    from folding.policy import FoldPolicy
+    from folding.report import PhaseTimer
+    from folding.sizes import stored_constant_bytes
+    from folding.torch_internals import program_with
+    from folding.working import Preparation
+
+    policy, before = FoldPolicy(), stored_constant_bytes(ep)
+    working = Preparation(ep, policy, clone_op_of(ep), {}, before, PhaseTimer())()
+    program = working.program
+    if not working.owned:
+        program = program_with(program, graph_module=copy_uncompiled(program.graph_module)[0])
+    graph = program.graph_module.graph
+    analysis = analyze(graph, program.graph_signature, policy)
+    plan = make_plan(analysis, policy, placeholder_savings(graph, program), before, 0, working.transposes)
+    evaluation = evaluate(plan, analysis, program.graph_module, _stored_value(program, analysis))
+    return None if evaluation.learnt is not None else (program, analysis, plan, evaluation)
+
+
+@pytest.mark.parametrize("family", ["default", "control flow"])
+def test_lift_in_place_makes_the_program_lift_builds(family):
+    """Differential, on seeded generated programs: `lift` editing the attempt's own copy in
+    place gives exactly the program `lift` builds from it (graphs and code of every
+    GraphModule, signature, stored tensors by bits), and it runs."""
+    from folding.fold import _lift
+    from tests.fuzz.check import Case, fingerprint, same_fingerprint
+    from tests.fuzz.generate import CONTROL_FLOW, GenConfig, generate
+    from tests.fuzz.program import execute, export_source, module_source
+
+    config = CONTROL_FLOW if family == "control flow" else GenConfig(quantize_fraction=0.0)
+    compared = edited_nodes = 0
+    for seed in range(12):
+        p = generate(31_337 + seed, config)
+        ns = execute(module_source(p))
+        try:
+            execute("import copy\n" + export_source(p), ns)
+        except Exception:  # noqa: BLE001 - programs torch.export refuses are not lift's to test
+            continue
+        attempt = _first_attempt_up_to_lift(ns["ep"])
+        if attempt is None:
+            continue
+        built, _ = _lift(*attempt, in_place=False)
+        want = fingerprint(built)
+        edited, _ = _lift(*attempt, in_place=True)
+        assert edited.graph_module.graph is attempt[0].graph_module.graph  # the copy was edited, not rebuilt
+        assert same_fingerprint(want, fingerprint(edited)) is None, (seed, same_fingerprint(want, fingerprint(edited)))
+        compared += 1
+        edited_nodes += len(attempt[2].candidates)
+        if p.has_random:  # the graphs are equal; their draws are not comparable
+            continue
+        inputs = ns["inputs"]
+        with torch.no_grad():
+            # on copies of the buffers: both programs share the stored tensors, which a mutated buffer writes
+            out_built = Case._module(built)(*[t.clone() for t in inputs])
+            out_edited = Case._module(edited)(*[t.clone() for t in inputs])
+        for a, b in zip(torch.utils._pytree.tree_leaves(out_built), torch.utils._pytree.tree_leaves(out_edited)):
+            assert torch.equal(a, b)
+    assert compared >= 8 and edited_nodes > 0, (compared, edited_nodes)

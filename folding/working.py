@@ -1,0 +1,87 @@
+"""The program one fold attempt analyses and lifts: the program being folded after the
+rewrites that come before analysis (`readers.read_through_transposes`, then
+`bodies.hoist_body_constants`).
+
+The program being folded is never edited. The first of these rewrites that applies copies
+its top-level graph; the ones after it edit that copy, and so does `lift` (``in_place``):
+whatever applies, an attempt copies the top-level graph once. An attempt that lifted its
+working program and is then discarded (over the growth budget) prepares a new one: the
+rewrites are deterministic, so it is the same program again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from torch.export import ExportedProgram
+
+from .bodies import hoist_body_constants
+from .policy import FoldPolicy
+from .readers import Rewrite, read_through_transposes
+from .report import PhaseTimer
+
+
+@dataclass(frozen=True)
+class Working:
+    """Attributes:
+        program: what the attempt folds.
+        owned: ``program``'s top-level GraphModule is a copy this attempt made: `lift` may
+            edit it in place (False: it is the program being folded, `lift` builds anew).
+        owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
+        visits: nodes the rewrites' analyses visited (`FoldReport.analysis_visits`).
+        transposes: names of the transposes that replace their matrix when folded
+            (`readers.Rewrite.transposes`).
+        notes: one line per rewritten gather (`FoldReport.rewrites`).
+    """
+
+    program: ExportedProgram
+    owned: bool
+    owned_bodies: frozenset
+    visits: int
+    transposes: frozenset
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """Makes the `Working` program of an attempt from `base` (called once per attempt, and
+    again after an attempt lifted its working program and was discarded).
+
+    Attributes:
+        base: the program being folded; never edited.
+        pins: body paths of nodes that stay in their body (`hoist_body_constants`); the
+            driver's dict, read at each call.
+        bytes_before: stored constant bytes of the caller's program (the growth budget's
+            reference).
+        rewrite_readers: run `read_through_transposes` (the first round only: after a
+            ``cond`` is inlined the program is the fold's own output, rewritten already).
+        transposes, notes: what the first round's rewrite found (used when it does not run).
+    """
+
+    base: ExportedProgram
+    policy: FoldPolicy
+    clone_op: object
+    pins: Mapping[str, object]
+    bytes_before: int
+    timer: PhaseTimer
+    rewrite_readers: bool = True
+    transposes: frozenset = frozenset()
+    notes: tuple[str, ...] = ()
+
+    def __call__(self) -> Working:
+        with self.timer.phase("rewrites"):
+            if self.rewrite_readers:
+                rewrite = read_through_transposes(self.base, self.policy, self.bytes_before)
+            else:
+                rewrite = Rewrite(self.base, self.notes, self.transposes)
+        copied = rewrite.program is not self.base
+        with self.timer.phase("bodies"):
+            hoisting = hoist_body_constants(rewrite.program, self.policy, self.clone_op, self.pins, inplace=copied)
+        return Working(hoisting.program, hoisting.program is not self.base, hoisting.owned, hoisting.visits,
+                       rewrite.transposes, rewrite.notes)
+
+    def after_inlining(self, folded: ExportedProgram, last: Working) -> "Preparation":
+        """The preparation of the next round, which folds `folded` (the result of the round
+        whose working program was `last`, with a ``cond`` inlined since)."""
+        return replace(self, base=folded, rewrite_readers=False, transposes=last.transposes, notes=last.notes)
