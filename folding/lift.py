@@ -99,7 +99,6 @@ def lift(
     rewrite.use(place(program, folded, values, constant_placeholders, private_readers, rewrite.taken, rewrite.nonfinite))
     rewrite.copy_placeholders()
     rewrite.copy_ops()
-    rewrite.erase_dead()
     result = rewrite.program(bound or {})
     _check(result)
     return result, rewrite.record
@@ -246,9 +245,11 @@ class _Rewrite:
         self.env[node] = keep_name(self.graph.output(out_args, type_expr=node.type), node.name)
         self.env[node].meta = copy.copy(node.meta)
 
-    def erase_dead(self) -> None:
+    def _erase_dead(self) -> None:
         """In place: erase the folded nodes, the dropped placeholders and the get_attrs only
-        folded nodes read, last first (every reader left was redirected)."""
+        folded nodes read, last first (every reader left was redirected). Erasing a node
+        clears its inputs, so this comes after the records that read them (`NonfiniteScan`
+        follows a value back to its stored inputs)."""
         if self.in_place:
             for node in reversed(self.dead):
                 self.graph.erase_node(node)
@@ -267,6 +268,7 @@ class _Rewrite:
             t = stored_tensor(self.specs[p.name], self.state_dict, self.constants)
             self.record.lifted.append(lifted_row(p.name, self.specs[p.name].target, [n.name for n in nodes], t, reused=True,
                                            nonfinite=self.nonfinite(t, *nodes)))
+        self._erase_dead()
         refresh_meta(self.graph, bound, self.fake_mode)
         gm = graph_module(source.graph_module, self.graph, source.graph_module.__class__.__name__)
         gm.meta.update(source.graph_module.meta)

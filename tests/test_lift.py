@@ -128,7 +128,7 @@ def _first_attempt_up_to_lift(ep):
 def test_lift_in_place_makes_the_program_lift_builds(family):
     """Differential, on seeded generated programs: `lift` editing the attempt's own copy in
     place gives exactly the program `lift` builds from it (graphs and code of every
-    GraphModule, signature, stored tensors by bits), and it runs."""
+    GraphModule, signature, stored tensors by bits) and the same record, and it runs."""
     from folding.fold import _lift
     from tests.fuzz.check import Case, fingerprint, same_fingerprint
     from tests.fuzz.generate import CONTROL_FLOW, GenConfig, generate
@@ -146,9 +146,10 @@ def test_lift_in_place_makes_the_program_lift_builds(family):
         attempt = _first_attempt_up_to_lift(ns["ep"])
         if attempt is None:
             continue
-        built, _ = _lift(*attempt, in_place=False)
+        built, built_record = _lift(*attempt, in_place=False)
         want = fingerprint(built)
-        edited, _ = _lift(*attempt, in_place=True)
+        edited, edited_record = _lift(*attempt, in_place=True)
+        assert edited_record == built_record  # lifted rows (non-finite flags included), removed placeholders
         assert edited.graph_module.graph is attempt[0].graph_module.graph  # the copy was edited, not rebuilt
         assert same_fingerprint(want, fingerprint(edited)) is None, (seed, same_fingerprint(want, fingerprint(edited)))
         compared += 1
@@ -163,3 +164,30 @@ def test_lift_in_place_makes_the_program_lift_builds(family):
         for a, b in zip(torch.utils._pytree.tree_leaves(out_built), torch.utils._pytree.tree_leaves(out_edited)):
             assert torch.equal(a, b)
     assert compared >= 8 and edited_nodes > 0, (compared, edited_nodes)
+
+
+class _NanThroughAView(torch.nn.Module):
+    """``log`` of a weight with negative entries, read through a transpose, next to a ``cond``
+    (its bodies make the fold work on a copy of its own, which `lift` edits in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 12).reshape(3, 4))
+
+    def forward(self, x, flag):
+        y = torch.cond(flag.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+        return y @ torch.log(self.w).t()
+
+
+def test_a_value_lifted_in_place_is_scanned_for_nan_through_its_views():
+    """The non-finite scan follows a folded value back through its views (`NonfiniteScan`):
+    editing in place must not erase those inputs before the scan reads them."""
+    from folding import fold_constants
+
+    x, flag = torch.randn(2, 4), torch.tensor([1])
+    ep = torch.export.export(_NanThroughAView().eval(), (x, flag))
+    result = fold_constants(ep)
+    (row,) = [c for c in result.report.lifted if not c.reused]
+    assert row.nonfinite, row
+    want, got = ep.module()(x, flag), result.program.module()(x, flag)
+    assert torch.equal(torch.isnan(want), torch.isnan(got)) and torch.isnan(got).any()
