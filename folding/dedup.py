@@ -12,8 +12,11 @@ programs, so the decision reads as few bytes as it can:
 2. tensors of different byte lengths cannot be identical;
 3. among the rest, a fingerprint of a few sampled bytes (all of them for small tensors)
    separates tensors that differ;
-4. only tensors whose fingerprints collide are digested, and each at most once per fold
-   (`fold_scope`).
+4. only tensors whose fingerprints collide are read whole: compared byte for byte with the
+   first tensor of each group they collide with while there are at most `_COMPARED_GROUPS`
+   (a comparison reads bytes about 8x faster than a digest hashes them), digested beyond
+   that, each at most once per fold (`fold_scope`), so that many colliding groups cost one
+   digest per tensor rather than a comparison per pair.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ from .sizes import aligned, inner_tensors, is_subclass, stored_tensor
 # Bytes sampled per tensor for its fingerprint; a tensor this small is fingerprinted whole,
 # so its fingerprint decides alone.
 _SAMPLES = 128
+# Up to this many groups share a fingerprint, a tensor is compared with each group's first
+# tensor; beyond, digests decide.
+_COMPARED_GROUPS = 2
+# Bytes compared at a time (bounded temporaries).
+_CHUNK = 1 << 20
 
 
 @dataclass
@@ -59,6 +67,9 @@ class _Memo:
         self.fingerprints = 0  # work done, for tests that rule out reading every weight
         self.digested: collections.Counter = collections.Counter()  # id(tensor) -> digests
         self.digested_bytes = 0
+        self.compared_bytes = 0  # bytes read by comparisons (each pair reads both tensors)
+        # (id, version) of two tensors compared -> (weak references, same bytes)
+        self._compared: dict[tuple, tuple[weakref.ref, weakref.ref, bool]] = {}
         # (id, version) of each tensor of a sequence -> (weak references, first of each content)
         self._firsts: dict[tuple, tuple[list[weakref.ref], list[int]]] = {}
         self.groupings = 0  # sequences grouped (a repeated sequence is looked up, not grouped)
@@ -92,6 +103,19 @@ class _Memo:
             e.fingerprint = (p.nbytes, _sampled_bytes(p))
             self.fingerprints += 1
         return e.fingerprint
+
+    def same_bytes(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """`a` and `b` (of one byte length) hold the same row-major bytes; each pair is read at
+        most once (the indexes of one fold meet the same tensors)."""
+        key = (id(a), _version(a), id(b), _version(b))
+        hit = self._compared.get(key)
+        if hit is not None and hit[0]() is a and hit[1]() is b:
+            return hit[2]
+        self.compared_bytes += a.nbytes + b.nbytes
+        x, y = raw_bytes(a), raw_bytes(b)
+        same = all(bytes(x[i:i + _CHUNK]) == bytes(y[i:i + _CHUNK]) for i in range(0, len(x), _CHUNK))
+        self._compared[key] = (weakref.ref(a), weakref.ref(b), same)
+        return same
 
     def digest(self, p: torch.Tensor) -> bytes:
         e = self._entry(p)
@@ -149,7 +173,11 @@ class IdenticalBytes:
         candidates = self._by_fingerprint.setdefault(key, [])
         if candidates and p.nbytes <= _SAMPLES:  # the fingerprint is the whole content
             return candidates[0]
-        if candidates:
+        if 0 < len(candidates) <= _COMPARED_GROUPS:
+            for g in candidates:
+                if self._memo.same_bytes(p, self.groups[g][0]):
+                    return g
+        elif candidates:
             digest = self._memo.digest(p)
             for g in candidates:
                 if self._memo.digest(self.groups[g][0]) == digest:

@@ -63,13 +63,40 @@ class IdenticalCopies(nn.Module):
         return x * self.a + self.b * 2.0, x + self.c, x + self.b
 
 
-def test_identical_weights_are_digested_at_most_once_per_fold():
+def test_identical_weights_are_read_whole_once_per_fold():
+    """Three identical 16 KiB buffers collide on their fingerprints: each is compared with the
+    first once in the fold (the indexes of the fold meet them several times), nothing more."""
     ep = torch.export.export(IdenticalCopies(), (torch.randn(4096),))
     with fold_scope() as work:
         result = fold_constants(ep)
-    assert work.digested and max(work.digested.values()) == 1
+    assert not work.digested and 0 < work.compared_bytes <= 2 * (2 * 4096 * 4)
     assert_report_bytes_true(result)
     assert result.report.constant_bytes_before == aligned(4096 * 4)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 6])
+def test_many_groups_sharing_a_fingerprint_are_digested_once_each(groups):
+    """Seeded contents that differ only where no byte is sampled: up to two groups per
+    fingerprint are told apart by comparisons; beyond, each tensor is digested at most once
+    (no comparison per pair), and the grouping is exact either way."""
+    g = torch.Generator().manual_seed(groups)
+    base = torch.zeros(8192, dtype=torch.uint8)
+    unsampled = [i for i in range(1, 8192) if i not in set(dedup._positions(8192).tolist())]
+    contents = []
+    for k in range(groups):
+        t = base.clone()
+        t[unsampled[int(torch.randint(0, len(unsampled), (1,), generator=g))]] = k + 1
+        contents.append(t)
+    tensors = [c.clone() for c in contents for _ in range(3)]  # 3 copies of each content
+    with fold_scope() as work:
+        index = IdenticalBytes()
+        ids = [index.add(t) for t in tensors]
+    assert ids == [i // 3 for i in range(len(tensors))]
+    assert distinct_bytes(tensors) == groups * 8192
+    if groups <= dedup._COMPARED_GROUPS:
+        assert not work.digested
+    else:
+        assert work.digested and max(work.digested.values()) == 1
 
 
 def test_views_of_one_storage_are_identical_without_reading():
