@@ -31,3 +31,21 @@ def test_table_has_one_cell_per_column(row):
     header, rule, line = fold_time.table([row]).splitlines()
     assert header.count("|") == rule.count("|") == line.count("|")
     assert line.startswith("| llama |")
+
+
+def test_the_floor_copies_the_top_level_graph_and_each_body_the_fold_replaced(row):
+    """llama has no body: one graph per stage. A cond whose branches lose their constant code
+    has both bodies replaced; a program folded with nothing to move keeps its bodies."""
+    import torch
+
+    from folding import fold_constants
+    from tests.test_cost import _RewrittenAndHoisted
+
+    assert row.edited_graphs == 2
+    ep = torch.export.export(_RewrittenAndHoisted().eval(), (torch.randint(0, 2048, (2, 7)), torch.tensor([1])))
+    edited = fold_time.edited_graphs(ep, fold_constants(ep).program)
+    assert edited[0] is ep.graph_module and {id(m) for m in edited[1:]} == {id(ep.graph_module.true_graph_0),
+                                                                            id(ep.graph_module.false_graph_0)}
+    # folded again, nothing moves: the bodies are the folded program's own
+    once = fold_constants(ep).program
+    assert fold_time.edited_graphs(once, fold_constants(once).program) == [once.graph_module]
