@@ -25,6 +25,7 @@ def test_both_pairings_are_reported_from_their_own_clocks(row):
     assert row.ratio_copy == pytest.approx(row.deepcopy_constant_prop_pass_s / row.fold_constants_s)
     assert row.ratio_inplace == pytest.approx(row.constant_prop_pass_s / row.fold_inplace_s)
     assert row.floor_s > 0 and row.aten_nodes < row.edge_nodes
+    assert 0 <= row.bodies_inplace_s < 0.1 * row.fold_inplace_s  # llama has no control flow
 
 
 def test_table_has_one_cell_per_column(row):
