@@ -175,3 +175,26 @@ def test_each_graph_the_fold_edits_is_copied_once(dialect):
         x = (ids, flag * flip)
         want, got = ep.module()(*x), folded.module()(*x)
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
+    """An attempt that lifted its working copy in place and is redone folds a fresh copy
+    (`folding/working.py`): what evaluation learnt moves to the nodes of the same names."""
+    from folding.bodies import copy_uncompiled
+    from folding.constraints import Constraints
+    from folding.evaluate import UndeclaredWrite
+    from folding.reasons import Reason
+
+    ep = chain_program(12, "ATEN")
+    nodes = {n.name: n for n in ep.graph.nodes}
+    ops = [n for n in ep.graph.nodes if n.op == "call_function"]
+    constraints = Constraints()
+    constraints.forced[ops[3]] = (Reason.DEPENDS_ON_KEPT, "kept")
+    constraints.learn(UndeclaredWrite(ops[5], ops[4]), {})
+    fresh, _ = copy_uncompiled(ep.graph_module)
+    constraints.rebound(fresh.graph)
+    by_name = {n.name: n for n in fresh.graph.nodes}
+    assert {n.name for n in constraints.forced} == {ops[3].name}
+    assert all(n.graph is fresh.graph for n in constraints.forced)
+    assert constraints.writes == {by_name[ops[5].name]: {by_name[ops[4].name]}}
+    assert nodes[ops[5].name] is ops[5] and by_name[ops[5].name] is not ops[5]
