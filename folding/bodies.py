@@ -76,7 +76,8 @@ def hoist_body_constants(
     it edits copied; tensors, signature, dicts and untouched bodies shared), or `program`
     itself when it has no control-flow body. The copy's graphs compile on first use
     (`copy_uncompiled`): a body when it runs (evaluated whole, or at runtime); the top-level
-    graph never, since the fold only reads it and `lift` builds the program that runs.
+    graph when the folded program's graph module is called (`lift` edits it in place,
+    `folding/working.py`).
 
     Args:
         clone_op: the program dialect's copy op, inserted where a body returns a value that
@@ -104,7 +105,7 @@ def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dic
     """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
     every attribute, bodies included, shared) in a new GraphModule, and the node map. Compiled
     on first use (`torch_internals.lazy_graph_module`): the caller edits it freely, and a copy
-    that is only read (the fold's intermediate top-level graphs) is never compiled."""
+    that is never called is never compiled."""
     graph = torch.fx.Graph()
     copy_codegen(gm.graph, graph)
     env: dict[torch.fx.Node, torch.fx.Node] = {}

@@ -154,8 +154,9 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
 
     Returns:
         A `Rewrite`: a copy of `program` (the graph copied; tensors, signature and bodies
-        shared), or `program` itself when nothing applies. The copy's graph compiles on first
-        use, that is never: the fold only reads it, and `lift` builds the program that runs.
+        shared), or `program` itself when nothing applies. The copy is the attempt's own:
+        `bodies` and then `lift` edit it in place (`folding/working.py`); its graph compiles
+        on first use only.
     """
     found = _candidates(program, policy, policy.growth_budget(bytes_before))
     if not found:
