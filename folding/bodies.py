@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 import torch
 import torch.fx

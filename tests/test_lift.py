@@ -4,7 +4,6 @@ which stays as it was. The values are computed here with torch, not by the fold'
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
