@@ -9,7 +9,10 @@
 
 from .sdk import QnnSdk, load_qnn_sdk, prevent_sdk_download, try_load_qnn_sdk
 
-try_load_qnn_sdk()  # before executorch's QNN code first reads QNN_SDK_ROOT (it downloads when unset)
+# No file, no library: only QNN_SDK_ROOT="" when unset, so executorch's QNN code (imported below,
+# and run by generate_qnn_executorch_compiler_spec or QnnQuantizer before any lowering) never
+# downloads an SDK. The libraries are set up at the first QNN use (qnn/sdk.py, load_qnn_sdk).
+prevent_sdk_download()
 
 from .control_flow import pass_manager_cls
 from .compile_spec import FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs

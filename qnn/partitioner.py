@@ -112,6 +112,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         preserve_edge_names: Optional[bool] = None,
         to_edge_passes: Optional[Callable[[ExportedProgram], list]] = None,
     ) -> None:
+        from .sdk import load_qnn_sdk; load_qnn_sdk()  # first QNN use: the libraries (qnn/sdk.py), or QnnSdkError
         qnn_specs, self.fold_spec = split_compile_specs(compiler_specs)
         super().__init__(qnn_specs, skip_node_id_set, skip_node_op_set, skip_mutable_buffer)
         self.preserve_edge_names = preserve_edge_names

@@ -13,18 +13,25 @@ Where the libraries come from, in order:
 
 1. ``QNN_SDK_ROOT``, when set and non-empty: ``$QNN_SDK_ROOT/lib/x86_64-linux-clang/``.
 2. The installed ``onnxruntime-qnn`` wheel (``pip install 'et-constant-folding[qnn]'``).
-   Its files are linked (symbolic links, no copy) into a directory shaped like an SDK
-   (``ROOT/lib/x86_64-linux-clang/`` and ``ROOT/lib/onnxruntime_qnn.libs/``), and
-   ``QNN_SDK_ROOT`` is set to ``ROOT``, so executorch code that needs a root (``backend_opinfo``,
-   ``executorch.export`` recipes) finds one.
+   At the first QNN use (`load_qnn_sdk`: the first `qnn.QnnPartitioner`, lowering, `qnn.run_pte`
+   or recipe), its files are linked (symbolic links, no copy) into a folder shaped like an SDK
+   (``ROOT/lib/x86_64-linux-clang/`` and ``ROOT/lib/onnxruntime_qnn.libs/``), one log line names
+   the folder, and ``QNN_SDK_ROOT`` is set to ``ROOT``, so executorch code that needs a root
+   (``backend_opinfo``, ``executorch.export`` recipes) finds one. ``ROOT`` is
+   ``$ET_CONSTANT_FOLDING_QNN_DIR`` when set (`LAYOUT_DIR_ENV`), else a folder under
+   ``$XDG_CACHE_HOME`` (default ``~/.cache``). `main` (run by ``scripts/setup_env.sh``) does it
+   ahead of time and prints the folder.
 
 `load_qnn_sdk` then opens both libraries (after ``import torch``: opened before it, they crash
 the process; and after GCC's C++ runtime, `_keep_gnu_cxx_runtime_first`), so executorch's
 bare-name ``dlopen`` finds them loaded without ``LD_LIBRARY_PATH``, and checks the build id HTP reports (``QnnBackend_getBuildId`` in QNN's
 interface table, QnnInterface.h) against `SUPPORTED_BUILD_PREFIX`.
 
-Importing `qnn` calls `try_load_qnn_sdk`, which sets ``QNN_SDK_ROOT`` either way: executorch's ``setup_qnn_sdk``
-(backends/qualcomm/utils/qnn_sdk_setup.py) downloads an SDK whenever ``QNN_SDK_ROOT`` is unset.
+Importing `qnn` creates no file and opens no library: it only sets ``QNN_SDK_ROOT`` to the empty
+string when it is unset (`prevent_sdk_download`), because executorch's ``setup_qnn_sdk``
+(backends/qualcomm/utils/qnn_sdk_setup.py), which ``generate_qnn_executorch_compiler_spec`` and
+``QnnQuantizer`` call, downloads an SDK whenever ``QNN_SDK_ROOT`` is unset (an empty value means
+"the caller manages the SDK"). `load_qnn_sdk` then replaces the empty value with ``ROOT``.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ import ctypes
 import hashlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +60,11 @@ INSTALL_HINT = f"pip install 'et-constant-folding[qnn]' (that is, {WHEEL}=={WHEE
 _ARCH_DIR = ("lib", "x86_64-linux-clang")
 _LIBRARIES = ("libQnnHtp.so", "libQnnSystem.so")
 _OPTIONAL = ("libQnnGpu.so",)  # QNN's GPU backend, opened when present (the wheel ships it)
+LAYOUT_DIR_ENV = "ET_CONSTANT_FOLDING_QNN_DIR"
+"""Environment variable naming the folder the wheel's libraries are linked into (`layout_dir`)."""
+_MARKER = ".onnxruntime-qnn"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,21 +91,13 @@ _loaded: Optional[QnnSdk] = None
 
 
 def prevent_sdk_download() -> None:
-    """Point ``QNN_SDK_ROOT`` at the installed wheel's libraries when it is unset or empty.
+    """Set ``QNN_SDK_ROOT`` to the empty string when it is unset; creates no file.
 
-    Without the wheel an unset variable becomes ``""`` (executorch: "the caller manages the
-    SDK"), so executorch never downloads an SDK; `load_qnn_sdk` then raises `QnnSdkError`.
+    executorch reads an empty value as "the caller manages the SDK" and never downloads one;
+    `load_qnn_sdk` treats it as unset and replaces it with the wheel's folder. ``import qnn``
+    calls this.
     """
-    if os.environ.get("QNN_SDK_ROOT"):
-        return
-    wheel = _wheel_dir()
-    if wheel is None:
-        os.environ.setdefault("QNN_SDK_ROOT", "")
-        return
-    try:
-        os.environ["QNN_SDK_ROOT"] = str(_sdk_layout(wheel))
-    except OSError:
-        os.environ.setdefault("QNN_SDK_ROOT", "")
+    os.environ.setdefault("QNN_SDK_ROOT", "")
 
 
 def load_qnn_sdk() -> QnnSdk:
@@ -113,8 +119,8 @@ def load_qnn_sdk() -> QnnSdk:
 
 
 def try_load_qnn_sdk() -> Optional[QnnSdk]:
-    """`load_qnn_sdk`, or None when it would raise (``import qnn`` calls this: a program that
-    only folds needs no QNN libraries). ``QNN_SDK_ROOT`` is set either way (`prevent_sdk_download`)."""
+    """`load_qnn_sdk`, or None when it would raise. ``QNN_SDK_ROOT`` is set either way
+    (`prevent_sdk_download`)."""
     try:
         return load_qnn_sdk()
     except QnnSdkError:
@@ -122,11 +128,28 @@ def try_load_qnn_sdk() -> Optional[QnnSdk]:
         return None
 
 
-def _load() -> QnnSdk:
-    prevent_sdk_download()
+def _sdk_root() -> str:
+    """``QNN_SDK_ROOT`` when set and non-empty; else the wheel's folder (`_sdk_layout`), which
+    becomes ``QNN_SDK_ROOT``. Raises `QnnSdkError` when there is neither."""
     root = os.environ.get("QNN_SDK_ROOT", "")
-    if not root:
+    if root:
+        return root
+    prevent_sdk_download()
+    wheel = _wheel_dir()
+    if wheel is None:
         raise QnnSdkError(f"no QNN HTP libraries: QNN_SDK_ROOT is unset and {WHEEL} is not installed; {INSTALL_HINT}")
+    try:
+        root = str(_sdk_layout(wheel))
+    except OSError as exc:
+        raise QnnSdkError(
+            f"cannot link the {WHEEL} libraries into {layout_dir(wheel)} ({exc}); set {LAYOUT_DIR_ENV} "
+            "to a writable folder, or QNN_SDK_ROOT to a QNN 2.49 SDK") from exc
+    os.environ["QNN_SDK_ROOT"] = root
+    return root
+
+
+def _load() -> QnnSdk:
+    root = _sdk_root()
     libdir = Path(root, *_ARCH_DIR)
     paths = [libdir / name for name in _LIBRARIES]
     for path in paths:
@@ -236,24 +259,36 @@ def _wheel_version() -> str:
 
 
 def _is_wheel_layout(root: Path) -> bool:
-    return (root / ".onnxruntime-qnn").is_file()
+    return (root / _MARKER).is_file()
+
+
+def layout_dir(wheel: Path) -> Path:
+    """The folder the wheel's libraries are linked into: ``$ET_CONSTANT_FOLDING_QNN_DIR`` when
+    set, else ``$XDG_CACHE_HOME`` (default ``~/.cache``) ``/et-constant-folding/qnn-<version>-<key>``,
+    keyed by the wheel's location and version. Computed only; nothing is created."""
+    override = os.environ.get(LAYOUT_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    key = hashlib.sha256(f"{wheel.resolve()}|{_wheel_version()}".encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "et-constant-folding" / f"qnn-{_wheel_version()}-{key}"
 
 
 def _sdk_layout(wheel: Path) -> Path:
-    """An SDK-shaped directory of links to the wheel's files (created once, reused).
+    """An SDK-shaped folder of links to the wheel's files (`layout_dir`; created once, reused).
 
     ``ROOT/lib/x86_64-linux-clang/{libQnnHtp.so,libQnnSystem.so}`` and
     ``ROOT/lib/onnxruntime_qnn.libs/*`` (the libraries' RPATH is
-    ``$ORIGIN:$ORIGIN/../onnxruntime_qnn.libs``). ``ROOT`` is under ``$XDG_CACHE_HOME``
-    (default ``~/.cache``), keyed by the wheel's location and version.
+    ``$ORIGIN:$ORIGIN/../onnxruntime_qnn.libs``). Logs one line naming the folder: a warning
+    when it links (the first time), else at INFO.
     """
-    runtime = wheel.parent / "onnxruntime_qnn.libs"
-    key = hashlib.sha256(f"{wheel.resolve()}|{_wheel_version()}".encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    root = cache / "et-constant-folding" / f"qnn-{_wheel_version()}-{key}"
-    marker = root / ".onnxruntime-qnn"
-    if marker.is_file():
+    root = layout_dir(wheel)
+    marker = root / _MARKER
+    stamp = f"{WHEEL} {_wheel_version()} at {wheel}\n"
+    if marker.is_file() and marker.read_text() == stamp:
+        logger.info("QNN: using the %s libraries linked in %s", WHEEL, root)
         return root
+    runtime = wheel.parent / "onnxruntime_qnn.libs"
     arch = root.joinpath(*_ARCH_DIR)
     libs = root / "lib" / "onnxruntime_qnn.libs"
     arch.mkdir(parents=True, exist_ok=True)
@@ -264,7 +299,9 @@ def _sdk_layout(wheel: Path) -> Path:
     if runtime.is_dir():
         for item in runtime.iterdir():
             _link(item, libs / item.name)
-    marker.write_text(f"{WHEEL} {_wheel_version()} at {wheel}\n")
+    marker.write_text(stamp)
+    logger.warning("QNN: linked the %s %s libraries into %s (set %s to use another folder)",
+                   WHEEL, _wheel_version(), root, LAYOUT_DIR_ENV)
     return root
 
 
@@ -275,3 +312,18 @@ def _link(target: Path, link: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target)
     os.replace(tmp, link)  # atomic: concurrent processes see the old link or the new one
+
+
+def main() -> int:
+    """Set up and check the QNN libraries now; print where they are (``scripts/setup_env.sh``:
+    ``python -c "import sys, qnn.sdk; sys.exit(qnn.sdk.main())"``).
+
+    Returns 0 when they load, 1 (with the reason on stderr) when not."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        sdk = load_qnn_sdk()
+    except QnnSdkError as exc:
+        print(f"QNN HTP libraries not usable: {exc}", file=sys.stderr)
+        return 1
+    print(f"QNN {sdk.build_id} ({sdk.source}) at {sdk.root}")
+    return 0

@@ -32,10 +32,14 @@ def test_the_loaded_libraries_are_qnn_2_49_in_an_sdk_shaped_root(qnn_sdk):
     assert qnn.load_qnn_sdk() is qnn_sdk  # once per process
 
 
-def test_import_sets_qnn_sdk_root_so_executorch_downloads_nothing():
-    out = _python("import os, qnn; print('ROOT=' + os.environ['QNN_SDK_ROOT']); print('SOURCE=' + qnn.load_qnn_sdk().source)")
+def test_import_sets_an_empty_qnn_sdk_root_and_the_first_use_the_wheels_folder():
+    """Empty after ``import qnn`` (executorch downloads nothing), the wheel's folder after
+    `load_qnn_sdk` (tests/test_import_side_effects.py: the import creates no file)."""
+    out = _python("import os, qnn; print('EMPTY=' + repr(os.environ['QNN_SDK_ROOT'])); "
+                  "print('SOURCE=' + qnn.load_qnn_sdk().source); print('ROOT=' + os.environ['QNN_SDK_ROOT'])")
     assert out.returncode == 0, out.stderr
-    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if line.startswith(("ROOT=", "SOURCE=")))
+    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if line.startswith(("EMPTY=", "ROOT=", "SOURCE=")))
+    assert values["EMPTY"] == "''"
     assert Path(values["ROOT"], "lib", "x86_64-linux-clang", "libQnnHtp.so").is_file()
     assert values["SOURCE"] == f"{sdk.WHEEL} {sdk.WHEEL_VERSION}"
 
