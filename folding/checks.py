@@ -1,14 +1,19 @@
 """The checks `fold_constants` makes of its input before anything else: the graph signature
-matches the graph, and every stored tensor it names exists and holds data."""
+matches the graph as torch's verifier requires (stale OutputSpec names, which torch accepts,
+are returned for repair), and every stored tensor it names exists and holds data."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import ConstantArgument, ExportGraphSignature, InputKind, OutputSpec
 
 from .errors import InvalidProgramError
 from .sizes import STORED_KINDS, inner_tensors, stored_tensor
-from .torch_internals import is_fake
+from .torch_internals import is_fake, program_with
 
 
 def check_stored_tensors(program: ExportedProgram) -> None:
@@ -35,17 +40,80 @@ def check_stored_tensors(program: ExportedProgram) -> None:
                 )
 
 
-def check_signature(program: ExportedProgram) -> None:
-    """Placeholders match the InputSpecs and the outputs match the OutputSpecs, by name.
+def check_signature(program: ExportedProgram) -> tuple[OutputSpecRepair, ...]:
+    """Placeholders match the InputSpecs by name, and outputs match the OutputSpecs in number;
+    returns the OutputSpecs whose name is stale.
+
+    The rules are torch's own (``_verify_exported_program_signature`` in
+    torch/_export/verifier.py, which executorch's ``to_edge`` runs): an InputSpec must name its
+    placeholder, and the OutputSpecs must be as many as the outputs. The verifier does not
+    compare an OutputSpec's name with its output: specs apply by position. executorch 1.5.1's
+    QNN export passes (``transform_for_export_pipeline``) rely on that: they decompose an op
+    whose result is a graph output (``cdist`` -> ``sqrt``, ``expm1`` -> ``sub``, ``roll`` ->
+    ``cat``) and leave the spec naming the removed node. Such a name is unambiguous (the
+    position says which node the spec means), so the stage repairs it on its own copy
+    (`with_output_names`) rather than refusing a program executorch lowers.
+
+    Returns:
+        One `OutputSpecRepair` per OutputSpec whose name differs from its output node's.
 
     Raises:
-        InvalidProgramError: naming the first mismatch.
+        InvalidProgramError: a placeholder and its InputSpec differ (in number or by name), the
+            outputs and OutputSpecs differ in number, or the OutputSpec of an output node is a
+            constant; the message names the first mismatch.
     """
     placeholders = [n.name for n in program.graph.nodes if n.op == "placeholder"]
     _same_names("placeholder", placeholders, "InputSpec", program.graph_signature.input_specs)
     output = program.graph.output_node()
     flat = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-    _same_names("output", [getattr(a, "name", None) for a in flat], "OutputSpec", program.graph_signature.output_specs)
+    specs = program.graph_signature.output_specs
+    if len(flat) != len(specs):
+        raise InvalidProgramError(
+            f"graph signature does not match the graph's outputs: {len(flat)} outputs vs {len(specs)} OutputSpecs"
+        )
+    repairs = []
+    for i, (a, spec) in enumerate(zip(flat, specs)):
+        if not isinstance(a, torch.fx.Node) or a.name == getattr(spec.arg, "name", None):
+            continue  # a constant output (None, an int) has no node to name
+        if isinstance(spec.arg, ConstantArgument) or not hasattr(spec.arg, "name"):
+            raise InvalidProgramError(
+                f"graph signature does not match the graph's outputs: output {i} is node {a.name!r}, "
+                f"its OutputSpec is {spec.arg!r}"
+            )
+        repairs.append(OutputSpecRepair(i, spec.arg.name, a.name))
+    return tuple(repairs)
+
+
+@dataclass(frozen=True)
+class OutputSpecRepair:
+    """An OutputSpec that named another node than the output at its position.
+
+    Attributes:
+        position: index of the output (and of its OutputSpec).
+        stale: the name the OutputSpec gave (often a node a pass removed).
+        node: the name of the output node at that position, which the repaired spec names.
+    """
+
+    position: int
+    stale: str
+    node: str
+
+    def __str__(self) -> str:
+        return f"OutputSpec {self.position} named {self.stale!r}; the output there is {self.node!r}"
+
+
+def with_output_names(program: ExportedProgram, repairs: tuple[OutputSpecRepair, ...]) -> ExportedProgram:
+    """`program` with the OutputSpecs `repairs` names renamed to their output nodes (kind and
+    target kept); a shallow copy that shares everything else, or `program` itself when there
+    is nothing to repair. The caller's program is not changed."""
+    if not repairs:
+        return program
+    specs = list(program.graph_signature.output_specs)
+    for r in repairs:
+        spec = specs[r.position]
+        specs[r.position] = OutputSpec(spec.kind, dataclasses.replace(spec.arg, name=r.node), spec.target)
+    signature = ExportGraphSignature(input_specs=list(program.graph_signature.input_specs), output_specs=specs)
+    return program_with(program, graph_signature=signature)
 
 
 def _same_names(kind: str, names: list, spec_kind: str, specs) -> None:

@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 
 from .analysis import analyze
 from .bodies import merge_duplicate_operands
-from .checks import check_signature, check_stored_tensors
+from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
 from .hops import recompile_shallow
 from .inline import Inlining, inline_constant_conds
@@ -80,11 +80,11 @@ def fold_constants(
     if policy is not None and not isinstance(policy, FoldPolicy):
         raise PolicyError(f"policy must be a folding.FoldPolicy or None, got {type(policy).__name__}")
     with timer.phase("checks"):
-        check_signature(program)
+        repairs = check_signature(program)
         check_stored_tensors(program)
     try:
         with _no_cyclic_gc(), fold_scope():
-            return _fold(program, policy or FoldPolicy(), inplace, timer)
+            result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
@@ -92,6 +92,11 @@ def fold_constants(
             f"unexpected {type(e).__name__} while folding (a bug in the folding stage, please report it "
             f"with the program): {e}"
         ) from e
+    result.report.repairs = [str(r) for r in repairs]
+    if inplace:  # only a program that passed lift's checks replaces the caller's
+        program.__dict__.update(result.program.__dict__)
+        result = FoldResult(program, result.report)
+    return result
 
 
 @contextlib.contextmanager
@@ -109,7 +114,7 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: PhaseTimer) -> FoldResult:
+def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
     """Fold `program`, control-flow bodies included (`bodies`, `inline`): constant code moves
     out of its bodies and folds at the top level; a node moved out but kept at runtime is
     pinned in its body and the fold reruns (each rerun pins at least one more node); a
@@ -145,9 +150,6 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, inplace: bool, timer: Ph
         report.rewrites = list(once.working.notes)
     with timer.phase("bodies"):
         report.decisions.extend(body_decisions(folded, policy, pins))
-    if inplace:  # only a program that passed lift's checks replaces the caller's
-        program.__dict__.update(folded.__dict__)
-        folded = program
     report.timings = timer.timings()
     logger.info(
         "folded %d nodes into %d lifted constants; constant bytes %d -> %d",

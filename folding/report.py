@@ -85,6 +85,7 @@ class FoldReport:
     evaluated_nodes: int = 0
     analysis_visits: int = 0  # nodes visited by analysis, top-level graph and bodies (work counting)
     rewrites: list[str] = field(default_factory=list)  # readers rewritten before folding (`readers`)
+    repairs: list[str] = field(default_factory=list)  # stale OutputSpec names renamed (`checks`)
 
     @property
     def folded(self) -> list[Decision]:
@@ -119,6 +120,7 @@ class FoldReport:
             "nonfinite_constants": [c.placeholder for c in self.nonfinite],
             "removed_placeholders": list(self.removed_placeholders),
             "rewrites": list(self.rewrites),
+            "repairs": list(self.repairs),
             "decisions": [
                 {**asdict(d), "reason": d.reason.name, "folded": d.folded} for d in self.decisions
             ],
@@ -140,6 +142,7 @@ class FoldReport:
                 if self.nonfinite else []
             ),
             *[f"- rewritten: {line}" for line in self.rewrites],
+            *[f"- repaired: {line}" for line in self.repairs],
             "- time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()),
             "",
             "| reason | nodes |",

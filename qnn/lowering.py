@@ -12,7 +12,6 @@ from (docs/design.md, "Where the stage runs")::
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -149,14 +148,20 @@ def _export_for_qnn(module, inputs, dynamic_shapes, pass_manager, compiler_specs
 
 def _pass_factory(pass_manager_cls, passes_job, dep_table, qnn_specs, options: _Options):
     """Builds this call's to-edge passes for a program (the lowered one, and the unfolded copy
-    `qnn.names` lowers to restore names)."""
-    job = with_control_flow_passes(copy.deepcopy(passes_job))
+    `qnn.names` lowers to restore names).
+
+    The caller's `passes_job` and `dep_table` are handed to QNN's pass manager as executorch's
+    function hands them (its entries, and the objects their arguments hold, are the caller's:
+    a ``TagQuantIO`` callback bound to a live decoder runs on that decoder, and QNN's
+    ``get_to_edge_transform_passes`` writes ``edge_program`` into the caller's argument dicts
+    as it does in executorch). `with_control_flow_passes` only re-keys the outer table."""
+    job = with_control_flow_passes(passes_job)
     dep_table = with_control_flow_passes(dep_table)
 
     def make(program: ExportedProgram) -> list:
         return pass_manager_cls().get_to_edge_transform_passes(
             program,
-            passes_job=copy.deepcopy(job),
+            passes_job=job,
             dep_table=dep_table,
             compiler_specs=qnn_specs,
             skip_node_id_set=options.skip_node_id_set,
@@ -167,9 +172,12 @@ def _pass_factory(pass_manager_cls, passes_job, dep_table, qnn_specs, options: _
     return make
 
 
-def _per_graph(value: Any, graph_names: List[str]) -> Dict[str, Any]:
-    """executorch's ``ensure_graph_specific_dict``: one value per method name."""
-    if isinstance(value, dict) and list(value.keys()) == list(graph_names):
+def _per_graph(value: Any, graph_names) -> Dict[str, Any]:
+    """One value per method name, by executorch's rule (``ensure_graph_specific_dict``, local
+    to ``to_edge_transform_and_lower_to_qnn`` in backends/qualcomm/utils/utils.py, so it cannot
+    be imported): a dict whose key *set* is the methods' is per method, in any order; any other
+    value is every method's."""
+    if isinstance(value, dict) and value.keys() == set(graph_names):
         return value
     return {name: value for name in graph_names}
 
