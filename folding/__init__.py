@@ -15,6 +15,7 @@ from .errors import FoldingError, FoldInternalError, FoldInvariantError, Invalid
 # Everything else is imported on first use (PEP 562), so ``python -m folding`` can check its
 # command line before torch is imported.
 _LAZY = {
+    "CopyControlFlowOutputs": ".lowering",
     "Decision": ".report",
     "FoldConstantsPass": ".passes",
     "FoldPolicy": ".policy",
@@ -22,8 +23,11 @@ _LAZY = {
     "FoldResult": ".fold",
     "LiftedConstant": ".report",
     "Reason": ".reasons",
+    "copy_control_flow_outputs": ".lowering",
+    "executorch_backend_config": ".lowering",
     "fold_constants": ".fold",
     "reserve_node_names": ".names",
+    "xnnpack_partitioner": ".lowering",
 }
 
 
@@ -37,6 +41,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "CopyControlFlowOutputs",
     "Decision",
     "FoldConstantsPass",
     "FoldInternalError",
@@ -49,6 +54,9 @@ __all__ = [
     "LiftedConstant",
     "PolicyError",
     "Reason",
+    "copy_control_flow_outputs",
+    "executorch_backend_config",
     "fold_constants",
     "reserve_node_names",
+    "xnnpack_partitioner",
 ]

@@ -86,6 +86,7 @@ class FoldReport:
     analysis_visits: int = 0  # nodes visited by analysis, top-level graph and bodies (work counting)
     rewrites: list[str] = field(default_factory=list)  # readers rewritten before folding (`readers`)
     repairs: list[str] = field(default_factory=list)  # stale OutputSpec names renamed (`checks`)
+    notes: list[str] = field(default_factory=list)  # what lowering the folded program needs (`lowering.lowering_note`)
 
     @property
     def folded(self) -> list[Decision]:
@@ -121,6 +122,7 @@ class FoldReport:
             "removed_placeholders": list(self.removed_placeholders),
             "rewrites": list(self.rewrites),
             "repairs": list(self.repairs),
+            "notes": list(self.notes),
             "decisions": [
                 {**asdict(d), "reason": d.reason.name, "folded": d.folded} for d in self.decisions
             ],
@@ -143,6 +145,7 @@ class FoldReport:
             ),
             *[f"- rewritten: {line}" for line in self.rewrites],
             *[f"- repaired: {line}" for line in self.repairs],
+            *[f"- note: {line}" for line in self.notes],
             "- time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()),
             "",
             "| reason | nodes |",

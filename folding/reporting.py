@@ -14,6 +14,7 @@ from .analysis import analyze
 from .bodies import BODY_PATH, body_path, body_signature, constant_placeholders, has_bodies
 from .hops import bodies, hop_kind
 from .inline import Inlining
+from .lowering import lowering_note
 from .ops import op_name
 from .policy import FoldPolicy
 from .quant import describe_encoding
@@ -97,8 +98,11 @@ def _report_names(path) -> tuple[str, ...]:
 def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> FoldReport:
     """One report for successive folds of one program and the inlining of conds between them:
     a node's last decision wins; lifted constants are those the final program still has.
-    Timings are the driver's (`PhaseTimer`)."""
+    Timings are the driver's (`PhaseTimer`). Its notes say what lowering `program` (the folded
+    program) needs (`lowering.lowering_note`: the config for its control flow)."""
+    notes = [note] if (note := lowering_note(program)) else []
     if len(steps) == 1:
+        steps[0].notes = notes
         return steps[0]
     decisions: dict[str, Decision] = {}
     for step in steps:
@@ -122,6 +126,7 @@ def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> Fold
         peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
         evaluated_nodes=sum(r.evaluated_nodes for r in reports),
         analysis_visits=sum(r.analysis_visits for r in reports),
+        notes=notes,
     )
 
 
