@@ -192,9 +192,14 @@ def _keep_scalar_outputs(plan: Plan) -> None:
 
 def _keep_encodings(plan: Plan) -> None:
     """Leave in the graph every dequantize (and float op after it) whose value would otherwise be
-    stored for a runtime reader; what is stored instead is the dequantize's integer input."""
+    stored for a runtime op to read; what is stored instead is the dequantize's integer input.
+
+    The graph output is not such a reader: an encoding is read by the op that consumes the
+    dequantize (QNN's AnnotateQuantAttrs/FoldQDQ), and a dequantize the output alone reads
+    carries none. Left in, it is constant-only work that HTP refuses to build (``could not
+    create op``, executorch issues 17732/18622); folded, the program returns its float value."""
     dq = dequantized_values(plan.candidates)
-    work = [n for n in plan.candidates if n in dq and _readers_outside(plan, n)]
+    work = [n for n in plan.candidates if n in dq and any(u.op != "output" and not plan.folded(u) for u in n.users)]
     while work:
         n = work.pop()
         if n in plan.runtime:

@@ -260,3 +260,41 @@ def test_torchao_weight_only_program_folds_constant_linear_and_keeps_runtime_deq
     # the constant-only linear(table, dequantize_affine(w)) is folded (its output carries no encoding)
     assert any(d.node == "linear" and d.folded for d in result.report.decisions)
     assert stored_constant_bytes(result.program) <= stored_constant_bytes(ep)
+
+
+class _ReturnsDequantizedWeight(nn.Module):
+    """A program that returns a stored int8 tensor's dequantize (executorch issues 17732 and
+    18622), beside a runtime op that reads the same dequantize when `shared`."""
+
+    def __init__(self, shared: bool):
+        super().__init__()
+        self.shared = shared
+        self.register_buffer("w_int8", torch.randint(-128, 127, (8, 8), dtype=torch.int8,
+                                                     generator=torch.Generator().manual_seed(5)))
+
+    def forward(self, x):
+        w = torch.ops.quantized_decomposed.dequantize_per_tensor(self.w_int8, 0.05, 0, -128, 127, torch.int8)
+        return (F.linear(x, w) if self.shared else x.relu()), w
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["output_only", "output_and_linear"])
+def test_dequantize_the_output_alone_reads_folds_to_its_float_value(shared):
+    """The output is not an op that reads an encoding: a dequantize only the output reads is
+    folded (its float value stored and returned); one a runtime op also reads keeps its
+    encoding, and its integer input stays what is stored."""
+    import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed ops)
+
+    x = torch.randn(2, 8)
+    ep = torch.export.export(_ReturnsDequantizedWeight(shared).eval(), (x,))
+    result = fold_constants(ep)
+    assert_valid_program(result.program)
+    for want, got in zip(ep.module()(x), result.program.module()(x)):
+        assert torch.equal(want, got)
+    dq = [n for n in result.program.graph.nodes if _is_dq(n)]
+    by_node = {d.node: d for d in result.report.decisions}
+    if shared:
+        assert len(dq) == 1 and by_node[dq[0].name].reason is Reason.KEEPS_ENCODING
+        assert [c.dtype for c in result.report.lifted] == []
+    else:
+        assert dq == []
+        assert [(c.dtype, c.nbytes) for c in result.report.lifted] == [("float32", 8 * 8 * 4)]

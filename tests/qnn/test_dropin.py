@@ -188,3 +188,32 @@ def test_llm_pipeline_shape_lowers_with_callbacks_on_the_callers_object(fold):
         summary = qnn.describe_partitions(manager, name)
         assert summary.partitions == 1 and summary.cpu_op_count == 0, (name, summary)
     assert manager.to_executorch().buffer
+
+
+# -- a dequantize the output alone reads (executorch issues 17732, 18622) -------------------
+
+
+class ReturnsDequantizedWeight(nn.Module):
+    """``return self.lin(x).relu(), dequantize_per_tensor(w_int8, ...)``: the second output is
+    constant-only work with no encoding for any QNN op; executorch's flow hands it to HTP, which
+    refuses to build it (``could not create op``, ``Failed to generate Qnn context binary``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("w_int8", torch.randint(-128, 127, (8, 8), dtype=torch.int8,
+                                                     generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        return self.lin(x).relu(), torch.ops.quantized_decomposed.dequantize_per_tensor(
+            self.w_int8, 0.05, 0, -128, 127, torch.int8)
+
+
+def test_returned_dequantize_of_a_weight_lowers_with_folding_and_matches():
+    inputs = (_rand(2, 8),)
+    module = quantize(ReturnsDequantizedWeight().eval(), inputs, QuantDtype.use_8a8w)
+    with pytest.raises(AssertionError, match="Failed to generate Qnn context binary"):
+        lower_with_wrapper(module, inputs, compiler_specs(False, quantized=True))
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True, quantized=True))
+    assert qnn.describe_partitions(manager).partitions == 1
+    assert_runs_on_htp(manager, module, inputs, quantized=True)
