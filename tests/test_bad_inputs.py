@@ -220,22 +220,31 @@ def _with_output_specs(ep, specs):
     return ep
 
 
-def test_a_stale_output_spec_name_is_repaired_on_the_stages_copy():
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_a_stale_output_spec_name_is_repaired_on_the_stages_copy(dialect):
     """torch's verifier reads OutputSpecs by position and never compares their names with the
     outputs (executorch's QNN export passes leave stale ones): the fold renames the spec after
-    its output, says so in the report, and leaves the caller's program alone."""
+    its output, says so in the report, and leaves the caller's program alone; in Edge dialect
+    through `FoldConstantsPass`, as ``to_edge_transform_and_lower``'s transform passes run it."""
     import dataclasses
 
-    ep = _ep()
+    from executorch.exir import to_edge
+
+    ep = _ep() if dialect == "aten" else to_edge(_ep()).exported_program()
     x = torch.randn(2, 4)
     spec = ep.graph_signature.output_specs[0]
     stale = _with_output_specs(ep, [dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name="gone"))])
-    result = folding.fold_constants(stale)
+    if dialect == "aten":
+        result = folding.fold_constants(stale)
+        program, report = result.program, result.report
+    else:
+        fold_pass = folding.FoldConstantsPass()
+        program, report = fold_pass(stale).exported_program, fold_pass.report
     assert stale.graph_signature.output_specs[0].arg.name == "gone"
-    (out,) = result.program.graph.output_node().args[0]
-    assert result.program.graph_signature.output_specs[0].arg.name == out.name
-    assert result.report.repairs == [f"OutputSpec 0 named 'gone'; the output there is {out.name!r}"]
-    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+    (out,) = program.graph.output_node().args[0]
+    assert program.graph_signature.output_specs[0].arg.name == out.name
+    assert report.repairs == [f"OutputSpec 0 named 'gone'; the output there is {out.name!r}"]
+    assert_close_all(outputs(ep, (x,)), outputs(program, (x,)))
 
 
 def test_outputs_and_output_specs_differing_in_number_are_refused():
