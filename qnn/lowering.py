@@ -28,6 +28,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
+from folding.lowering import control_flow_calls, copy_control_flow_outputs
 from folding.ops import op_name
 from folding.sizes import stored_constant_bytes
 
@@ -60,8 +61,19 @@ def to_edge_transform_and_lower_to_qnn(
     partitioners are `qnn.QnnPartitioner`; their ``reports`` hold the decisions
     (``edge_manager``-independent, see `describe_partitions` for the lowered result).
 
-    Unlike executorch's function this one does not call ``setup_qnn_sdk()`` up front (it may
-    download an SDK); QNN's manager registry calls it when it first creates a QNN manager.
+    Where it differs from executorch's function, and why:
+
+    - it does not call ``setup_qnn_sdk()`` up front (it may download an SDK); QNN's manager
+      registry calls it when it first creates a QNN manager;
+    - QNN's pipelines come from `qnn.pass_manager_cls` (executorch's pass manager with two
+      passes swapped for variants that leave control flow alone), and the caller's
+      ``passes_job``/``dep_table`` are re-keyed for those variants (their values are the
+      caller's own objects, not copies);
+    - a method whose program keeps control flow (on the CPU) gets its ``cond``/``map``/``scan``
+      outputs copied into the caller's memory (`folding.copy_control_flow_outputs`), so that the
+      plain ``to_executorch()`` the caller runs is not hit by executorch issue 21490;
+    - a multi-method call with ``dump_intermediate_outputs`` raises ``ValueError`` where
+      executorch asserts.
 
     Args:
         preserve_edge_names: our one extra argument, see `qnn.QnnPartitioner`; the unfolded names
@@ -96,6 +108,8 @@ def to_edge_transform_and_lower_to_qnn(
             compile_config=qnn_edge_config(),
             generate_etrecord=generate_etrecord,
         )
+    if any(control_flow_calls(manager.exported_program(name)) for name in manager.methods):
+        manager = copy_control_flow_outputs(manager)
     manager.qnn_partitioners = partitioners
     return manager
 

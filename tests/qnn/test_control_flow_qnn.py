@@ -270,3 +270,50 @@ def test_quantizing_a_runtime_cond_stops_with_the_typed_error():
 
     with pytest.raises(qnn.ControlFlowNotSupportedError, match="QnnQuantizer's annotation pipeline"):
         quantize_for_htp(LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8),), "8a8w")
+
+
+class CondThenMap(nn.Module):
+    """Issue 33's program, shrunk from a fuzz campaign: a cond whose result a later ``map`` could
+    overwrite in the arena every control-flow body shares (executorch issue 21490). Folded and
+    lowered with a plain ``to_executorch()``, output ``c`` was off by about 2 on both branches."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(26)
+        self.register_buffer("b2", torch.randn(4, generator=g))
+        self.p26 = nn.Parameter(torch.randn(4, 4, generator=g))
+
+    def forward(self, x):
+        def t(a):
+            return ((torch.arange(16.0).reshape(4, 4) * 0.1).index_select(1, torch.roll(torch.arange(4), 1)),)
+
+        def f(a):
+            return (a @ (torch.ones(4, 4) * 0.5),)
+
+        (c,) = torch.cond(x[:, 0].sum() > 0, t, f, (x,))
+        m = hop_map(lambda xi, q: self.p26.sum(0), x, torch.arange(4))
+        return torch.ones(4, 4) + self.b2, c, m
+
+
+@pytest.mark.parametrize("fold", [
+    pytest.param(False, id="fold_off", marks=pytest.mark.xfail(strict=True, reason=(
+        "another fault, fold off only: the delegate before the cond computes arange(4) (no "
+        "input) as a partition output; HTP does not bind an output computed from static tensors "
+        "only ('binds 2 tensors ... ExecuTorch passed 3 arguments', CALL_DELEGATE 0x1), as "
+        "with scan's zeros carry (_SCAN_FOLD_OFF above). With the "
+        "copy removed it fails the same way."))),
+    pytest.param(True, id="fold_on"),
+])
+def test_control_flow_outputs_are_right_through_the_wrappers_plain_to_executorch(fold):
+    """`qnn.to_edge_transform_and_lower_to_qnn` copies control-flow outputs out of the body arena
+    (`folding.copy_control_flow_outputs`): the caller's plain ``to_executorch()`` (inside
+    `assert_runs_on_htp`) gives a .pte that is right on inputs taking each branch."""
+    module = CondThenMap().eval()
+    ones = torch.ones(4, 4)
+    manager = lower_with_wrapper(module, (ones,), compiler_specs(fold))
+    graph = manager.exported_program().graph
+    calls = [n for n in graph.nodes if n.target in (torch.ops.higher_order.cond, torch.ops.higher_order.map_impl)]
+    assert len(calls) == 2
+    for item in (u for call in calls for u in call.users):
+        assert [u.target.__name__ for u in item.users] in (["aten.clone.default"], ["dim_order_ops._clone_dim_order.default"]), item.users
+    assert_runs_on_htp(manager, module, (ones,), more_inputs=[(-ones,)])
