@@ -1,7 +1,7 @@
-"""CLI: ``python -m benchmarks [--quick] [--models ...] [--variants ...] [--backends ...]``.
+"""CLI: ``python -m benchmarks [--quick] [--models ...] [--variants ...] [--backends portable,xnnpack,qnn]``.
 
-``python -m benchmarks --qnn [--models ...] [--quick] [--out DIR]``: the QNN rows instead
-(`benchmarks.qnn_rows`).
+QNN/HTP is a backend of the run (on by default; `benchmarks.qnn_unit`); ``--qnn`` is short for
+``--backends qnn``.
 
 ``python -m benchmarks --weight-scale [--quick] [--out DIR] [options of benchmarks.weight_scale]``:
 fold_constants vs constant_prop_pass on 0.5-4 GiB Llama programs instead (`benchmarks.weight_scale`).
@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from . import models, report, runner, variants
+from . import models, progress, report, runner, variants
 
 
 def _csv(value: str) -> List[str]:
@@ -42,10 +42,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Compare no folding, ExecuTorch constant_prop_pass and fold_constants "
-                    "on real models, for the portable and XNNPACK backends.")
+                    "on real models, for the portable, XNNPACK and QNN/HTP backends.")
     p.add_argument("--models", type=_csv, default=None,
                    help=f"comma-separated subset of: {','.join(models.BUILDERS)} "
-                        f"(default: all; with --quick: {','.join(models.QUICK_MODELS)})")
+                        f"(default: all but swin_v2_t_q8; {','.join(models.QNN_ONLY_MODELS)} for qnn only; "
+                        f"with --quick: {','.join(models.QUICK_MODELS)})")
     p.add_argument("--variants", type=_csv, default=None,
                    help=f"comma-separated subset of: {','.join(variants.VARIANTS)} "
                         f"(default: {','.join(variants.DEFAULT_VARIANTS)}; with --sweep: "
@@ -53,16 +54,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--sweep", action="store_true",
                    help="policy sweep: no folding / no limits / default policy / strict, per model")
     p.add_argument("--qnn", action="store_true",
-                   help="QNN HTP rows instead (fp16 and 8a8w, fold off/on, per model; "
-                        "benchmarks/qnn_rows.py); writes qnn.json and qnn.md")
+                   help="short for --backends qnn: only the QNN/HTP rows")
     p.add_argument("--scale", action="store_true",
                    help="run the scale benchmark instead (python -m benchmarks.scale; see its --help)")
     p.add_argument("--weight-scale", action="store_true",
                    help="run the weight-scale benchmark instead (python -m benchmarks.weight_scale; see its --help)")
-    p.add_argument("--backends", type=_csv, default=list(runner.BACKENDS),
-                   help="comma-separated subset of: portable,xnnpack (default: both)")
+    p.add_argument("--backends", type=_csv, default=None,
+                   help="comma-separated subset of: portable,xnnpack,qnn (default: all three; qnn rows "
+                        "say 'skipped: <why>' where the QNN libraries are missing)")
     p.add_argument("--quick", action="store_true",
-                   help="small models and inputs, fewer latency runs (about 3 minutes)")
+                   help="small models and inputs, one QNN precision per model, fewer latency runs (about 5 minutes)")
     p.add_argument("--runs", type=int, default=None,
                    help="timed forward() calls per row, median reported (default 10; --quick 3)")
     p.add_argument("--latency-budget", type=float, default=None, metavar="SECONDS",
@@ -90,23 +91,29 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.variants is None:
         args.variants = variants.SWEEP_VARIANTS if args.sweep else variants.DEFAULT_VARIANTS
+    if args.backends is None:
+        args.backends = ["qnn"] if args.qnn else list(runner.BACKENDS)
+    elif args.qnn and args.backends != ["qnn"]:
+        p.error("--qnn is short for --backends qnn; give one of them")
+    _check(args.backends, list(runner.BACKENDS), "backend")
     if args.models is None:
-        args.models = models.QUICK_MODELS if args.quick else models.DEFAULT_MODELS
-    if args.qnn:
-        from .qnn_rows import MODELS as qnn_models
-
-        if args.models == models.DEFAULT_MODELS:
-            args.models = qnn_models
-        _check(args.models, qnn_models, "model for --qnn (QNN quantizes the float models itself)")
+        args.models = list(models.QUICK_MODELS if args.quick else models.DEFAULT_MODELS)
+        if not args.quick and "qnn" in args.backends:
+            args.models += models.QNN_ONLY_MODELS
+        # only the models some chosen backend builds (e.g. no *_q8 rows with --backends qnn)
+        args.models = [m for m in args.models if set(models.backends_of(m)) & set(args.backends)]
     _check(args.models, list(models.BUILDERS), "model")
     _check(args.variants, list(variants.VARIANTS), "variant")
-    _check(args.backends, list(runner.BACKENDS), "backend")
+    unbuilt = [m for m in args.models if not set(models.backends_of(m)) & set(args.backends)]
+    if unbuilt:
+        p.error(f"no row to build: {', '.join(unbuilt)} is built for "
+                f"{' / '.join(','.join(models.backends_of(m)) for m in unbuilt)} only")
     if args.runs is None:
         args.runs = 3 if args.quick else 10
     if args.latency_budget is None:
         args.latency_budget = 1.0 if args.quick else 3.0
     if args.out is None:
-        suffix = ("-quick" if args.quick else "") + ("-sweep" if args.sweep else "") + ("-qnn" if args.qnn else "")
+        suffix = ("-quick" if args.quick else "") + ("-sweep" if args.sweep else "") + ("-qnn" if args.backends == ["qnn"] else "")
         args.out = os.path.join("results", time.strftime("%Y%m%d-%H%M%S") + suffix)
     return args
 
@@ -128,41 +135,50 @@ def main(argv: Optional[List[str]] = None) -> int:
         return fold_time.main(args.fold_time_argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    if args.qnn:
-        return _main_qnn(args, argv)
     import torch
-    from tqdm import tqdm
 
     torch.set_num_threads(2)
     os.makedirs(args.out, exist_ok=True)
     work_dir = os.path.join(args.out, "pte") if args.keep_pte else tempfile.mkdtemp(prefix="bench-pte-")
     os.makedirs(work_dir, exist_ok=True)
-    n_rows = len(args.models) * len(args.variants) * len(args.backends)
-    bar = tqdm(total=2 * n_rows, desc="build", unit="step", file=sys.stderr, dynamic_ncols=True)
-
-    def on_step(phase: str, row: runner.Row) -> None:
-        bar.set_description(phase)
-        bar.set_postfix_str(f"{row.model}/{row.variant}/{row.backend}: {row.status[:40]}")
-        bar.update(1)
-
+    shown = progress.Progress(runner.total_rows(args.models, args.variants, args.backends, args.quick))
+    print(f"benchmark: {shown.total} rows ({', '.join(args.backends)}; {', '.join(args.models)}); "
+          f"worker logs in {os.path.join(args.out, 'workers.log')}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         rows = runner.run_all(args.models, args.variants, args.backends, args.runs, work_dir,
                               quick=args.quick, jobs=args.jobs, latency_budget_s=args.latency_budget,
-                              log_path=os.path.join(args.out, "workers.log"), on_step=on_step)
+                              log_path=os.path.join(args.out, "workers.log"), on_step=shown.step,
+                              on_building=shown.building)
     finally:
-        bar.close()
         if not args.keep_pte:
             shutil.rmtree(work_dir, ignore_errors=True)
     wall = time.perf_counter() - start
     meta = dict(_meta(args, argv, wall), runs=args.runs, latency_budget_s=args.latency_budget, jobs=args.jobs)
     dicts = [r.to_dict() for r in rows]
+    from .qnn_unit import regressions, sdk_text
+
+    if any(r["backend"] == "qnn" for r in dicts):
+        meta["qnn"] = sdk_text(dicts) or "not loaded (rows skipped)"
     paths = report.write_all(dicts, args.out, meta)
     print(report.to_markdown(dicts))
-    failed = [r for r in rows if r.status != "ok"]
-    print(f"{len(rows) - len(failed)}/{len(rows)} rows ok, wall time {wall:.0f} s; "
-          f"wrote {', '.join(paths.values())}", file=sys.stderr)
-    return 1 if failed else 0
+    print(_summary(dicts, wall, paths), file=sys.stderr)
+    return 1 if failures(dicts, regressions) else 0
+
+
+def failures(rows: List[dict], qnn_regressions) -> List[dict]:
+    """Rows that make the run fail: a CPU row not ``ok`` (skips excepted), and a QNN
+    ``fold_constants`` row that failed where ``none`` did not (`qnn_unit.regressions`). A QNN
+    ``none`` or ``constant_prop_pass`` row may fail by design (a partition without runtime input)."""
+    cpu = [r for r in rows if r["backend"] != "qnn" and r["status"] != "ok" and not r["status"].startswith("skipped")]
+    return cpu + qnn_regressions(rows)
+
+
+def _summary(rows: List[dict], wall: float, paths: dict) -> str:
+    ok = sum(r["status"] == "ok" for r in rows)
+    skipped = sum(r["status"].startswith("skipped") for r in rows)
+    return (f"{ok}/{len(rows)} rows ok" + (f", {skipped} skipped" if skipped else "")
+            + f", wall time {wall:.0f} s; wrote {', '.join(paths.values())}")
 
 
 def _meta(args: argparse.Namespace, argv: Optional[List[str]], wall: float) -> dict:
@@ -178,34 +194,6 @@ def _meta(args: argparse.Namespace, argv: Optional[List[str]], wall: float) -> d
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
-
-
-def _main_qnn(args: argparse.Namespace, argv: Optional[List[str]]) -> int:
-    """``--qnn``: one (model, precision) at a time in a worker process; print the table."""
-    import qnn
-
-    from . import qnn_rows
-
-    os.makedirs(args.out, exist_ok=True)
-    sdk = qnn.load_qnn_sdk()  # QnnSdkError (what to install) before any worker starts
-    sdk_text = f"QNN {sdk.build_id} ({sdk.source})"
-
-    def on_done(row: dict) -> None:
-        print(f"{row['model']}/{row['precision']}/{row['mode']}: "
-              f"{row['status'][:80]} ({row['wall_time_s'] or 0:.0f} s)", file=sys.stderr)
-
-    start = time.perf_counter()
-    rows = qnn_rows.run_all(args.models, quick=args.quick, log_path=os.path.join(args.out, "workers.log"),
-                            on_done=on_done)
-    wall = time.perf_counter() - start
-    meta = dict(_meta(args, argv, wall), soc=qnn_rows.SOC_NAME, qnn_sdk=sdk_text, qnn_sdk_root=sdk.root)
-    paths = qnn_rows.write_all(rows, args.out, meta, sdk_text)
-    print(qnn_rows.to_markdown(rows, sdk_text))
-    ok = sum(r["status"] == "ok" for r in rows)
-    print(f"{ok}/{len(rows)} rows ok, wall time {wall:.0f} s; wrote {', '.join(paths.values())}", file=sys.stderr)
-    # a fold-off or constant_prop_pass row may fail by design (stranded constant-only op); a
-    # fold-on failure is a bug unless fold off fails at the same stage (QNN refuses the model)
-    return 1 if qnn_rows.regressions(rows) else 0
 
 
 def _cpu_time() -> float:

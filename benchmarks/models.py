@@ -168,6 +168,44 @@ def llama(quick: bool = False) -> ModelSpec:
     return ModelSpec("llama", _FirstOutput(model, "logits").eval(), (ids,), "use_cache=False")
 
 
+LLAMA_1B_LAYERS = 2
+"""Decoder layers of `llama_1b` (Llama-3.2-1B has 16)."""
+
+
+def llama_1b(quick: bool = False) -> ModelSpec:
+    """Llama-3.2-1B-shaped decoder with `LLAMA_1B_LAYERS` layers (1 when quick), random weights
+    made here from a ``LlamaConfig`` (nothing downloaded): hidden 2048, intermediate 8192, 32
+    heads, 8 KV heads (head dim 64), vocab 128,256, tied embeddings, rope theta 500,000 with
+    Llama 3's frequency scaling; input_ids 1x64 -> logits. Same HF-style export as `llama`
+    (``use_cache=False``). About 0.75 GB of fp32 weights with 2 layers (the tied embedding alone
+    is 128,256 x 2,048)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=1 if quick else LLAMA_1B_LAYERS,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=True,
+        use_cache=False,
+    )
+    torch.manual_seed(SEED)
+    model = LlamaForCausalLM(config).eval()
+    torch.manual_seed(SEED + 1)
+    ids = torch.randint(0, config.vocab_size, (1, 64), dtype=torch.long)
+    layers = config.num_hidden_layers
+    return ModelSpec("llama_1b", _FirstOutput(model, "logits").eval(), (ids,),
+                     f"Llama-3.2-1B shape, {layers} of 16 layers, use_cache=False")
+
+
 class _GatedAttention(nn.Module):
     """One attention block whose path depends on a runtime flag (``torch.cond``): causal
     (decode) or bidirectional (prefill). Each branch builds its rotary table and mask from
@@ -247,12 +285,29 @@ BUILDERS: Dict[str, Callable[..., ModelSpec]] = {
     "t5_encoder": t5_encoder,
     "llama": llama,
     "gated_decoder": gated_decoder,
+    "llama_1b": llama_1b,
 }
 
-DEFAULT_MODELS: List[str] = list(BUILDERS)
+# llama_1b is built for QNN only (`backends_of`): its portable and XNNPACK lowerings of 0.75 GB
+# of weights would double the run for no QNN insight.
+QNN_ONLY_MODELS: List[str] = ["llama_1b"]
+DEFAULT_MODELS: List[str] = [name for name in BUILDERS if name not in QNN_ONLY_MODELS]
 # mobilenet_v3_small is left out of --quick: its lowering alone costs more than
 # these three together (hundreds of Edge nodes from hardswish/SE decompositions).
 QUICK_MODELS: List[str] = ["resnet18", "llama", "t5_encoder"]
+
+
+def backends_of(name: str) -> Tuple[str, ...]:
+    """The backends a model's rows are built for: `QNN_ONLY_MODELS` on ``qnn`` only; the
+    XNNPACK-quantized ``*_q8`` models on ``portable`` and ``xnnpack`` (QNN quantizes the float
+    model itself: its 8a8w rows); every other model on all three."""
+    from .quantized import SUFFIX
+
+    if name in QNN_ONLY_MODELS:
+        return ("qnn",)
+    if name.endswith(SUFFIX):
+        return ("portable", "xnnpack")
+    return ("portable", "xnnpack", "qnn")
 
 
 def build(name: str, quick: bool = False) -> ModelSpec:

@@ -1,14 +1,12 @@
-"""QNN rows: each model lowered for Qualcomm HTP on the real backend (QNN 2.49.40, qnn/sdk.py),
-fp16 and 8a8w (and llama in 16a4w), each three ways: fold off, executorch's
-``constant_prop_pass``, and the fold stage.
+"""Lowering one model for Qualcomm HTP on the real backend (QNN 2.49.40, qnn/sdk.py) in each
+fold mode, and what QNN made of it: the records behind the ``qnn`` rows of the main benchmark
+(`benchmarks.qnn_unit` turns them into `benchmarks.runner.Row`s) and the model zoo's QNN cell.
 
-``python -m benchmarks --qnn [--models ...] [--quick] [--out DIR]``
-
-One row per (model, precision, mode): QNN partitions (and those the HTP rule refused), ops left
-on the CPU, constant bytes entering QNN partitions and left on the CPU
-(`qnn.describe_partitions`), the real ``.pte`` size and its change against fold off, the
+One `QnnRow` per (model, precision, mode): QNN partitions (and those the HTP rule refused), ops
+left on the CPU, constant bytes entering QNN partitions and left on the CPU
+(`qnn.describe_partitions`), the bytes of the HTP context binaries, the real ``.pte`` size, the
 emulated HTP's output against eager (`qnn.run_pte`; max abs difference and the output's scale,
-max |eager output|; quantized rows against the converted q/dq program), and times.
+max |eager output|; quantized rows against the converted q/dq program), times and peak RSS.
 
 Modes:
 - ``off``: `qnn.to_edge_transform_and_lower_to_qnn` without the ``fold_constants`` spec;
@@ -19,8 +17,7 @@ Modes:
 
 A fold-off row may fail ("... was not decomposed or delegated": a constant-only op QNN keeps
 whole, left on the CPU; or HTP's "No graph inputs present"); that is a result, recorded in the
-row's status. Each (model, precision) runs in its own spawned process, one at a time, so a
-crash or an out-of-memory kill loses only that pair's rows.
+row's status.
 """
 
 from __future__ import annotations
@@ -28,29 +25,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import multiprocessing
 import os
 import sys
 import time
 import traceback
-from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _worker, models, quantized, report
+from . import models, quantized
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("fp16", "8a8w")
-EXTRA_PRECISIONS = {"llama": ("16a4w",)}
 MODES = ("off", "constant_prop_pass", "on")
-# The benchmark models QNN rows are built for: the float ones (quantization is QNN's own).
-MODELS = [name for name in models.BUILDERS if not name.endswith(quantized.SUFFIX)]
 SOC_NAME = "SM8650"
-TOP_CPU_OPS = 3
-STATUS_CHARS = 110  # the table's status cell; the JSON and the Errors section keep the whole text
 # Calibration batches besides the example input (seeded random, like benchmarks.quantized).
 CALIBRATION_BATCHES = 2
 
@@ -85,6 +73,11 @@ class QnnRow:
         qnn_error: a failed lowering: the first error QNN's libraries printed (e.g. HTP's graph
             prepare naming the op), which executorch's exception does not carry.
         htp_run_ms: one run of the ``.pte`` on the emulated HTP (first call, loading excluded).
+        context_binary_bytes: bytes of the HTP context binaries (the QNN delegates' payloads)
+            inside the ``.pte``.
+        peak_rss_bytes: peak resident set size of the process while this row was lowered,
+            serialised and run (bytes; the kernel's mark is reset at the row's start).
+        fold_report: ``FoldReport.to_dict()`` of the fold stage's last fold (mode ``on``).
     """
 
     model: str
@@ -109,6 +102,9 @@ class QnnRow:
     qnn_error: Optional[str] = None
     htp_integer_mismatch: Optional[float] = None
     htp_run_ms: Optional[float] = None
+    context_binary_bytes: Optional[int] = None
+    peak_rss_bytes: Optional[int] = None
+    fold_report: Optional[Dict[str, Any]] = None
     traceback: Optional[str] = None
 
     @property
@@ -301,280 +297,104 @@ def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor]
 
 def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str,
                modes: Sequence[str] = MODES, *, skip_node_op_set: Optional[set] = None,
-               quantize_time_s: Optional[float] = None, run: bool = True) -> List[QnnRow]:
+               quantize_time_s: Optional[float] = None, run: bool = True,
+               on_start: Callable[[str], None] = lambda mode: None) -> List[QnnRow]:
     """Lower `module` (already quantized for a quantized `precision`) for HTP once per mode,
     serialise the ``.pte`` and, when `run`, run it on the emulated HTP against `module`'s own
-    outputs. Never raises: failures are recorded in the rows."""
+    outputs. ``on_start(mode)`` is called as each mode starts. Never raises: failures are
+    recorded in the rows."""
     with torch.no_grad():
         expected = _tensors(module(*inputs))
     rows = []
     for mode in modes:
+        on_start(mode)
         row = QnnRow(model, precision, mode, quantize_time_s=quantize_time_s)
         rows.append(row)
+        _reset_peak_rss()
         start = time.perf_counter()
-        try:
-            with _qnn_messages() as messages:
-                manager, partitioner = _lower(row, module, inputs, skip_node_op_set)
-        except Exception as exc:  # noqa: BLE001 - recorded in the row
-            row.wall_time_s = row.lower_time_s = time.perf_counter() - start
-            _error(row, "lower", exc)
-            if messages:
-                row.qnn_error = messages[0]
-            continue
-        import qnn
-
-        row.lower_time_s = time.perf_counter() - start - (row.fold_time_s or 0.0)
-        summary = qnn.describe_partitions(manager)
-        row.partitions = summary.partitions
-        row.cpu_ops = summary.cpu_ops
-        row.constant_bytes_in_partitions = summary.constant_bytes_in_partitions
-        row.constant_bytes_on_cpu = summary.constant_bytes_on_cpu
-        if partitioner.reports:
-            decisions = partitioner.reports[-1]
-            row.refused_partitions = len(decisions.refused)
-            if mode == "on":
-                row.naming_time_s = decisions.naming_seconds
-            row.static_partitions = sum(1 for p in decisions.delegated if not p.runtime_inputs)
-            row.cpu_op_reasons = _cpu_op_reasons(manager, decisions)
-        stage = "to_executorch"
-        try:
-            buffer = manager.to_executorch().buffer
-            row.pte_bytes = len(buffer)
-            del manager
-            stage = "run on HTP"
-            if run:
-                _run_on_htp(row, buffer, inputs, expected)
-        except Exception as exc:  # noqa: BLE001
-            _error(row, stage, exc)
-        row.wall_time_s = time.perf_counter() - start
+        _lower_one(row, module, inputs, expected, skip_node_op_set, run, start)
+        row.peak_rss_bytes = _peak_rss_bytes()
     return rows
 
 
-def precisions_of(model: str) -> Tuple[str, ...]:
-    return PRECISIONS + EXTRA_PRECISIONS.get(model, ())
-
-
-def run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
-    """One (model, precision): build, quantize when quantized, lower every mode. Never raises.
-
-    Runs in a worker process. QnnQuantizer's and QNN's prints go to stderr, i.e. the worker
-    log, not into the parent's table output."""
-    with contextlib.redirect_stdout(sys.stderr):
-        return _run_unit(model, precision, quick)
-
-
-def _run_unit(model: str, precision: str, quick: bool) -> List[Dict[str, Any]]:
+def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: bool, start: float) -> None:
+    """One mode of `lower_rows`, filling `row`."""
+    mode = row.mode
+    try:
+        with _qnn_messages() as messages:
+            manager, partitioner = _lower(row, module, inputs, skip_node_op_set)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row
+        row.wall_time_s = row.lower_time_s = time.perf_counter() - start
+        _error(row, "lower", exc)
+        if messages:
+            row.qnn_error = messages[0]
+        return
     import qnn
 
-    rows = [QnnRow(model, precision, mode) for mode in MODES]
+    row.lower_time_s = time.perf_counter() - start - (row.fold_time_s or 0.0)
+    summary = qnn.describe_partitions(manager)
+    row.partitions = summary.partitions
+    row.cpu_ops = summary.cpu_ops
+    row.constant_bytes_in_partitions = summary.constant_bytes_in_partitions
+    row.constant_bytes_on_cpu = summary.constant_bytes_on_cpu
+    if partitioner.reports:
+        decisions = partitioner.reports[-1]
+        row.refused_partitions = len(decisions.refused)
+        if mode == "on":
+            row.naming_time_s = decisions.naming_seconds
+        row.static_partitions = sum(1 for p in decisions.delegated if not p.runtime_inputs)
+        row.cpu_op_reasons = _cpu_op_reasons(manager, decisions)
+    if partitioner.fold_reports:
+        row.fold_report = partitioner.fold_reports[-1].to_dict()
+    row.context_binary_bytes = context_binary_bytes(manager)
+    stage = "to_executorch"
     try:
-        qnn.load_qnn_sdk()
-        spec = models.build(model, quick=quick)
-        module, quantize_time = spec.module, None
-        start = time.perf_counter()
-        if precision != "fp16":
-            module = quantize_for_htp(spec.module, spec.inputs, precision)
-            quantize_time = time.perf_counter() - start
-        else:
-            # non-strict export first; the wrapper's strict export then traces a plain GraphModule
-            with torch.no_grad():
-                module = torch.export.export(spec.module, spec.inputs, strict=False).module()
+        buffer = manager.to_executorch().buffer
+        row.pte_bytes = len(buffer)
+        del manager
+        stage = "run on HTP"
+        if run:
+            _run_on_htp(row, buffer, inputs, expected)
     except Exception as exc:  # noqa: BLE001
-        stage = "export" if precision == "fp16" else "quantize"
-        for row in rows:
-            _error(row, stage, exc)
-        return [r.to_dict() for r in rows]
-    with torch.no_grad():
-        rows = lower_rows(model, module, spec.inputs, precision, quantize_time_s=quantize_time)
-    return [r.to_dict() for r in rows]
+        _error(row, stage, exc)
+    row.wall_time_s = time.perf_counter() - start
 
 
-def run_all(model_names: Sequence[str], quick: bool = False, log_path: Optional[str] = None,
-            on_done: Callable[[Dict[str, Any]], None] = lambda row: None) -> List[Dict[str, Any]]:
-    """Every (model, precision) in a fresh spawned process, one at a time; returns the row dicts.
+def context_binary_bytes(manager) -> int:
+    """Bytes of the QNN delegates' payloads (HTP context binaries) of a lowered program, control-flow
+    bodies included: what the ``.pte`` stores for HTP besides its own constants."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-    A worker that dies (crash, out of memory) fails only its own rows."""
-    ctx = multiprocessing.get_context("spawn")
-    rows: List[Dict[str, Any]] = []
-    for model in model_names:
-        for precision in precisions_of(model):
-            try:
-                with ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker.init, initargs=(log_path,)) as pool:
-                    unit_rows = pool.submit(run_unit, model, precision, quick).result()
-            except Exception as exc:  # noqa: BLE001 - a dead worker
-                unit_rows = []
-                for mode in MODES:
-                    row = QnnRow(model, precision, mode)
-                    _error(row, "worker", exc, tb="".join(traceback.format_exception(exc)))
-                    unit_rows.append(row.to_dict())
-            add_size_change(unit_rows)
-            for row in unit_rows:
-                rows.append(row)
-                on_done(row)
-    return rows
+    total = 0
+    for name in manager.methods:
+        module = manager.exported_program(name).graph_module
+        total += sum(len(m.processed_bytes) for _, m in module.named_modules()
+                     if isinstance(m, LoweredBackendModule) and m.backend_id == "QnnBackend")
+    return total
 
 
-def regressions(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Fold-on rows that failed where fold off of the same model and precision did not fail at
-    the same stage (a model QNN refuses either way is QNN's limit, not the fold stage's)."""
-    off = {(r["model"], r["precision"]): r["status"] for r in rows if r["mode"] == "off"}
-
-    def stage(status: str) -> str:
-        return status.split(")", 1)[0] if status.startswith("error (") else status
-
-    return [r for r in rows if r["mode"] == "on" and r["status"] != "ok"
-            and stage(off.get((r["model"], r["precision"]), "ok")) != stage(r["status"])]
+def _reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS mark of this process (Linux ``clear_refs`` 5; ignored elsewhere)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
-def add_size_change(rows: List[Dict[str, Any]]) -> None:
-    """Set each row's ``pte_change``: its ``.pte`` bytes against the fold-off row of the same
-    (model, precision), as a fraction (None when either has no ``.pte``)."""
-    off = {(r["model"], r["precision"]): r.get("pte_bytes") for r in rows if r["mode"] == "off"}
-    for r in rows:
-        base = off.get((r["model"], r["precision"]))
-        r["pte_change"] = (r["pte_bytes"] / base - 1.0) if base and r.get("pte_bytes") else None
-
-
-# -- report ------------------------------------------------------------------------------
-
-COLUMNS = [
-    ("model", "model"),
-    ("precision", "precision"),
-    ("mode", "fold"),
-    ("status", "status"),
-    ("partitions", "QNN partitions (refused)"),
-    ("cpu_ops", "ops left on CPU"),
-    ("pte", ".pte bytes"),
-    ("pte_change", "vs off"),
-    ("htp_max_abs_diff", "HTP vs eager: max abs diff"),
-    ("output_scale", "output scale"),
-    ("fold_time_s", "fold s"),
-    ("lower_time_s", "lower s"),
-    ("wall_time_s", "row s"),
-]
-
-
-def _cpu_ops_cell(row: Dict[str, Any]) -> str:
-    ops = row.get("cpu_ops")
-    if ops is None:
-        return "—"
-    top = Counter(ops).most_common(TOP_CPU_OPS)
-    names = ", ".join(f"{name.removeprefix('aten.').removesuffix('.default')}×{n}" for name, n in top)
-    more = ", …" if len(ops) > TOP_CPU_OPS else ""
-    return f"{sum(ops.values())}" + (f": {names}{more}" if ops else "")
-
-
-def _cell(row: Dict[str, Any], key: str) -> str:
-    if key == "status":
-        text = str(row["status"]).replace("\n", " ")
-        text = text if len(text) <= STATUS_CHARS else text[:STATUS_CHARS - 1] + "…"
-        return text.replace("|", "\\|")
-    if key == "partitions":
-        n = report._int(row.get("partitions"))
-        refused = row.get("refused_partitions")
-        return n if not refused else f"{n} ({refused})"
-    if key == "cpu_ops":
-        return _cpu_ops_cell(row)
-    if key == "pte":
-        return report._int(row.get("pte_bytes"))
-    if key == "pte_change":
-        change = row.get("pte_change")
-        return "—" if change is None else f"{change:+.2%}"
-    if key in ("htp_max_abs_diff", "output_scale"):
-        return report._float(row.get(key), ".3g")
-    if key in ("fold_time_s", "lower_time_s"):
-        return report._float(row.get(key), ".2f")
-    if key == "wall_time_s":
-        return report._float(row.get(key), ".1f")
-    return str(row.get(key))
+def _peak_rss_bytes() -> Optional[int]:
+    """Peak resident set size since the last reset, bytes (``VmHWM``); None where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def header(sdk: Optional[str]) -> str:
     """The line above the table: which QNN build answered op support and compiled."""
     return (f"QNN HTP ({SOC_NAME}), real backend: {sdk}. Op validation and context binaries from "
             "QNN; `.pte` run on the x86-64 HTP emulation (`qnn.run_pte`).")
-
-
-def to_markdown(rows: Sequence[Dict[str, Any]], sdk: Optional[str] = None) -> str:
-    """Render QNN rows (`QnnRow.to_dict`) as a header line and a Markdown table."""
-    lines = [header(sdk), "",
-             "| " + " | ".join(title for _, title in COLUMNS) + " |",
-             "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(row, key) for key, _ in COLUMNS) + " |")
-    qnn_errors = [r for r in rows if r.get("qnn_error")]
-    if qnn_errors:
-        lines += ["", "What QNN said when a lowering failed:", ""]
-        lines += [f"- {r['model']} {r['precision']} {r['mode']}: {r['qnn_error']}" for r in qnn_errors]
-    why = [r for r in rows if r["mode"] == "on" and r.get("cpu_op_reasons")]
-    if why:
-        lines += ["", "Ops left on the CPU with folding on, and why:", ""]
-        for r in why:
-            reasons = "; ".join(f"`{op}`: {reason}" for op, reason in r["cpu_op_reasons"].items())
-            lines.append(f"- {r['model']} {r['precision']}: {reasons}")
-    return "\n".join(lines) + "\n"
-
-
-def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
-    """The QNN panels of the size chart: ``.pte`` change (%) against fold off, one panel per
-    precision, a bar per (model, mode); "err" where the row failed, "off err" where fold off
-    failed (nothing to compare with). Returns `path`, or None when there is nothing to draw."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    precisions = list(dict.fromkeys(r["precision"] for r in rows))
-    models_ = list(dict.fromkeys(r["model"] for r in rows))
-    modes = [m for m in MODES if m != "off"]
-    if not precisions or not models_:
-        return None
-    fig, axes = plt.subplots(1, len(precisions), figsize=(max(6, 1.6 * len(models_)) * len(precisions) / 1.4, 4.5),
-                             squeeze=False)
-    width = 0.8 / len(modes)
-    for ax, precision in zip(axes[0], precisions):
-        for i, mode in enumerate(modes):
-            xs, ys = [], []
-            for j, model in enumerate(models_):
-                match = [r for r in rows if (r["model"], r["precision"], r["mode"]) == (model, precision, mode)]
-                if not match:
-                    continue
-                x = j + (i - (len(modes) - 1) / 2) * width
-                change = match[0].get("pte_change")
-                if change is None:
-                    off_failed = not any(r.get("pte_bytes") for r in rows
-                                         if (r["model"], r["precision"], r["mode"]) == (model, precision, "off"))
-                    text = "off err" if off_failed and match[0].get("pte_bytes") else "err"
-                    ax.text(x, 0, text, ha="center", va="bottom", fontsize=6, color="red", rotation=90)
-                    continue
-                xs.append(x)
-                ys.append(100 * change)
-            bars = ax.bar(xs, ys, width, label=mode)
-            ax.bar_label(bars, fmt="%+.2f", fontsize=6, padding=2)
-        ax.axhline(0, color="black", linewidth=0.6)
-        ax.set_xticks(range(len(models_)))
-        ax.set_xticklabels(models_, rotation=20, ha="right", fontsize=8)
-        ax.set_title(f"QNN HTP {precision}: .pte vs fold off", fontsize=10)
-        ax.set_ylabel("% change (lower is smaller)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any],
-              sdk: Optional[str] = None) -> Dict[str, str]:
-    """Write ``qnn.json``, ``qnn.md`` (table, then the failed rows' tracebacks) and
-    ``qnn_pte_size_change.png`` (`plot_pte_change`) into `out_dir`."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {"json": os.path.join(out_dir, "qnn.json"), "md": os.path.join(out_dir, "qnn.md")}
-    report.write_json_and_md(paths["json"], paths["md"], "QNN benchmark rows", to_markdown(rows, sdk), rows, meta,
-                             lambda r: f"{r['model']} / {r['precision']} / {r['mode']}")
-    try:
-        png = plot_pte_change(rows, os.path.join(out_dir, "qnn_pte_size_change.png"))
-        if png:
-            paths["png"] = png
-    except Exception:  # noqa: BLE001 - a broken chart must not lose the results
-        logger.exception("could not draw the QNN chart")
-    return paths

@@ -1,11 +1,16 @@
-"""Benchmark output: Markdown table, JSON file and a PNG chart of ``.pte`` size change."""
+"""Benchmark output: one Markdown table (every backend, QNN included), the JSON file, and the
+figures (`benchmarks.figures`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence
+
+from . import figures
+from .figures import plot_pte_change, plot_qnn_cpu_ops, pte_change_pct  # noqa: F401  (public names)
 
 logger = logging.getLogger(__name__)
 
@@ -13,12 +18,16 @@ COLUMNS = [
     ("model", "model"),
     ("variant", "variant"),
     ("backend", "backend"),
+    ("precision", "precision"),
     ("status", "status"),
     ("pte_bytes", ".pte bytes"),
     ("pte_delta", "Δ .pte vs none"),
     ("const_bytes", "const bytes"),
     ("nodes", "nodes aten/edge"),
     ("const_only_nodes", "const-only nodes left"),
+    ("partitions", "QNN partitions (refused)"),
+    ("cpu_ops", "ops left on CPU"),
+    ("context_binary_bytes", "context-binary bytes"),
     ("fold_time_s", "fold s"),
     ("lower_time_s", "lower s"),
     ("latency_ms", "latency ms"),
@@ -29,28 +38,40 @@ COLUMNS = [
 # A row's latency is marked noisy when its slowest timed call took more than this many times
 # its fastest (``latency_max_ms / latency_min_ms``): the median is then a weak estimate.
 NOISY_SPREAD = 1.5
+STATUS_CHARS = 110  # the table's status cell; JSON and the Errors section keep the whole text
+TOP_CPU_OPS = 3
 
 # What each column means, in table order (docs/benchmarks.md has the long form).
 COLUMN_LEGEND = {
     "model": "benchmark model (`benchmarks/models.py`)",
     "variant": "`none` (no folding), `constant_prop_pass` (ExecuTorch's pass on the Edge program) "
                "or a `fold_constants` policy (ATen fold + Edge `FoldConstantsPass`)",
-    "backend": "`portable` kernels or `xnnpack` delegate",
-    "status": "`ok`, `mismatch` (.pte output differs from eager beyond the tolerance) or "
-              "`error (<stage>)`; tracebacks under Errors",
+    "backend": "`portable` kernels, `xnnpack` delegate, or `qnn`: Qualcomm HTP (SM8650) on the real "
+               "QNN backend, the `.pte` run once on its x86-64 emulation",
+    "precision": "`fp32` (CPU rows of float models), `8a8w` (the `*_q8` models; QNN's own quantization of "
+                 "the float model), `fp16`, `16a4w` (QNN)",
+    "status": "`ok`, `mismatch` (.pte output differs from eager beyond the tolerance; CPU rows), "
+              "`error (<stage>)` (tracebacks under Errors) or `skipped: <why>` (e.g. no QNN libraries); "
+              "a note in parentheses, e.g. when the fold had nothing to do",
     "pte_bytes": "size of the serialized `.pte`",
-    "pte_delta": "`.pte` bytes and % change against the `none` row of the same model and backend",
+    "pte_delta": "`.pte` bytes and % change against the `none` row of the same model, backend and precision",
     "const_bytes": "distinct bytes of the parameters, buffers and constants of the Edge program "
                    "right before partitioning (`benchmarks/graph_stats.py`, independent of `folding`)",
     "nodes": "call_function nodes of the ATen program handed to lowering / of the Edge program "
              "right before partitioning",
     "const_only_nodes": "Edge call_function nodes computable from constants alone "
                         "(`benchmarks/graph_stats.py`)",
+    "partitions": "QNN rows: QNN delegate calls in the lowered program; in parentheses, partitions HTP "
+                  "refused (no runtime input) and left on the CPU",
+    "cpu_ops": "QNN rows: ops left outside any delegate (on the CPU), then the most frequent",
+    "context_binary_bytes": "QNN rows: bytes of the HTP context binaries inside the `.pte`",
     "fold_time_s": "wall seconds spent folding (0 for `none`)",
     "lower_time_s": "wall seconds of lowering and serialization, folding excluded; measured "
                     "in parallel build workers, so it includes their contention",
-    "latency_ms": "median of the timed `forward` calls, after one warm-up, in the serial time phase",
-    "max_abs_diff": "max |ExecuTorch output - eager output|",
+    "latency_ms": "median of the timed `forward` calls, after one warm-up, in the serial time phase "
+                  "(CPU rows; none for the emulated HTP)",
+    "max_abs_diff": "max |ExecuTorch output - eager output|; QNN rows: of the emulated HTP, with the "
+                    "output's scale (max |eager output|); quantized QNN rows against the converted q/dq program",
 }
 
 
@@ -69,18 +90,8 @@ def is_noisy(row: Dict[str, Any]) -> bool:
 
 
 def _baseline(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[int]:
-    for r in rows:
-        if (r["model"], r["backend"], r["variant"]) == (row["model"], row["backend"], "none"):
-            return r.get("pte_bytes")
-    return None
-
-
-def pte_change_pct(rows: Sequence[Dict[str, Any]], row: Dict[str, Any]) -> Optional[float]:
-    """``.pte`` size change of ``row`` relative to its model/backend ``none`` row, in %."""
-    base = _baseline(rows, row)
-    if not base or row.get("pte_bytes") is None:
-        return None
-    return 100.0 * (row["pte_bytes"] - base) / base
+    base = figures._find(rows, row["backend"], (row["model"], row.get("precision")), "none")
+    return None if base is None else base.get("pte_bytes")
 
 
 def _int(v: Optional[int]) -> str:
@@ -91,17 +102,44 @@ def _float(v: Optional[float], fmt: str) -> str:
     return "—" if v is None else format(v, fmt)
 
 
+def _cpu_ops_cell(row: Dict[str, Any]) -> str:
+    ops = row.get("cpu_ops")
+    if ops is None:
+        return "—"
+    top = Counter(ops).most_common(TOP_CPU_OPS)
+    names = ", ".join(f"{name.removeprefix('aten.').removesuffix('.default')}×{n}" for name, n in top)
+    more = ", …" if len(ops) > TOP_CPU_OPS else ""
+    return f"{sum(ops.values())}" + (f": {names}{more}" if ops else "")
+
+
+def _status_cell(row: Dict[str, Any]) -> str:
+    text = str(row["status"]).replace("\n", " ")
+    if row.get("note"):
+        text += f" ({row['note']})"
+    text = text if len(text) <= STATUS_CHARS else text[:STATUS_CHARS - 1] + "…"
+    return text.replace("|", "\\|")
+
+
 def _cell(rows: Sequence[Dict[str, Any]], row: Dict[str, Any], key: str) -> str:
     if key == "status":
-        return str(row["status"]).replace("|", "\\|").replace("\n", " ")
-    if key in ("pte_bytes", "const_bytes", "const_only_nodes"):
+        return _status_cell(row)
+    if key == "precision":
+        return str(row.get("precision") or "—")
+    if key in ("pte_bytes", "const_bytes", "const_only_nodes", "context_binary_bytes"):
         return _int(row.get(key))
+    if key == "partitions":
+        n, refused = row.get("partitions"), row.get("refused_partitions")
+        return _int(n) + (f" ({refused})" if refused else "")
+    if key == "cpu_ops":
+        return _cpu_ops_cell(row)
     if key == "pte_delta":
         base, size = _baseline(rows, row), row.get("pte_bytes")
         if row["variant"] == "none" or base is None or size is None:
             return "—"
         return f"{size - base:+,} ({100.0 * (size - base) / base:+.3f}%)"
     if key == "nodes":
+        if row.get("aten_nodes") is None and row.get("edge_nodes") is None:
+            return "—"
         return f"{_int(row.get('aten_nodes'))}/{_int(row.get('edge_nodes'))}"
     if key in ("fold_time_s", "lower_time_s"):
         return _float(row.get(key), ".2f")
@@ -110,7 +148,9 @@ def _cell(rows: Sequence[Dict[str, Any]], row: Dict[str, Any], key: str) -> str:
         noisy = f" noisy ×{latency_spread(row):.1f}" if is_noisy(row) else ""
         return _float(row.get(key), ".1f") + ("*" if cold else "") + noisy
     if key == "max_abs_diff":
-        return _float(row.get(key), ".2e")
+        scale = row.get("eager_max_abs")
+        of_scale = f" (scale {scale:.3g})" if row.get("backend") == "qnn" and scale is not None and row.get(key) is not None else ""
+        return _float(row.get(key), ".2e") + of_scale
     return str(row.get(key))
 
 
@@ -158,53 +198,6 @@ def legend_md(rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> str:
         noise += f" ({cpus})"
     lines.append(noise + ".")
     return "\n".join(lines) + "\n"
-
-
-def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
-    """Bar chart of ``.pte`` size change (%) vs ``none``, one panel per backend.
-
-    Returns the written path, or ``None`` when there is nothing to plot.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    backends = list(dict.fromkeys(r["backend"] for r in rows))
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "none"]
-    if not backends or not variants:
-        return None
-    fig, axes = plt.subplots(1, len(backends), figsize=(max(6, 2.2 * len(models)) * len(backends) / 1.5, 4.5),
-                             squeeze=False)
-    width = 0.8 / len(variants)
-    for ax, backend in zip(axes[0], backends):
-        for i, variant in enumerate(variants):
-            xs, ys, fails = [], [], []
-            for j, model in enumerate(models):
-                match = [r for r in rows if (r["model"], r["backend"], r["variant"]) == (model, backend, variant)]
-                x = j + (i - (len(variants) - 1) / 2) * width
-                pct = pte_change_pct(rows, match[0]) if match else None
-                if pct is None:
-                    if match:
-                        fails.append(x)
-                    continue
-                xs.append(x)
-                ys.append(pct)
-            bars = ax.bar(xs, ys, width, label=variant)
-            ax.bar_label(bars, fmt="%+.3f", fontsize=7, padding=2)
-            for x in fails:
-                ax.text(x, 0, "err", ha="center", va="bottom", fontsize=7, color="red")
-        ax.axhline(0, color="black", linewidth=0.6)
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, rotation=20, ha="right", fontsize=8)
-        ax.set_title(f"{backend}: .pte size change vs none")
-        ax.set_ylabel("% change (lower is smaller)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 SWEEP_VARIANTS = ("fold_unlimited", "fold_strict")
@@ -267,22 +260,58 @@ def plot_sweep(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
     return path
 
 
+def qnn_notes_md(rows: Sequence[Dict[str, Any]]) -> str:
+    """Below the table, for QNN rows: which QNN build compiled, what QNN printed when a lowering
+    failed, and why each op left on the CPU with folding on is there. Empty without QNN rows."""
+    qnn = [r for r in rows if r.get("backend") == "qnn"]
+    if not qnn:
+        return ""
+    build = next((r["backend_version"] for r in qnn if r.get("backend_version")), None)
+    lines = ["## QNN", "", f"QNN rows: HTP (SM8650), real backend: {build or 'not loaded'}. Op validation "
+             "and context binaries from QNN; each `.pte` run once on the x86-64 HTP emulation (`qnn.run_pte`).", ""]
+    said = [r for r in qnn if r.get("qnn_error")]
+    if said:
+        lines += ["What QNN said when a lowering failed:", ""]
+        lines += [f"- {r['model']} {r.get('precision')} {r['variant']}: {r['qnn_error']}" for r in said]
+        lines.append("")
+    why = [r for r in qnn if r["variant"] == "fold_constants" and r.get("cpu_op_reasons")]
+    if why:
+        lines += ["Ops left on the CPU with folding on, and why:", ""]
+        for r in why:
+            reasons = "; ".join(f"`{op}`: {reason}" for op, reason in r["cpu_op_reasons"].items())
+            lines.append(f"- {r['model']} {r.get('precision')}: {reasons}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _label(r: Dict[str, Any]) -> str:
+    precision = f" / {r['precision']}" if r.get("backend") == "qnn" and r.get("precision") else ""
+    return f"{r['model']} / {r['variant']} / {r['backend']}{precision}"
+
+
 def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]) -> Dict[str, str]:
-    """Write ``results.json``, ``results.md``, ``pte_size_change.png`` and, for a policy sweep,
-    ``sweep.png`` into ``out_dir``."""
+    """Write ``results.json``, ``results.md``, ``pte_size_change.png``, with QNN rows
+    ``qnn_cpu_ops.png``, and for a policy sweep ``sweep.png`` into ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "results.json"),
              "md": os.path.join(out_dir, "results.md"),
              "png": os.path.join(out_dir, "pte_size_change.png")}
+    notes = qnn_notes_md(rows)
     write_json_and_md(paths["json"], paths["md"], "Benchmark results",
-                      to_markdown(rows) + "\n" + legend_md(rows, meta), rows, meta,
-                      lambda r: f"{r['model']} / {r['variant']} / {r['backend']}")
+                      to_markdown(rows) + "\n" + (notes + "\n" if notes else "") + legend_md(rows, meta), rows, meta,
+                      _label)
     try:
         if plot_pte_change(rows, paths["png"]) is None:
             del paths["png"]
     except Exception:  # noqa: BLE001 - a broken chart must not lose the results
         logger.exception("could not draw the chart")
         del paths["png"]
+    try:
+        cpu_ops = plot_qnn_cpu_ops(rows, os.path.join(out_dir, "qnn_cpu_ops.png"))
+        if cpu_ops is not None:
+            paths["qnn_cpu_ops_png"] = cpu_ops
+    except Exception:  # noqa: BLE001
+        logger.exception("could not draw the QNN CPU-ops chart")
     try:
         sweep = plot_sweep(rows, os.path.join(out_dir, "sweep.png"))
         if sweep is not None:

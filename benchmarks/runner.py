@@ -3,11 +3,14 @@
 The work is split in two phases to fit a small machine:
 
 1. *Build* (parallel, ``jobs`` worker processes): one unit per (model, variant)
-   exports the model, applies the variant, lowers the result for every backend,
-   writes the ``.pte``, loads it in the ExecuTorch runtime and runs it once to
-   compare with eager PyTorch.
+   exports the model, applies the variant, lowers the result for every CPU backend
+   (portable, XNNPACK), writes the ``.pte``, loads it in the ExecuTorch runtime and
+   runs it once to compare with eager PyTorch. The ``qnn`` backend has one unit per
+   (model, precision) that lowers every variant for HTP (`benchmarks.qnn_unit`), each
+   in a fresh worker process (the QNN libraries stay out of the CPU workers).
 2. *Time* (serial, in this process, nothing else running): median latency of up
-   to ``runs`` timed ``forward`` calls after a warm-up, within a time budget.
+   to ``runs`` timed ``forward`` calls after a warm-up, within a time budget (CPU
+   backends; a QNN ``.pte`` runs on the emulated HTP once, in its build unit).
 
 Every step is guarded: a failure becomes the row's ``status`` (traceback kept)
 and the run continues; a crashed worker is retried once.
@@ -32,24 +35,33 @@ import torch
 from torch.export import ExportedProgram
 
 from . import _worker, graph_stats, models, variants
+from .quantized import SUFFIX as QUANTIZED_SUFFIX
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("portable", "xnnpack")
+BACKENDS = ("portable", "xnnpack", "qnn")
+CPU_BACKENDS = ("portable", "xnnpack")
 
 # Rough relative build cost, used only to start the slowest units first.
 _MODEL_COST = {"swin_v2_t": 10, "vit_b_16": 6, "t5_encoder": 5, "mobilenet_v3_small": 3,
-               "llama": 2, "resnet18": 1}
+               "llama": 2, "resnet18": 1, "llama_1b": 20}
 
 
 @dataclasses.dataclass
 class Row:
-    """One benchmark result: a (model, variant, backend) triple."""
+    """One benchmark result: a (model, variant, backend[, precision]) row.
+
+    Bytes are bytes, ``*_s`` seconds, ``*_ms`` milliseconds. QNN rows (``backend == "qnn"``)
+    fill the shared fields where the meaning agrees (``.pte`` bytes, fold and lowering seconds,
+    max abs diff against eager, the fold report; ``cold_run_ms`` is the emulated HTP's run) and
+    QNN's own fields (partitions, CPU ops, context-binary bytes); CPU rows leave those None.
+    """
 
     model: str
     variant: str
     backend: str
-    status: str = "ok"
+    precision: Optional[str] = None          # fp32 / 8a8w (CPU rows); fp16 / 8a8w / 16a4w (QNN)
+    status: str = "ok"                       # ok, mismatch: ..., error (<stage>): ..., skipped: <why>
     pte_bytes: Optional[int] = None
     const_bytes: Optional[int] = None        # Edge program right before partitioning
     aten_const_bytes: Optional[int] = None   # ATen program handed to lowering
@@ -71,35 +83,74 @@ class Row:
     max_abs_diff: Optional[float] = None
     eager_max_abs: Optional[float] = None    # scale of the eager output
     fold_report: Optional[Dict[str, Any]] = None
+    note: Optional[str] = None               # e.g. the fold had nothing to do
+    # QNN's own columns (`benchmarks.qnn_rows.QnnRow` has their long form)
+    partitions: Optional[int] = None         # QNN delegate calls in the lowered program
+    refused_partitions: Optional[int] = None  # partitions the HTP rule kept on the CPU (no runtime input)
+    static_partitions: Optional[int] = None  # delegated partitions without a runtime input (0 on HTP)
+    cpu_ops: Optional[Dict[str, int]] = None  # op name -> count of ops left outside any delegate
+    cpu_op_reasons: Optional[Dict[str, str]] = None
+    context_binary_bytes: Optional[int] = None  # HTP context binaries inside the .pte
+    constant_bytes_in_partitions: Optional[int] = None
+    constant_bytes_on_cpu: Optional[int] = None
+    quantize_time_s: Optional[float] = None  # QnnQuantizer: export, prepare, calibrate, convert
+    peak_rss_bytes: Optional[int] = None     # peak RSS while the row was lowered and run
+    backend_version: Optional[str] = None    # the QNN build (QNN rows)
+    qnn_error: Optional[str] = None          # first error QNN's libraries printed
     traceback: Optional[str] = None
     pte_path: Optional[str] = dataclasses.field(default=None, repr=False)
     inputs_path: Optional[str] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def cpu_op_count(self) -> Optional[int]:
+        """Ops left on the CPU (QNN rows), or None."""
+        return None if self.cpu_ops is None else sum(self.cpu_ops.values())
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain-dict form for JSON (without temporary file paths)."""
         d = dataclasses.asdict(self)
         d.pop("pte_path")
         d.pop("inputs_path")
+        d["cpu_op_count"] = self.cpu_op_count
         return d
 
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """Build-phase work item: one model under one variant, lowered for all backends."""
+    """Build-phase work item: one model under one variant lowered for the CPU backends, or
+    (``backends == ("qnn",)``) one model in one QNN precision under every variant."""
 
     model: str
-    variant: str
+    variants: Tuple[str, ...]
     backends: Tuple[str, ...]
     quick: bool
     work_dir: str
+    precision: Optional[str] = None
+
+    @property
+    def is_qnn(self) -> bool:
+        return self.backends == ("qnn",)
+
+    @property
+    def rows(self) -> int:
+        return len(self.variants) * len(self.backends)
 
 
-def _fail(row: Row, stage: str, exc: BaseException, tb: Optional[str] = None) -> None:
+def cpu_precision(model: str) -> str:
+    """``8a8w`` for the XNNPACK-quantized ``*_q8`` models, else ``fp32``."""
+    return "8a8w" if model.endswith(QUANTIZED_SUFFIX) else "fp32"
+
+
+def fail(row: Row, stage: str, exc: BaseException, tb: Optional[str] = None) -> None:
+    """Record a failure in `row`: ``error (<stage>): <type>: <first line>`` and the traceback."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     row.status = f"error ({stage}): {type(exc).__name__}: {first}"[:300]
     row.traceback = tb or traceback.format_exc()
     logger.warning("%s/%s/%s failed at %s: %s", row.model, row.variant, row.backend, stage, row.status)
+
+
+_fail = fail
 
 
 def export_model(spec: models.ModelSpec) -> ExportedProgram:
@@ -145,7 +196,7 @@ def lower(program: ExportedProgram, backend: str, edge_passes: Sequence[Any] = (
         edge = to_edge_transform_and_lower(
             program, transform_passes=passes, partitioner=[_probing_xnnpack_partitioner(stats)])
     else:
-        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+        raise ValueError(f"unknown CPU backend {backend!r}; choose from {CPU_BACKENDS}")
     return edge.to_executorch(), stats
 
 
@@ -189,6 +240,7 @@ def _max_abs_diff(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSpec,
                      expected: torch.Tensor, work_dir: str) -> None:
+    _worker.announce(f"{row.model} · {row.backend} · {row.variant}")
     passes = variants.fresh_edge_passes(prepared)
     try:
         start = time.perf_counter()
@@ -253,8 +305,13 @@ def tolerance(model: str, expected: torch.Tensor) -> float:
 
 
 def build_unit(unit: Unit) -> List[Row]:
-    """Build phase for one (model, variant): export, fold, lower, run once. Never raises."""
-    rows = [Row(unit.model, unit.variant, b) for b in unit.backends]
+    """Build phase for one unit (`Unit`): export, fold, lower, run once. Never raises."""
+    if unit.is_qnn:
+        from . import qnn_unit
+
+        return qnn_unit.build_unit(unit.model, unit.variants, unit.precision, unit.quick)
+    (variant,) = unit.variants
+    rows = [Row(unit.model, variant, b, precision=cpu_precision(unit.model)) for b in unit.backends]
     try:
         spec = models.build(unit.model, quick=unit.quick)
         with torch.no_grad():
@@ -262,14 +319,14 @@ def build_unit(unit: Unit) -> List[Row]:
         start = time.perf_counter()
         ep = export_model(spec)
         export_time = time.perf_counter() - start
-        inputs_path = os.path.join(unit.work_dir, f"{unit.model}__{unit.variant}.inputs.pt")
+        inputs_path = os.path.join(unit.work_dir, f"{unit.model}__{variant}.inputs.pt")
         torch.save(spec.inputs, inputs_path)
     except Exception as exc:  # noqa: BLE001
         for row in rows:
             _fail(row, "export", exc)
         return rows
     try:
-        prepared = variants.prepare(unit.variant, ep)
+        prepared = variants.prepare(variant, ep)
         aten = graph_stats.summarize(prepared.program)
     except Exception as exc:  # noqa: BLE001
         for row in rows:
@@ -287,7 +344,7 @@ def build_unit(unit: Unit) -> List[Row]:
         rep = prepared.fold_report or {}
         row.fold_bytes_before = rep.get("constant_bytes_before", rep.get("bytes_before"))
         row.fold_bytes_after = rep.get("constant_bytes_after", rep.get("bytes_after"))
-        if unit.variant != "constant_prop_pass":
+        if variant != "constant_prop_pass":
             row.fold_time_s = prepared.fold_time_s
         _lower_and_check(row, prepared, spec, expected, unit.work_dir)
         logger.info("%s/%s/%s built: %s", row.model, row.variant, row.backend, row.status)
@@ -327,60 +384,129 @@ def measure_latency(row: Row, runs: int, budget_s: float, log_path: Optional[str
 
 
 def _crashed(unit: Unit, exc: BaseException) -> List[Row]:
-    rows = [Row(unit.model, unit.variant, b) for b in unit.backends]
+    precision = unit.precision or cpu_precision(unit.model)
+    rows = [Row(unit.model, v, b, precision=precision) for v in unit.variants for b in unit.backends]
     for row in rows:
         _fail(row, "worker", exc, tb="".join(traceback.format_exception(exc)))
     return rows
 
 
 def _build_all(units: List[Unit], jobs: int, log_path: Optional[str],
-               on_done: Callable[[List[Row]], None]) -> None:
+               on_done: Callable[[List[Row]], None], on_building: Callable[[str], None]) -> None:
+    """Build every unit in `jobs` worker processes (in this process when `jobs` <= 1).
+
+    CPU units share reused workers; each QNN unit gets a fresh one (``max_tasks_per_child=1``).
+    A crashed worker's unit is retried once, then its rows are ``error (worker)``. What workers
+    start (`benchmarks._worker.announce`) reaches ``on_building``."""
     if jobs <= 1:
-        for unit in units:
-            on_done(build_unit(unit))
+        _worker.listen(on_building)
+        try:
+            for unit in units:
+                on_done(build_unit(unit))
+        finally:
+            _worker.listen(None)
         return
+    ctx = multiprocessing.get_context("spawn")
+    messages = ctx.Queue()
+    pools: Dict[bool, ProcessPoolExecutor] = {}
+
+    def pool_for(qnn: bool) -> ProcessPoolExecutor:
+        if qnn not in pools:
+            pools[qnn] = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker.init,
+                                             initargs=(log_path, messages),
+                                             max_tasks_per_child=1 if qnn else None)
+        return pools[qnn]
+
     queue = list(units)
     attempts: Dict[Unit, int] = {}
-    ctx = multiprocessing.get_context("spawn")
-    while queue:
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker.init,
-                                 initargs=(log_path,)) as pool:
-            running: Dict[Any, Unit] = {}
-            broken = False
-            while (queue and not broken) or running:
-                while queue and not broken and len(running) < jobs:
-                    unit = queue.pop(0)
-                    running[pool.submit(build_unit, unit)] = unit
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    unit = running.pop(fut)
-                    try:
-                        on_done(fut.result())
-                    except BrokenProcessPool as exc:
-                        broken = True
-                        attempts[unit] = attempts.get(unit, 0) + 1
-                        if attempts[unit] >= 2:
-                            on_done(_crashed(unit, exc))
-                        else:
-                            logger.warning("worker crashed on %s/%s; retrying", unit.model, unit.variant)
-                            queue.insert(0, unit)
-                    except Exception as exc:  # noqa: BLE001
+    running: Dict[Any, Tuple[Unit, ProcessPoolExecutor]] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                unit = queue.pop(0)
+                pool = pool_for(unit.is_qnn)
+                running[pool.submit(build_unit, unit)] = (unit, pool)
+            done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            _drain(messages, on_building)
+            for fut in done:
+                unit, pool = running.pop(fut)
+                try:
+                    on_done(fut.result())
+                except BrokenProcessPool as exc:
+                    if pools.get(unit.is_qnn) is pool:  # the next submission gets a new pool
+                        del pools[unit.is_qnn]
+                        pool.shutdown(wait=False, cancel_futures=True)
+                    attempts[unit] = attempts.get(unit, 0) + 1
+                    if attempts[unit] >= 2:
                         on_done(_crashed(unit, exc))
+                    else:
+                        logger.warning("worker crashed on %s/%s; retrying", unit.model, unit.variants)
+                        queue.insert(0, unit)
+                except Exception as exc:  # noqa: BLE001
+                    on_done(_crashed(unit, exc))
+        _drain(messages, on_building)
+    finally:
+        for pool in pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        messages.close()
+
+
+def _drain(messages: Any, on_building: Callable[[str], None]) -> None:
+    import queue as queue_module
+
+    while True:
+        try:
+            text = messages.get_nowait()
+        except (queue_module.Empty, OSError, ValueError):
+            return
+        on_building(text)
+
+
+def plan_units(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
+               quick: bool, work_dir: str) -> List[Unit]:
+    """The build units of a run, slowest first: per model, one unit per variant for its CPU
+    backends and one per QNN precision (`benchmarks.qnn_unit.precisions`) for ``qnn``, each
+    limited to the backends the model is built for (`benchmarks.models.backends_of`)."""
+    from . import qnn_unit
+
+    units: List[Unit] = []
+    for m in model_names:
+        allowed = models.backends_of(m)
+        cpu = tuple(b for b in backends if b in CPU_BACKENDS and b in allowed)
+        if cpu:
+            units += [Unit(m, (v,), cpu, quick, work_dir) for v in variant_names]
+        if "qnn" in backends and "qnn" in allowed:
+            units += [Unit(m, tuple(variant_names), ("qnn",), quick, work_dir, precision=p)
+                      for p in qnn_unit.precisions(m, quick)]
+
+    def cost(u: Unit) -> float:
+        base = _MODEL_COST.get(u.model.removesuffix(QUANTIZED_SUFFIX), 1)
+        if u.is_qnn:  # every variant in one unit; quantized precisions calibrate first
+            return base * len(u.variants) * (1.0 if u.precision == "fp16" else 1.5)
+        return base
+
+    units.sort(key=lambda u: -cost(u))
+    return units
+
+
+def row_order(row: Row) -> Tuple:
+    """Table order: model, backend (portable, xnnpack, qnn), precision, variant."""
+    return (row.model, BACKENDS.index(row.backend) if row.backend in BACKENDS else 99, row.precision or "")
 
 
 def run_all(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
             runs: int, work_dir: str, quick: bool = False, jobs: int = 2,
             latency_budget_s: float = 3.0, log_path: Optional[str] = None,
-            on_step: Callable[[str, Row], None] = lambda phase, row: None) -> List[Row]:
-    """Benchmark every (model, variant, backend); returns all rows, failed ones included.
+            on_step: Callable[[str, Row], None] = lambda phase, row: None,
+            on_building: Callable[[str], None] = lambda text: None) -> List[Row]:
+    """Benchmark every (model, variant, backend[, precision]); returns all rows, failed and
+    skipped ones included.
 
-    ``on_step(phase, row)`` is called once per row after the build phase
-    (``"build"``) and once after the time phase (``"time"``).
+    ``on_step(phase, row)`` is called once per row after the build phase (``"build"``) and,
+    for CPU rows, once after the time phase (``"time"``); ``on_building(text)`` when a worker
+    starts a row (`benchmarks._worker.announce`).
     """
-    order = {(m, v, b): i for i, (m, v, b) in enumerate(
-        (m, v, b) for m in model_names for v in variant_names for b in backends)}
-    units = [Unit(m, v, tuple(backends), quick, work_dir) for m in model_names for v in variant_names]
-    units.sort(key=lambda u: -_MODEL_COST.get(u.model, 1))
+    units = plan_units(model_names, variant_names, backends, quick, work_dir)
     rows: List[Row] = []
 
     def done(unit_rows: List[Row]) -> None:
@@ -388,9 +514,19 @@ def run_all(model_names: Sequence[str], variant_names: Sequence[str], backends: 
             rows.append(row)
             on_step("build", row)
 
-    _build_all(units, jobs, log_path, done)
-    rows.sort(key=lambda r: order[(r.model, r.variant, r.backend)])
+    _build_all(units, jobs, log_path, done, on_building)
+    model_rank = {m: i for i, m in enumerate(model_names)}
+    variant_rank = {v: i for i, v in enumerate(variant_names)}
+    rows.sort(key=lambda r: (model_rank.get(r.model, 99),) + row_order(r)[1:] + (variant_rank.get(r.variant, 99),))
     for row in rows:
+        if row.backend == "qnn":
+            continue
         measure_latency(row, runs, latency_budget_s, log_path)
         on_step("time", row)
     return rows
+
+
+def total_rows(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
+               quick: bool) -> int:
+    """How many rows `run_all` returns for these arguments."""
+    return sum(u.rows for u in plan_units(model_names, variant_names, backends, quick, ""))

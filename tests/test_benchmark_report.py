@@ -56,3 +56,82 @@ def test_results_md_has_a_legend_with_every_column_the_marks_and_the_noise(tmp_p
     assert "Noise: 1 of 2 timed rows noisy" in legend
     assert "while rows were timed 0.50–2.25" in legend
     assert "at the end of the run: 2.10 1.50 1.20 (x86_64, 2 cpus)" in legend
+
+
+# -- QNN rows in the one table and the figures ---------------------------------------------------
+
+def _qnn(variant, precision="fp16", **kw):
+    row = Row("llama", variant, "qnn", precision=precision, pte_bytes=1000, fold_time_s=0.1, lower_time_s=2.0,
+              max_abs_diff=0.003, eager_max_abs=2.0, partitions=1, refused_partitions=0, cpu_ops={},
+              context_binary_bytes=900).to_dict()
+    row.update(kw)
+    return row
+
+
+def _cells(table: str, line: int) -> dict:
+    titles = [t for _, t in report.COLUMNS]
+    return dict(zip(titles, table.splitlines()[line].strip("| ").split(" | ")))
+
+
+def test_qnn_rows_share_the_table_with_their_own_columns_and_a_baseline_per_precision():
+    cpu = _row()
+    off = _qnn("none", pte_bytes=2000, partitions=2, refused_partitions=1,
+               cpu_ops={"aten.index.Tensor": 4, "aten._to_copy.default": 4, "aten.slice_copy.Tensor": 3, "aten.mul.Tensor": 1})
+    on = _qnn("fold_constants", pte_bytes=1990)
+    q_off = _qnn("none", "16a4w", pte_bytes=500)
+    q_on = _qnn("fold_constants", "16a4w", pte_bytes=450, note="the fold had nothing to do")
+    table = report.to_markdown([cpu, off, on, q_off, q_on])
+    c = _cells(table, 2)
+    assert (c["backend"], c["precision"], c["QNN partitions (refused)"], c["ops left on CPU"]) == ("xnnpack", "—", "—", "—")
+    c = _cells(table, 3)
+    assert c["QNN partitions (refused)"] == "2 (1)"
+    assert c["ops left on CPU"] == "12: index.Tensor×4, _to_copy×4, slice_copy.Tensor×3, …"
+    assert c["latency ms"] == "—" and c["nodes aten/edge"] == "—"
+    assert c["max abs diff"] == "3.00e-03 (scale 2)"
+    c = _cells(table, 4)
+    assert c["Δ .pte vs none"] == "-10 (-0.500%)" and c["ops left on CPU"] == "0" and c["context-binary bytes"] == "900"
+    c = _cells(table, 6)  # against the 16a4w none row, not the fp16 one
+    assert c["Δ .pte vs none"] == "-50 (-10.000%)"
+    assert c["status"] == "ok (the fold had nothing to do)"
+
+
+def test_size_panel_marks_failed_and_skipped_rows_instead_of_drawing_zero():
+    from benchmarks import figures
+
+    rows = [_qnn("none", pte_bytes=2000), _qnn("constant_prop_pass", pte_bytes=None, status="error (lower): X"),
+            _qnn("fold_constants", pte_bytes=1990),
+            _qnn("none", "8a8w", pte_bytes=None, status="error (lower): stranded"),
+            _qnn("fold_constants", "8a8w", pte_bytes=900),
+            _qnn("none", "16a4w", pte_bytes=None, status="skipped: no QNN libraries"),
+            _qnn("fold_constants", "16a4w", pte_bytes=None, status="skipped: no QNN libraries")]
+    bars = figures.pte_change_panel(rows, "qnn", ["constant_prop_pass", "fold_constants"])
+    assert bars == [("llama\nfp16", "constant_prop_pass", "failed"), ("llama\nfp16", "fold_constants", -0.5),
+                    ("llama\n8a8w", "fold_constants", "none failed"), ("llama\n16a4w", "fold_constants", "skipped")]
+
+
+def test_cpu_ops_chart_has_a_bar_per_qnn_row_and_marks_the_failed_ones(tmp_path):
+    from benchmarks import figures
+
+    rows = [_row(), _qnn("none", cpu_ops={"aten.index.Tensor": 21}, refused_partitions=1),
+            _qnn("constant_prop_pass", pte_bytes=None, cpu_ops=None, status="error (lower): X"),
+            _qnn("fold_constants")]
+    assert figures.cpu_ops_panel(rows) == [("llama\nfp16", "none", 21, 1), ("llama\nfp16", "constant_prop_pass", "failed", 0),
+                                           ("llama\nfp16", "fold_constants", 0, 0)]
+    paths = report.write_all(rows, str(tmp_path), {})
+    assert paths["qnn_cpu_ops_png"].endswith("qnn_cpu_ops.png") and paths["png"].endswith("pte_size_change.png")
+    md = open(paths["md"]).read()
+    assert "## QNN" in md and "### llama / constant_prop_pass / qnn / fp16" not in md  # no traceback given
+    assert figures.cpu_ops_panel([_row()]) == [] and figures.plot_qnn_cpu_ops([_row()], str(tmp_path / "x.png")) is None
+
+
+def test_the_run_fails_on_cpu_errors_and_on_fold_on_qnn_regressions_only():
+    from benchmarks.__main__ import failures
+    from benchmarks.qnn_unit import regressions
+
+    by_design = [_qnn("none", status="error (lower): RuntimeError: stranded"), _qnn("fold_constants"),
+                 _qnn("constant_prop_pass", status="error (lower): RuntimeError: mixed types")]
+    skipped = [_qnn("none", "8a8w", status="skipped: no QNN"), _qnn("fold_constants", "8a8w", status="skipped: no QNN")]
+    assert failures([_row()] + by_design + skipped, regressions) == []
+    regression = [_qnn("none", "16a4w"), _qnn("fold_constants", "16a4w", status="error (lower): RuntimeError: x")]
+    assert [r["precision"] for r in failures(by_design + regression, regressions)] == ["16a4w"]
+    assert len(failures([_row(status="error (run): x")], regressions)) == 1

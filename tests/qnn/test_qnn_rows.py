@@ -1,4 +1,5 @@
-"""The QNN benchmark rows (benchmarks/qnn_rows.py) on tiny models, on the real HTP backend."""
+"""The QNN benchmark rows (benchmarks/qnn_rows.py, and as rows of the main table through
+benchmarks/qnn_unit.py) on tiny models, on the real HTP backend."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import torch
 
 import qnn
-from benchmarks import qnn_rows
+from benchmarks import qnn_rows, qnn_unit, report
+from benchmarks.runner import Row
 
 from .helpers import STRANDED, compiler_specs, lower_with_wrapper
 from .models import RELU, LinearCutOffByRelu, SkipIdShift
@@ -40,17 +42,24 @@ def test_fold_off_row_reports_stranded_op_and_fold_on_row_delegates_and_runs(tmp
     assert on.constant_bytes_in_partitions == (64 * 64 + 64 + 4 * 64) * 4
     assert on.constant_bytes_on_cpu == 0
 
-    rows = [r.to_dict() for r in (off, cpp, on)]
-    qnn_rows.add_size_change(rows)
-    assert [r["pte_change"] for r in rows] == [None, None, None]  # no fold-off .pte to compare with
-    table = qnn_rows.to_markdown(rows, "QNN test")
+    assert on.context_binary_bytes > 0 and on.peak_rss_bytes > 0 and on.fold_report["lifted"]
+
+    rows = []
+    for variant, q in zip(("none", "constant_prop_pass", "fold_constants"), (off, cpp, on)):
+        row = Row("linear_cut_off", variant, "qnn", precision="fp16")
+        qnn_unit.fill_row(row, q)
+        rows.append(row.to_dict())
+    assert rows[2]["max_abs_diff"] == on.htp_max_abs_diff and rows[2]["eager_max_abs"] == on.output_scale
+    assert rows[2]["fold_time_s"] == on.fold_time_s and rows[0]["fold_time_s"] == 0.0
+    assert rows[2]["note"] is None  # the fold lifted the constant branch
+    table = report.to_markdown(rows)
     lines = table.splitlines()
-    assert lines[0].startswith("QNN HTP (SM8650), real backend: QNN test.")
-    assert lines[-1].startswith(f"| linear_cut_off | fp16 | on | ok | 1 | 0 | {on.pte_bytes:,} | — | ")
-    assert lines[-3].startswith("| linear_cut_off | fp16 | off | error (lower): RuntimeError: Node aten_linear_default")
-    paths = qnn_rows.write_all(rows, str(tmp_path), {"command": "test"})
+    assert lines[-1].startswith(f"| linear_cut_off | fold_constants | qnn | fp16 | ok | {on.pte_bytes:,} | — | ")
+    assert lines[-3].startswith("| linear_cut_off | none | qnn | fp16 | error (lower): RuntimeError: Node aten_linear_default")
+    paths = report.write_all(rows, str(tmp_path), {"command": "test"})
     assert json.loads(open(paths["json"]).read())["rows"][2]["constant_bytes_in_partitions"] == 17664
-    assert "## Errors" in open(paths["md"]).read()
+    md = open(paths["md"]).read()
+    assert "## Errors" in md and "### linear_cut_off / none / qnn / fp16" in md
 
 
 def test_rows_agree_with_describe_partitions():
@@ -76,20 +85,18 @@ def test_rows_agree_with_describe_partitions():
     assert on.constant_bytes_in_partitions == proj + aligned(4 * 16 * 4) + scalar
     assert off.cpu_ops == on.cpu_ops == {}
     assert off.fold_time_s is None and on.fold_time_s > 0
-    rows = [r.to_dict() for r in (off, cpp, on)]
-    qnn_rows.add_size_change(rows)
-    assert rows[2]["pte_change"] == on.pte_bytes / off.pte_bytes - 1 < 0  # the 16x16 weight is no longer stored
+    assert on.pte_bytes < off.pte_bytes  # the 16x16 weight is no longer stored
 
 
 def test_a_fold_on_failure_is_a_regression_only_where_fold_off_got_further():
-    def row(model, mode, status):
-        return {"model": model, "precision": "fp16", "mode": mode, "status": status}
+    def row(model, variant, status):
+        return {"model": model, "backend": "qnn", "precision": "fp16", "variant": variant, "status": status}
 
-    rows = [row("a", "off", "error (lower): AssertionError: Failed to generate Qnn context binary."),
-            row("a", "on", "error (lower): AssertionError: Failed to generate Qnn context binary."),
-            row("b", "off", "ok"), row("b", "on", "error (lower): RuntimeError: x"),
-            row("c", "off", "error (lower): RuntimeError: stranded"), row("c", "on", "ok")]
-    assert [r["model"] for r in qnn_rows.regressions(rows)] == ["b"]
+    rows = [row("a", "none", "error (lower): AssertionError: Failed to generate Qnn context binary."),
+            row("a", "fold_constants", "error (lower): AssertionError: Failed to generate Qnn context binary."),
+            row("b", "none", "ok"), row("b", "fold_constants", "error (lower): RuntimeError: x"),
+            row("c", "none", "error (lower): RuntimeError: stranded"), row("c", "fold_constants", "ok")]
+    assert [r["model"] for r in qnn_unit.regressions(rows)] == ["b"]
 
 
 def test_qnn_messages_are_kept_when_htp_refuses():

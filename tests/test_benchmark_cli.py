@@ -1,0 +1,65 @@
+"""The benchmark's command line (`benchmarks/__main__.py`): QNN is a backend of the main run,
+and a machine without the QNN libraries gets ``skipped`` QNN rows and a run that succeeds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import models, runner
+from benchmarks.__main__ import parse_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_qnn_is_a_default_backend_and_quick_builds_every_quick_model_for_it():
+    args = parse_args(["--quick"])
+    assert args.backends == ["portable", "xnnpack", "qnn"]
+    units = runner.plan_units(args.models, args.variants, args.backends, True, "")
+    qnn = {(u.model, u.precision): u.variants for u in units if u.is_qnn}
+    assert qnn == {("resnet18", "fp16"): ("none", "constant_prop_pass", "fold_constants"),
+                   ("llama", "fp16"): ("none", "constant_prop_pass", "fold_constants"),
+                   ("t5_encoder", "8a8w"): ("none", "constant_prop_pass", "fold_constants")}
+    assert runner.total_rows(args.models, args.variants, args.backends, True) == 3 * 3 * 2 + 3 * 3
+
+
+def test_the_full_run_adds_the_llm_scale_model_for_qnn_only():
+    args = parse_args([])
+    assert "llama_1b" in args.models and "mobilenet_v3_small_q8" in args.models
+    units = runner.plan_units(args.models, args.variants, args.backends, False, "")
+    assert {(u.backends, u.precision) for u in units if u.model == "llama_1b"} == {(("qnn",), "16a4w")}
+    assert {u.backends for u in units if u.model == "mobilenet_v3_small_q8"} == {("portable", "xnnpack")}
+    assert units[0].model == "llama_1b"  # slowest first
+    assert "llama_1b" not in parse_args(["--backends", "portable,xnnpack"]).models
+
+
+def test_qnn_flag_is_short_for_backends_qnn():
+    args = parse_args(["--qnn"])
+    assert args.backends == ["qnn"] and "mobilenet_v3_small_q8" not in args.models
+    assert args.out.endswith("-qnn")
+    with pytest.raises(SystemExit):
+        parse_args(["--models", "llama_1b", "--backends", "portable"])
+
+
+def test_without_qnn_libraries_the_qnn_rows_say_skipped_and_the_run_succeeds(tmp_path):
+    """An SDK root without libraries stands for a machine where the qnn extra cannot install."""
+    empty, out = tmp_path / "no-sdk", tmp_path / "out"
+    empty.mkdir()
+    env = dict(os.environ, QNN_SDK_ROOT=str(empty), HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--backends", "qnn", "--models", "resnet18",
+                           "--out", str(out)], capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["backend"], r["precision"], r["variant"]) for r in rows] == [
+        ("qnn", "fp16", v) for v in ("none", "constant_prop_pass", "fold_constants")]
+    for r in rows:
+        assert r["status"].startswith(f"skipped: QNN_SDK_ROOT={empty} has no libQnnHtp.so"), r["status"]
+    assert "skipped: QNN_SDK_ROOT=" in (out / "results.md").read_text()
+    assert "0/3 rows ok, 3 skipped" in proc.stderr
+    assert "building resnet18" not in proc.stderr  # nothing was built
+    assert (out / "pte_size_change.png").is_file() and (out / "qnn_cpu_ops.png").is_file()
