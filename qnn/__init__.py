@@ -15,7 +15,8 @@ from .sdk import QnnSdk, load_qnn_sdk, prevent_sdk_download, try_load_qnn_sdk
 prevent_sdk_download()
 
 from .control_flow import pass_manager_cls
-from .compile_spec import FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs
+from .compile_spec import (FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs,
+                           with_fold_constants)
 from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLostError, QnnFoldingError, QnnSdkError
 from .lowering import PartitionSummary, describe_partitions, to_edge_transform_and_lower_to_qnn
 from .partitioner import QnnPartitioner, kept_whole_ops
@@ -47,4 +48,5 @@ __all__ = [
     "try_load_qnn_sdk",
     "split_compile_specs",
     "to_edge_transform_and_lower_to_qnn",
+    "with_fold_constants",
 ]

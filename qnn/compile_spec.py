@@ -102,3 +102,29 @@ def split_compile_specs(compiler_specs: Sequence[CompileSpec]) -> Tuple[List[Com
 def fold_spec_of(compiler_specs: Sequence[CompileSpec]) -> Optional[FoldSpec]:
     """The decoded ``fold_constants`` spec of `compiler_specs`, or None when folding is off."""
     return split_compile_specs(compiler_specs)[1]
+
+
+def with_fold_constants(compiler_specs, policy: Optional[FoldPolicy] = None):
+    """`compiler_specs` with folding on: executorch's spec list (or a per-method dict of lists,
+    as ``to_edge_transform_and_lower_to_qnn`` takes them) with our ``fold_constants`` spec
+    appended where it is missing. A list that already has one keeps it (and its policy).
+
+    Args:
+        compiler_specs: a list of ``CompileSpec`` (from executorch's or our
+            ``generate_qnn_executorch_compiler_spec``), or a dict of such lists.
+        policy: the `folding.FoldPolicy` for the added specs; ``FoldPolicy()`` when None.
+
+    Returns:
+        New lists (the caller's are not changed), in a dict with the same keys when given one.
+
+    Raises:
+        CompileSpecError: `policy` is not a `FoldPolicy`, or a list has a malformed fold spec.
+    """
+    if policy is not None and not isinstance(policy, FoldPolicy):
+        raise CompileSpecError(f"policy must be a folding.FoldPolicy, got {type(policy).__name__}")
+    if isinstance(compiler_specs, dict):
+        return {name: with_fold_constants(specs, policy) for name, specs in compiler_specs.items()}
+    specs = list(compiler_specs)
+    if fold_spec_of(specs) is None:
+        specs.append(FoldSpec(policy or FoldPolicy()).to_compile_spec())
+    return specs

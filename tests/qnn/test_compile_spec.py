@@ -82,3 +82,21 @@ def test_duplicate_key_and_wrong_policy_type_are_typed_errors():
         qnn.generate_qnn_executorch_compiler_spec(SOC, generate_htp_compiler_spec(use_fp16=True),
                                                   fold_constants=True, fold_policy={"max_tensor_bytes": 1})
     assert issubclass(qnn.CompileSpecError, qnn.QnnFoldingError)
+
+
+def test_with_fold_constants_adds_the_spec_to_executorchs_lists_and_keeps_a_given_policy():
+    """Lists from executorch's generator, alone or per method, get the fold spec; a list that
+    has one keeps its policy; the caller's lists are not changed."""
+    stock = _executorch_specs()
+    tight = FoldPolicy(max_tensor_bytes=1024)
+    own = qnn.generate_qnn_executorch_compiler_spec(SOC, generate_htp_compiler_spec(use_fp16=True),
+                                                    fold_constants=True, fold_policy=tight)
+    per_method = {"prefill_forward": stock, "kv_forward": own}
+    out = qnn.with_fold_constants(per_method, FoldPolicy(max_growth_fraction=0.0))
+    assert list(out) == list(per_method) and len(stock) == len(_executorch_specs())
+    assert out["prefill_forward"][:-1] == stock
+    assert qnn.split_compile_specs(out["prefill_forward"])[1].policy == FoldPolicy(max_growth_fraction=0.0)
+    assert qnn.split_compile_specs(out["kv_forward"])[1].policy == tight
+    assert qnn.split_compile_specs(qnn.with_fold_constants(stock))[1].policy == FoldPolicy()
+    with pytest.raises(qnn.CompileSpecError, match="FoldPolicy"):
+        qnn.with_fold_constants(stock, {"max_tensor_bytes": 1})

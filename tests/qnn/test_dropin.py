@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from executorch.backends.qualcomm._passes import TagQuantIO
 from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager
 from executorch.backends.qualcomm.quantizer.quantizer import QuantDtype
+from executorch.backends.qualcomm.utils.utils import generate_htp_compiler_spec
 from executorch.backends.qualcomm.utils.constants import (
     QCOM_PASS_ACTIVATE_KEY,
     QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY,
@@ -33,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import qnn
 from folding import fold_constants
 
-from .helpers import assert_runs_on_htp, compiler_specs, export_for_qnn, lower_stock, lower_with_wrapper, quantize
+from .helpers import SOC, assert_runs_on_htp, compiler_specs, export_for_qnn, lower_stock, lower_with_wrapper, quantize
 
 
 class Fn(nn.Module):
@@ -169,24 +170,32 @@ def _passes_job(tagger: QuantIoTagger) -> OrderedDict:
 
 @pytest.mark.parametrize("fold", [False, True], ids=["fold_off", "fold_on"])
 def test_llm_pipeline_shape_lowers_with_callbacks_on_the_callers_object(fold):
-    """Two methods (prefill, kv), 16a4w, per-method dicts in another key order than the
-    modules', and a TagQuantIO callback bound to a live object holding a fake tensor: lowers
-    with one partition per method, and the callback ran on the caller's object for both."""
+    """Two methods (prefill, kv), 16a4w, executorch's own compile specs in per-method dicts in
+    another key order than the modules', and a TagQuantIO callback bound to a live object
+    holding a fake tensor: lowers with one partition per method, and the callback ran on the
+    caller's object for both. Folding is turned on the way README tells a user of the LLM
+    pipeline to: the one-line import of `qnn.fold_on.to_edge_transform_and_lower_to_qnn`."""
+    from executorch.backends.qualcomm.utils.utils import generate_qnn_executorch_compiler_spec
+
+    from qnn.fold_on import to_edge_transform_and_lower_to_qnn as lower_folding
+
     lengths = {"prefill_forward": 4, "kv_forward": 1}
     inputs = {name: _decoder_inputs(t) for name, t in lengths.items()}
     modules = {name: quantize(TinyDecoder().eval(), inputs[name], QuantDtype.use_16a4w) for name in lengths}
     taggers = {name: QuantIoTagger() for name in lengths}
     reversed_names = list(reversed(lengths))
-    specs = {name: compiler_specs(fold, quantized=True) for name in reversed_names}
+    specs = {name: generate_qnn_executorch_compiler_spec(SOC, generate_htp_compiler_spec(use_fp16=False))
+             for name in reversed_names}
     jobs = {name: _passes_job(taggers[name]) for name in reversed_names}
 
-    manager = qnn.to_edge_transform_and_lower_to_qnn(
-        modules, {n: inputs[n] for n in reversed_names}, specs, passes_job=jobs)
+    lower = lower_folding if fold else qnn.to_edge_transform_and_lower_to_qnn
+    manager = lower(modules, {n: inputs[n] for n in reversed_names}, specs, passes_job=jobs)
 
     for name in lengths:
         assert taggers[name].asked, f"{name}: the TagQuantIO callback never ran on the caller's object"
         summary = qnn.describe_partitions(manager, name)
         assert summary.partitions == 1 and summary.cpu_op_count == 0, (name, summary)
+        assert bool(manager.qnn_partitioners[name].fold_reports) == fold
     assert manager.to_executorch().buffer
 
 
