@@ -1,0 +1,116 @@
+"""The differential run: each selected suite test, stock then fold, classified and written out
+after every test (so an interrupted run leaves its results so far, and ``resume`` continues it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+from importlib import metadata
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .classify import classify
+from .pool import REPO_ROOT, Worker
+from .report import write_json, write_markdown
+from .suite import CLASSES, SOC_MODEL
+from .variants import VARIANTS
+
+
+def _git(root: str, *args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def describe_environment(product_root: Optional[str]) -> Dict:
+    """What the run measured: the product commit (and whether folding/ or qnn/ had local
+    changes), the package versions, the SoC."""
+    root = product_root or REPO_ROOT
+    return {
+        "commit": _git(root, "rev-parse", "--short", "HEAD"),
+        "dirty": bool(_git(root, "status", "--porcelain", "--", "folding", "qnn")),
+        "product_root": os.path.abspath(root),
+        "executorch": metadata.version("executorch"),
+        "torch": metadata.version("torch"),
+        "soc_model": SOC_MODEL,
+        "variants": list(VARIANTS),
+    }
+
+
+def run(
+    *,
+    classes: Sequence[str] = CLASSES,
+    match: Optional[str] = None,
+    limit: Optional[int] = None,
+    timeout: float = 900.0,
+    json_path: str,
+    markdown_path: Optional[str] = None,
+    log_path: str,
+    product_root: Optional[str] = None,
+    resume: bool = False,
+    recycle: int = 25,
+    stop_file: Optional[str] = None,
+    progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> Dict:
+    """Run the selected tests both ways on the real backend and write the results.
+
+    Args:
+        classes, match, limit: the selection (`suite.list_tests`).
+        timeout: seconds one (test, variant) may take before its worker is killed.
+        json_path, markdown_path: where the results go, rewritten after every test.
+        log_path: the worker's output (executorch and QNN logs), appended.
+        product_root: the checkout whose ``folding``/``qnn`` are measured (None: as installed).
+        resume: keep the tests already in `json_path` and run only the others.
+        recycle: a fresh worker after this many tests.
+        stop_file: when this file exists, stop between two tests (the results so far are
+            written; ``resume`` continues), so the run can give the machine back for a while.
+
+    Returns:
+        ``{"meta", "results"}``, as written to `json_path`.
+    """
+    import json
+
+    previous: Dict[str, Dict] = {}
+    if resume and os.path.exists(json_path):
+        with open(json_path) as f:
+            previous = {r["test"]: r for r in json.load(f)["results"]}
+    meta = describe_environment(product_root)
+    meta.update(started=_now(), classes=list(classes), match=match, limit=limit, timeout=timeout)
+    start = time.monotonic()
+    results: List[Dict] = []
+    with Worker(log_path, product_root, recycle) as worker:
+        tests = worker.list_tests(classes, match, limit)
+        meta.update(selected=len(tests), qnn_build_id=worker.info.get("qnn_build_id"))
+        for index, test_id in enumerate(tests, 1):
+            if test_id in previous:
+                results.append(previous[test_id])
+                continue
+            if stop_file and os.path.exists(stop_file):
+                progress(f"stopping before {test_id}: {stop_file} exists (continue with --resume)")
+                break
+            records = {variant: worker.run(test_id, variant, timeout) for variant in VARIANTS}
+            worker.finished_test()
+            result = {"test": test_id, **classify(records["stock"], records["fold"]), **records}
+            results.append(result)
+            meta.update(seconds=round(time.monotonic() - start), done=len(results), finished=_now(),
+                        complete=len(results) == len(tests))
+            write_json(json_path, meta, results)
+            if markdown_path:
+                write_markdown(markdown_path, meta, results)
+            progress(f"[{index}/{len(tests)}] {result['category']:10s} {test_id} "
+                     f"({records['stock'].get('seconds', 0):.0f} s + {records['fold'].get('seconds', 0):.0f} s)"
+                     + ("  REGRESSION" if result["regression"] else ""))
+    meta.update(seconds=round(time.monotonic() - start), done=len(results), finished=_now(),
+                complete=len(results) == meta["selected"])
+    write_json(json_path, meta, results)
+    if markdown_path:
+        write_markdown(markdown_path, meta, results)
+    return {"meta": meta, "results": results}
