@@ -36,15 +36,6 @@ DEQUANTIZE_OPS = frozenset(
         "torchao.dequantize_affine",
     }
 )
-QPARAM_OPS = frozenset(
-    {
-        "quantized_decomposed.choose_qparams",
-        "quantized_decomposed.choose_qparams_symmetric",
-        "quantized_decomposed.choose_qparams_per_token",
-        "quantized_decomposed.choose_qparams_per_token_asymmetric",
-        "torchao.choose_qparams_affine",
-    }
-)
 
 
 @_cached

@@ -14,7 +14,7 @@ from .sdk import QnnSdk, load_qnn_sdk, prevent_sdk_download, try_load_qnn_sdk
 # downloads an SDK. The libraries are set up at the first QNN use (qnn/sdk.py, load_qnn_sdk).
 prevent_sdk_download()
 
-from .control_flow import pass_manager_cls
+from .pass_manager import pass_manager_cls
 from .compile_spec import (FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs,
                            with_fold_constants)
 from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLostError, QnnFoldingError, QnnSdkError

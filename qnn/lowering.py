@@ -33,7 +33,8 @@ from folding.ops import op_name
 from folding.sizes import stored_constant_bytes
 
 from .compile_spec import fold_spec_of, split_compile_specs
-from .control_flow import control_flow_nodes, fold_control_flow_first, pass_manager_cls, with_control_flow_passes
+from .control_flow import control_flow_nodes, fold_control_flow_first
+from .pass_manager import pass_manager_cls, with_control_flow_passes
 from .partitioner import QnnPartitioner
 
 logger = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def _prepare_method(module, inputs, compiler_specs, dynamic_shapes, dep_table, p
 
 def _export_for_qnn(module, inputs, dynamic_shapes, pass_manager, compiler_specs, partitioner) -> ExportedProgram:
     """``torch.export`` (strict) and QNN's ``transform_for_export_pipeline`` (`pass_manager`:
-    `qnn.control_flow.pass_manager_cls`, which leaves control flow alone). A program that calls
+    `qnn.pass_manager.pass_manager_cls`, which leaves control flow alone). A program that calls
     control flow is folded first when folding is on (its report is kept by `partitioner`), so
     that the export passes see the code of constant-predicate conds and of bodies' constant
     code (`qnn.control_flow`)."""

@@ -44,7 +44,8 @@ from torch.fx.passes.infra.partitioner import Partition
 
 from folding import FoldReport, fold_constants
 
-from .control_flow import pass_manager_cls
+from .control_flow import calls_control_flow
+from .pass_manager import pass_manager_cls
 from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
 from folding.signature import mutated_targets
@@ -161,7 +162,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
     def default_to_edge_passes(self, program: ExportedProgram) -> list:
         """QNN's default to-edge passes for this backend, bound to `program`
         (``get_to_edge_transform_passes`` in _passes/qnn_pass_manager.py), with the variants
-        that leave control flow alone (`qnn.control_flow.pass_manager_cls`)."""
+        that leave control flow alone (`qnn.pass_manager.pass_manager_cls`)."""
         return pass_manager_cls(self.backend)().get_to_edge_transform_passes(
             program,
             compiler_specs=self.compiler_specs_snapshot,
@@ -358,14 +359,10 @@ def untag_constants_read_by_the_cpu_side(edge_program: ExportedProgram) -> list[
     out = []
     for node in edge_program.graph.find_nodes(op="placeholder"):
         tag = node.meta.get("delegation_tag")
-        if tag is not None and any(u.op == "output" or _calls_control_flow(u) for u in node.users):
+        if tag is not None and any(u.op == "output" or calls_control_flow(u) for u in node.users):
             del node.meta["delegation_tag"]
             out.append(node.name)
     return out
-
-
-def _calls_control_flow(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
 
 
 def screen_partitions(

@@ -228,7 +228,8 @@ def test_a_callers_passes_job_and_dep_table_get_the_control_flow_variants():
     from executorch.backends.qualcomm._passes.i64_to_i32 import I64toI32
     from executorch.backends.qualcomm._passes.lift_constant_scalar_operands import LiftConstantScalarOperands
 
-    from qnn.control_flow import I64toI32SkippingBodies, LiftScalarOperandsSkippingControlFlow, with_control_flow_passes
+    from qnn._passes import I64toI32SkippingBodies, LiftScalarOperandsSkippingControlFlow
+    from qnn.pass_manager import with_control_flow_passes
 
     job = with_control_flow_passes(QnnPassManager.get_capture_program_passes())
     deps = with_control_flow_passes(QnnPassManager.get_passes_dependency_for_capture_program())
@@ -240,7 +241,7 @@ def test_a_callers_passes_job_and_dep_table_get_the_control_flow_variants():
 
 
 def test_upstream_export_pipeline_still_crashes_on_cond():
-    """Why `qnn.control_flow.LiftScalarOperandsSkippingControlFlow` exists: QNN's own export
+    """Why `qnn._passes.LiftScalarOperandsSkippingControlFlow` exists: QNN's own export
     passes on a cond (no fold). This starts failing once executorch skips higher-order ops."""
     ep = torch.export.export(LinearFeedsCond(constant_predicate=True).eval(), (torch.randn(8, 8),), strict=True)
     with pytest.raises(Exception, match="LiftConstantScalarOperands") as error:
@@ -249,7 +250,7 @@ def test_upstream_export_pipeline_still_crashes_on_cond():
 
 
 def test_upstream_i64toi32_still_crashes_on_a_body():
-    """Why `qnn.control_flow.I64toI32SkippingBodies` exists: QNN's own I64toI32 on an Edge
+    """Why `qnn._passes.I64toI32SkippingBodies` exists: QNN's own I64toI32 on an Edge
     program with a cond reads ``meta["val"]`` of the body's get_attr. This starts failing once
     executorch's pass leaves bodies alone."""
     from executorch.backends.qualcomm._passes.i64_to_i32 import I64toI32
@@ -260,7 +261,7 @@ def test_upstream_i64toi32_still_crashes_on_a_body():
     edge = to_edge(ep).exported_program()
     with pytest.raises(KeyError, match="val"):
         I64toI32(edge)(edge.graph_module)
-    qnn.control_flow.I64toI32SkippingBodies(edge)(edge.graph_module)  # the variant passes
+    qnn._passes.I64toI32SkippingBodies(edge)(edge.graph_module)  # the variant passes
 
 
 def test_quantizing_a_runtime_cond_stops_with_the_typed_error():
