@@ -1,7 +1,7 @@
 """Running a QNN ``.pte`` on this machine.
 
-executorch 1.5.1's pybindings (``executorch.extension.pybindings.portable_lib``) register
-``QnnBackend``; on x86-64 Linux its ``libQnnHtp.so`` (QNN 2.49.40, qnn/sdk.py) executes HTP
+executorch 1.5.1's public runtime API (``executorch.runtime.Runtime``, over the pybindings,
+which register ``QnnBackend``); on x86-64 Linux its ``libQnnHtp.so`` (QNN 2.49.40, qnn/sdk.py) executes HTP
 context binaries in emulation, so a ``.pte`` lowered for HTP runs here as it would on a device
 (fp16 arithmetic and fixed-point kernels included).
 """
@@ -26,8 +26,10 @@ def run_pte(buffer: bytes, inputs: Sequence[torch.Tensor], method: str = "forwar
         RuntimeError: the runtime refuses the program (executorch's message).
     """
     load_qnn_sdk()
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+    from executorch.runtime import Runtime
 
-    module = _load_for_executorch_from_buffer(buffer)  # reads `buffer` while it runs: keep it alive
-    outputs = module.run_method(method, tuple(inputs))
-    return [out for out in outputs]
+    program = Runtime.get().load_program(bytes(buffer))  # the Program keeps its bytes alive
+    loaded = program.load_method(method)
+    if loaded is None:
+        raise RuntimeError(f"the program has no method {method!r}; it has {sorted(program.method_names)}")
+    return list(loaded.execute(tuple(inputs)))
