@@ -1,4 +1,4 @@
-"""``python -m tests.fuzz --n 10000 [--seed S] [--jobs N] [--out summary.json] [--control-flow]``.
+"""``python -m tests.fuzz --n 10000 [--seed S] [--jobs N] [--out summary.json] [--control-flow] [--documented]``.
 
 Prints per-kind failure counts and one shrunk, standalone reproducer per kind; writes the JSON
 summary (cases, discarded, ok, failures per kind with seeds and reproducers, wall time).
@@ -32,6 +32,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--control-flow", action="store_true",
                    help="generate with the control-flow families (cond, map, scan, while_loop, no_grad and "
                         "autocast regions) and check on flipped inputs too")
+    p.add_argument("--documented", action="store_true",
+                   help="check only the user's documented lowering (fold, then to_edge_transform_and_lower(...)"
+                        ".to_executorch(folding.executorch_backend_config()), portable; folded and unfolded, "
+                        "example and flipped inputs) on control-flow programs without random ops or while_loop; "
+                        "implies --control-flow")
     return p.parse_args(argv)
 
 
@@ -42,21 +47,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(1)
     from .campaign import Config, request_stop, run
     from .check import Options, check
-    from .generate import CONTROL_FLOW, GenConfig, generate
+    from .generate import CONTROL_FLOW, CONTROL_FLOW_PTE, GenConfig, generate
     from .program import module_source
     from .reproduce import reproducer
 
-    gen = CONTROL_FLOW if args.control_flow else GenConfig()
+    gen = CONTROL_FLOW_PTE if args.documented else CONTROL_FLOW if args.control_flow else GenConfig()
+    every_stage = Options(documented=True) if args.documented else Options(edge=True, pte=True)
     if args.case is not None:
         program = generate(args.case, gen)
-        outcome = check(program, Options(edge=True, pte=True))
+        outcome = check(program, every_stage)
         print(module_source(program))
         print(outcome.status, outcome.kind, outcome.message, *outcome.notes, sep="\n")
         if outcome.status == "failure":
             if args.shrink_time > 0:
                 from .shrink import shrink
 
-                shrunk = shrink(program, outcome, Options(edge=True, pte=True), time_limit=args.shrink_time)
+                shrunk = shrink(program, outcome, every_stage, time_limit=args.shrink_time)
                 print(f"shrunk from {len(program.ops)} to {len(shrunk.program.ops)} ops")
                 program, outcome = shrunk.program, shrunk.outcome
             print(reproducer(program, outcome))
@@ -75,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     summary = run(Config(n=args.n, seed=args.seed, jobs=args.jobs, edge_fraction=args.edge_fraction,
                          pte_fraction=args.pte_fraction, time_limit=args.time_limit, shrink_time=args.shrink_time,
-                         gen=gen),
+                         gen=gen, documented=args.documented),
                   progress)
     print(summary.text())
     if args.out:

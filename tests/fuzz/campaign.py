@@ -35,6 +35,8 @@ class Config:
         time_limit: stop starting cases after this many seconds (None: no limit).
         shrink_time: seconds to shrink each failure kind's first case (0: do not shrink).
         gen: the generator's settings.
+        documented: check every case only through the user's documented lowering
+            (`Options.documented`); the fractions are then ignored.
     """
 
     n: int = 300
@@ -45,6 +47,7 @@ class Config:
     time_limit: Optional[float] = None
     shrink_time: float = 60.0
     gen: GenConfig = field(default_factory=GenConfig)
+    documented: bool = False
 
 
 @dataclass
@@ -106,17 +109,19 @@ def case_seed(seed: int, index: int) -> int:
     return seed * 1_000_003 + index
 
 
-def case_options(seed: int, edge_fraction: float, pte_fraction: float) -> Options:
+def case_options(seed: int, edge_fraction: float, pte_fraction: float, documented: bool = False) -> Options:
     """Which stages case `seed` runs (drawn apart from its program, so fractions do not change
-    the programs)."""
+    the programs); with `documented`, only the documented lowering."""
+    if documented:
+        return Options(documented=True)
     rng = random.Random(seed ^ 0x5EED5)
     return Options(edge=rng.random() < edge_fraction, pte=rng.random() < pte_fraction)
 
 
 def run_case(args: tuple) -> tuple[int, Outcome]:
     """Generate and check one case (the unit of work of a worker process)."""
-    seed, edge_fraction, pte_fraction, gen = args
-    outcome = check(generate(seed, gen), case_options(seed, edge_fraction, pte_fraction))
+    seed, edge_fraction, pte_fraction, gen, documented = args
+    outcome = check(generate(seed, gen), case_options(seed, edge_fraction, pte_fraction, documented))
     forget_sources()
     return seed, outcome
 
@@ -132,7 +137,7 @@ def _init_worker() -> None:
 
 
 def _outcomes(config: Config, seeds: list[int], start: float) -> Iterator[tuple[int, Outcome]]:
-    work = [(s, config.edge_fraction, config.pte_fraction, config.gen) for s in seeds]
+    work = [(s, config.edge_fraction, config.pte_fraction, config.gen, config.documented) for s in seeds]
     if config.jobs <= 1:
         for item in work:
             if config.time_limit is not None and time.perf_counter() - start > config.time_limit:
@@ -207,7 +212,8 @@ def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], No
         k = summary.failures[kind]
         k.ops_before = k.ops_after = len(program.ops)
         if config.shrink_time > 0 and not summary.interrupted:
-            shrunk = shrink(program, outcome, case_options(seed, config.edge_fraction, config.pte_fraction),
+            shrunk = shrink(program, outcome, case_options(seed, config.edge_fraction, config.pte_fraction,
+                                                           config.documented),
                             time_limit=config.shrink_time)
             program, outcome = shrunk.program, shrunk.outcome
             k.ops_after = len(program.ops)

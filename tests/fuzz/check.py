@@ -14,6 +14,12 @@ Stages, in order (each stops the case at its first failure):
 4. .pte (a fraction of cases): the folded ATen program lowers, runs and matches for the
    portable runtime and XNNPACK.
 
+``Options(documented=True)`` runs, after stage 1, only the user's documented path
+(`Case.stage_documented`): the fold, the report's lowering note, and the folded and unfolded
+programs lowered with ``to_edge_transform_and_lower(...).to_executorch(
+folding.executorch_backend_config(mutated))`` for portable kernels and run on the example and
+the flipped inputs (each branch of a runtime cond).
+
 A difference is blamed on folding only when the unfolded program does not show it too: an
 output that differs from eager is a failure only if it also differs from the unfolded program,
 and a lowering error only if the unfolded program lowers.
@@ -71,12 +77,16 @@ class Options:
         pte: lower the folded ATen program for portable and XNNPACK and run it.
         until: stop after this stage (``aten``, ``edge``, ``pte``), used while shrinking.
         fold: the function under test (``folding.fold_constants`` by default).
+        documented: run only the user's documented lowering (`Case.stage_documented`) after
+            building the case, instead of every other stage: the evidence for issue 33, cheap
+            enough for a campaign of thousands of control-flow programs.
     """
 
     edge: bool = False
     pte: bool = False
     until: Optional[str] = None
     fold: Optional[Fold] = None
+    documented: bool = False
 
 
 class Failure(Exception):
@@ -527,6 +537,94 @@ class Case:
                 self._run_pte(stage, buffer, lambda b=backend: lower.lower_pte(self.ep, b, self.mutated))
 
 
+    # 5. the documented path only (issue 33)
+    def stage_documented(self) -> None:
+        """The user's documented path (README, "Lowering a folded program"): ``fold_constants``,
+        then ``to_edge_transform_and_lower(program).to_executorch(
+        folding.executorch_backend_config(mutated))`` on portable kernels, for the folded and
+        the unfolded program, each run twice (state carries over) on the example inputs and on
+        the flipped ones. A folded .pte that differs from eager where the unfolded .pte matches
+        is a failure (``documented: folded-wrong-unfolded-right``, one per program); both wrong
+        is executorch's, not the fold's, and is a note. The unfolded program is lowered only
+        when the folded .pte is wrong or fails (a lowering costs seconds; a right folded .pte
+        needs no reference), and a program whose export has no ``cond``/``map``/``scan`` is not
+        lowered (not the programs this checks). Also: a folded program with
+        ``cond``/``map``/``scan`` has the report note that names the config."""
+        from folding.lowering import control_flow_calls
+
+        stage = "documented"
+        try:
+            result = self.fold_fn(self.ep, self.policy, inplace=False)
+        except Exception as exc:
+            import folding
+
+            if isinstance(exc, folding.FoldingError) and not isinstance(
+                    exc, (folding.FoldInternalError, folding.FoldInvariantError)):
+                self.notes.append(f"{stage}: typed {type(exc).__name__}: {normalise(str(exc))}")
+                return
+            raise exception_kind(stage, "fold", exc)
+        self.aten_result = result
+        folded = result.program
+        has_calls = bool(control_flow_calls(folded))
+        names_config = any("executorch_backend_config()" in n for n in result.report.notes)
+        self._check(stage, "report-note", None if has_calls == names_config else
+                    f"control flow in the folded program: {has_calls}; report notes: {result.report.notes}")
+        if has_calls:
+            self.notes.append(f"{stage}: the folded program has cond/map/scan")
+        if self.p.has_random:
+            self.notes.append(f"{stage}: .pte not compared, random ops (the runtime's RNG differs)")
+            return
+
+        def documented_pte(program) -> bytes:
+            return lower.documented_pte(program, self.mutated)
+
+        if not control_flow_calls(self.ep):
+            self.notes.append(f"{stage}: .pte not compared, no cond/map/scan in the exported program")
+            return
+        try:
+            buffer = documented_pte(folded)
+        except Exception as exc:
+            try:
+                documented_pte(self.ep)
+            except Exception:
+                self.notes.append(f"{stage}: skipped, the unfolded program does not lower either")
+                return
+            raise exception_kind(stage, "lower", exc)
+        self.notes.append(f"{stage}: .pte compared")
+        unfolded: list = []  # lowered when the folded .pte is wrong or fails (a lowering costs seconds)
+
+        def unfolded_outputs(calls) -> Optional[list]:
+            """The unfolded .pte's outputs on `calls`, None when it does not lower or run."""
+            try:
+                if not unfolded:
+                    unfolded.append(documented_pte(self.ep))
+                return lower.run_pte(unfolded[0], calls)
+            except Exception:
+                return None
+
+        runs = [("", self.inputs, self.eager)]
+        if self.p.flip_inputs:
+            runs.append((" flipped", self.inputs_flip, self.eager_flip))
+        for label, inputs, eager in runs:
+            calls = [inputs, inputs]
+            try:
+                got = lower.run_pte(buffer, calls)
+            except Exception as exc:
+                if unfolded_outputs(calls) is None:
+                    self.notes.append(f"{stage}: .pte run{label} skipped, the unfolded .pte fails too")
+                    continue
+                raise exception_kind(stage, f"run .pte{label}", exc)
+            problem = next((d for w, g in zip(eager, got) if (d := difference(w, g, _PTE_TOL))), None)
+            if problem is None:
+                continue
+            reference = unfolded_outputs(calls)
+            if reference is not None and all(difference(w, g, _PTE_TOL) is None for w, g in zip(eager, reference)):
+                raise Failure(stage, f"{stage}: folded-wrong-unfolded-right",
+                              f"inputs{label or ' (example)'}: {problem}; the unfolded .pte matches eager",
+                              "wrong-output-pte-flipped" if label else "wrong-output-pte")
+            self.notes.append(f"{stage}: folded .pte wrong{label}, the unfolded .pte wrong or failing too (not the fold's)")
+
+
 STAGES = ("aten", "edge", "pte")
 
 
@@ -536,6 +634,9 @@ def check(program: Program, options: Options = Options()) -> Outcome:
     with quiet():
         try:
             case.stage_build()
+            if options.documented:
+                case.stage_documented()
+                return Outcome("ok", notes=tuple(case.notes))
             for stage in STAGES:
                 if stage == "aten" or getattr(options, stage):
                     getattr(case, f"stage_{stage}")()

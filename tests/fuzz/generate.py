@@ -315,6 +315,7 @@ class GenConfig:
         control_flow: grow programs with the control-flow families too (`control_flow`:
             cond, map, scan, while_loop, no_grad and autocast regions), never quantized, with
             flipped inputs (`FLIP`) so that both branches of a runtime cond are checked.
+        without: families never drawn.
     """
 
     min_ops: int = 10
@@ -323,11 +324,21 @@ class GenConfig:
     dynamic_fraction: float = 0.25
     input_name_fraction: float = 0.1
     control_flow: bool = False
+    without: tuple[str, ...] = ()
 
 
 # Control-flow programs: a higher-order op costs a dynamo trace per eager call (~0.1 s), so
 # these programs are smaller.
 CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_flow=True)
+# Control-flow programs for the documented-lowering check (`--documented`): every output a
+# .pte can be compared on (no random ops: the runtime's RNG is not torch's; no while_loop:
+# executorch 1.5.1 does not emit it), the control flow executorch 1.5.1 plans in one shared
+# body arena (cond, map, scan; no no_grad/autocast regions, which to_edge inlines), no mutated
+# buffers (to_edge_transform_and_lower refuses the generated ones, unfolded too: "a leaf Variable
+# that requires grad is being used in an in-place operation"), and at most 20 ops, as each
+# program is lowered for the runtime (seconds per program).
+CONTROL_FLOW_PTE = GenConfig(min_ops=6, max_ops=20, quantize_fraction=0.0, control_flow=True,
+                             without=("random", "while_loop", "no_grad", "autocast", "mutation"))
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
@@ -379,7 +390,7 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
     n_ops = config.min_ops + int((config.max_ops - config.min_ops) * u * u)
     if quantize:
         n_ops = min(n_ops, 30)  # PT2E prepare/convert cost grows fast with the graph
-    weights = families.weights(quantize, config.control_flow)
+    weights = {k: v for k, v in families.weights(quantize, config.control_flow).items() if k not in config.without}
     names, w = list(weights), list(weights.values())
     attempts = 0
     while len(g.ops) < n_ops and attempts < 40 * n_ops:

@@ -16,6 +16,18 @@ from tests.lowering import (  # noqa: F401 (the fuzzer lowers through these)
     backend_config, edge_pte, lower_pte, private_copy, to_edge_program)
 
 
+def documented_pte(ep, mutated_buffers: Sequence[str] = ()) -> bytes:
+    """`ep` lowered exactly as README's "Lowering a folded program" tells users to (portable
+    kernels): ``to_edge_transform_and_lower(ep).to_executorch(
+    folding.executorch_backend_config(mutated_buffers))``, on a private copy (`ep` unchanged)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    import folding
+
+    manager = to_edge_transform_and_lower(private_copy(ep))
+    return manager.to_executorch(folding.executorch_backend_config(mutated_buffers)).buffer
+
+
 class RuntimeAborted(RuntimeError):
     """The ExecuTorch runtime aborted the process that ran a .pte (an ET_CHECK in a kernel)."""
 

@@ -63,6 +63,22 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
         return ["r = result.report",
                 "print(r.constant_bytes_before, r.constant_bytes_after, policy.growth_budget(r.constant_bytes_before))",
                 "print([(c.target, c.nbytes) for c in r.lifted])"]
+    if stage == "documented" and check not in ("fold", "report-note"):
+        return ["import copy",
+                "from executorch.exir import to_edge_transform_and_lower",
+                "import folding",
+                "# the documented path: folding.executorch_backend_config works around executorch issue 21490",
+                f"config = lambda: folding.executorch_backend_config({list(p.mutated_buffers)!r})",
+                "buffer = to_edge_transform_and_lower(copy.deepcopy(result.program)).to_executorch(config()).buffer",
+                "unfolded = to_edge_transform_and_lower(copy.deepcopy(program)).to_executorch(config()).buffer"
+                ] + _run_pte_lines(check) + (
+            ["got_unfolded = [list(_load_for_executorch_from_buffer(unfolded).forward(inputs)) for inputs in "
+             f"[{_inputs_of(check)}] * 2]",
+             "print([[difference(w, g, {torch.float32: (1e-4, 1e-4)}) for w, g in zip(a, b)] "
+             "for a, b in zip(want, got_unfolded)])  # the unfolded .pte"] if check.startswith("wrong-output") else [])
+    if check == "report-note":
+        return ["from folding.lowering import control_flow_calls",
+                "print(control_flow_calls(result.program), result.report.notes)"]
     if stage.startswith("pte-"):
         backend = stage[4:]
         lines = ["from executorch.exir import to_edge_transform_and_lower",
@@ -92,10 +108,14 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
     return []
 
 
+def _inputs_of(check: str) -> str:
+    return "make_inputs(3, flip=True)" if check.endswith("flipped") else "make_inputs()"
+
+
 def _run_pte_lines(check: str) -> list[str]:
     if check not in ("wrong-output-pte", "run .pte", "wrong-output-pte-flipped", "run .pte flipped"):
         return []
-    inputs = "make_inputs(3, flip=True)" if check.endswith("flipped") else "make_inputs()"
+    inputs = _inputs_of(check)
     return [_HELPERS, "",
             "from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer",
             "method = _load_for_executorch_from_buffer(buffer)",

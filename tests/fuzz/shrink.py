@@ -29,6 +29,8 @@ class Shrunk:
 def options_for(outcome: Outcome, options: Options) -> Options:
     """Only the stages needed to see `outcome` again, stopping at its stage."""
     stage = outcome.stage
+    if stage == "documented":
+        return Options(documented=True, fold=options.fold)
     if stage.startswith("pte"):
         return Options(edge=False, pte=True, until="pte", fold=options.fold)
     if stage == "edge":
