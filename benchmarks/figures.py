@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 BACKEND_ORDER = ("portable", "xnnpack", "qnn")
 FAILED_COLOR = "red"
+MAX_SIDE_BY_SIDE_INCHES = 18.0  # wider than this, the size panels are stacked
 SKIPPED_COLOR = "gray"
 
 
@@ -122,10 +123,15 @@ def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
     if not backends or not variants:
         return None
     widths = [max(3.0, 1.3 * len(_groups(rows, b))) for b in backends]
-    fig, axes = plt.subplots(1, len(backends), figsize=(sum(widths) + 1.5, 5.0), squeeze=False,
-                             gridspec_kw={"width_ratios": widths})
-    width = 0.8 / len(variants)
-    for ax, backend in zip(axes[0], backends):
+    if sum(widths) <= MAX_SIDE_BY_SIDE_INCHES:  # panels side by side
+        fig, axes = plt.subplots(1, len(backends), figsize=(sum(widths) + 1.5, 5.0), squeeze=False,
+                                 gridspec_kw={"width_ratios": widths})
+        axes = list(axes[0])
+    else:  # many models and precisions: one panel per line
+        fig, axes = plt.subplots(len(backends), 1, figsize=(min(max(widths), 24.0) + 1.5, 4.2 * len(backends)),
+                                 squeeze=False)
+        axes = list(axes[:, 0])
+    for ax, backend in zip(axes, backends):
         bars = pte_change_panel(rows, backend, variants)
         labels = list(dict.fromkeys(label for label, _, _ in bars))
         _draw(ax, bars, labels, variants, lambda v: v)
