@@ -112,7 +112,9 @@ class QnnRow:
         return None if self.cpu_ops is None else sum(self.cpu_ops.values())
 
     def to_dict(self) -> Dict[str, Any]:
+        """The fields as a dict, without `fold_report` (the benchmark row carries it: `benchmarks.qnn_unit`)."""
         d = dataclasses.asdict(self)
+        d.pop("fold_report")
         d["cpu_op_count"] = self.cpu_op_count
         return d
 
