@@ -110,3 +110,17 @@ def test_qnn_messages_are_kept_when_htp_refuses():
         with qnn_rows._qnn_messages() as messages:
             lower_executorch_stock(LinearCutOffByRelu().eval(), _x(4, 64), {RELU}, fold=False)
     assert any("No graph inputs present for graph" in m for m in messages), messages
+
+
+def test_a_fold_with_nothing_to_do_says_so_in_the_row():
+    """A program with no constant-only op: the fold-on row is the fold-off row, and says why."""
+    module, inputs = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), _x(4, 16)
+    off, on = qnn_rows.lower_rows("plain_linear", module, inputs, "fp16", modes=("off", "on"))
+    rows = {}
+    for variant, q in (("none", off), ("fold_constants", on)):
+        rows[variant] = Row("plain_linear", variant, "qnn", precision="fp16")
+        qnn_unit.fill_row(rows[variant], q)
+    assert rows["fold_constants"].status == "ok" and rows["fold_constants"].fold_report["lifted"] == []
+    assert rows["fold_constants"].note.startswith("the fold had nothing to do")
+    assert rows["none"].note is None and rows["fold_constants"].pte_bytes == rows["none"].pte_bytes
+    assert 0 < rows["none"].context_binary_bytes < rows["none"].pte_bytes
