@@ -297,6 +297,56 @@ def child(mode: str, assets: Path, artifact: Path, result_path: Path) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# Comparing the two .pte files
+
+# executorch's QNN backend wraps every context binary in its QnnContextCustomProtocol header:
+# magic 0x5678abcd (4 bytes), a signature (8 bytes), the binary's size (8 bytes). The signature is
+# ``std::chrono::high_resolution_clock::now().time_since_epoch().count()`` taken when the binary is
+# built (backends/qualcomm/runtime/backends/QnnCustomProtocol.cpp, BuildContextCustomBuffer), so
+# two compiles of the same program never give the same bytes there.
+QNN_CONTEXT_MAGIC = (0x5678ABCD).to_bytes(4, "little")
+SIGNATURE_BYTES = 8
+
+
+def compare_pte(a_path: Path, b_path: Path) -> dict:
+    """Whether two .pte files are byte-identical, and if not, whether they differ only in the
+    QNN context signatures (the build timestamps above)."""
+    import numpy as np
+
+    a = np.memmap(a_path, dtype=np.uint8, mode="r")
+    b = np.memmap(b_path, dtype=np.uint8, mode="r")
+    out = {"byte_identical": False, "differing_bytes": None, "identical_but_signatures": False,
+           "signatures": []}
+    if a.shape != b.shape:
+        out["size_differs"] = True
+        return out
+    diff = np.flatnonzero(a != b)
+    out["differing_bytes"] = int(diff.size)
+    if diff.size == 0:
+        out["byte_identical"] = True
+        out["identical_but_signatures"] = True
+        return out
+    # Group the differing bytes into runs and attribute each run to a signature field.
+    explained = True
+    starts = {}
+    for pos in diff.tolist():
+        field = None
+        for head in range(max(0, pos - SIGNATURE_BYTES - 3), pos - 3):
+            if (bytes(a[head:head + 4]) == QNN_CONTEXT_MAGIC and bytes(b[head:head + 4]) == QNN_CONTEXT_MAGIC
+                    and head + 4 <= pos < head + 4 + SIGNATURE_BYTES):
+                field = head
+                break
+        if field is None:
+            explained = False
+            break
+        starts[field] = (int.from_bytes(bytes(a[field + 4:field + 12]), "little"),
+                         int.from_bytes(bytes(b[field + 4:field + 12]), "little"))
+    out["identical_but_signatures"] = explained
+    out["signatures"] = [{"offset": off, "first_ns": x, "second_ns": y} for off, (x, y) in sorted(starts.items())]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Parent
 
 
@@ -333,6 +383,17 @@ def _fmt(v, spec=""):
     return format(v, spec)
 
 
+def _identical_text(cmp) -> str:
+    if not cmp:
+        return "–"
+    if cmp["byte_identical"]:
+        return "yes"
+    if cmp["identical_but_signatures"]:
+        n = len(cmp["signatures"])
+        return f"yes but the {n} QNN context signature{'s' if n != 1 else ''} (build timestamps, {cmp['differing_bytes']} bytes)"
+    return f"no ({cmp['differing_bytes']} bytes differ)" if cmp["differing_bytes"] is not None else "no (sizes differ)"
+
+
 def to_markdown(summary: dict) -> str:
     rows = summary["rows"]
     lines = [
@@ -344,14 +405,24 @@ def to_markdown(summary: dict) -> str:
         "|---|---|---:|---|---|---|---:|---:|---:|---|---|",
     ]
     for mode, r in rows.items():
-        identical = summary.get("byte_identical") if mode == "fold" else None
+        identical = _identical_text(summary.get("pte_compare")) if mode == "fold" else "(reference)"
         folded = (f"{r['folded_nodes']} / {r['considered_nodes']}" if r["folded_nodes"] is not None else "–")
         const = (f"{r['constant_bytes_before']:,} -> {r['constant_bytes_after']:,}"
                  if r["constant_bytes_before"] is not None else "–")
         lines.append(
-            f"| {mode} | {_fmt(r['ok'])} | {_fmt(r['pte_bytes'], ',')} | {_fmt(identical)} | {_fmt(r['partitions'])} | "
+            f"| {mode} | {_fmt(r['ok'])} | {_fmt(r['pte_bytes'], ',')} | {identical} | {_fmt(r['partitions'])} | "
             f"{_fmt(r['cpu_ops'])} | {_fmt(r['lowering_s'], '.1f')} | {_fmt(r['fold_s'], '.2f')} | "
             f"{_fmt(r['peak_rss_mib'], ',.0f')} | {folded} | {const} |")
+    fold_run = summary["runs"].get("fold") or {}
+    for lowering in fold_run.get("lowerings", []):
+        if lowering.get("fold"):
+            lines += ["", "Fold reports (fold run, one per method):", "",
+                      "| method | considered | folded | kept, by reason | constant bytes before -> after | fold s |",
+                      "|---|---:|---:|---|---|---:|"]
+            for method, f in lowering["fold"].items():
+                reasons = ", ".join(f"{k} {v}" for k, v in f["reasons"].items())
+                lines.append(f"| {method} | {f['considered_nodes']} | {f['folded_nodes']} | {reasons} | "
+                             f"{f['constant_bytes_before']:,} -> {f['constant_bytes_after']:,} | {f['fold_s']:.2f} |")
     for mode, r in rows.items():
         if r["error"]:
             lines += ["", f"{mode} failed: `{r['error']}` (traceback in `{mode}/result.json`, log in `{mode}/log.txt`)"]
@@ -364,7 +435,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dim", type=int, default=LLAMA_3_2_1B["dim"], help="hidden size (Llama-3.2-1B: 2048)")
     ap.add_argument("--vocab", type=int, default=LLAMA_3_2_1B["vocab_size"], help="vocab size (Llama-3.2-1B: 128256)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of stock,fold")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated subset of stock,fold; empty: only rewrite the summary from DIR's results")
     ap.add_argument("--reuse-assets", action="store_true", help="keep DIR/assets when present")
     ap.add_argument("--_child", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--_make-assets", action="store_true", help=argparse.SUPPRESS)
@@ -383,14 +455,15 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     me = [sys.executable, "-m", "tests.qnn.llama_pipeline", "--out", str(out)]
     cwd = Path(__file__).resolve().parents[2]
-    if not (args.reuse_assets and (assets / "info.json").is_file()):
+    modes = [m for m in args.modes.split(",") if m]
+    if modes and not (args.reuse_assets and (assets / "info.json").is_file()):
         print(f"making the checkpoint ({args.layers} layers, dim {args.dim}, vocab {args.vocab}) in {assets}", flush=True)
         subprocess.run(me + ["--_make-assets", "--layers", str(args.layers), "--dim", str(args.dim),
                              "--vocab", str(args.vocab)], cwd=cwd, check=True)
     info = json.loads((assets / "info.json").read_text())
 
     results = {}
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in modes:
         artifact = out / mode
         artifact.mkdir(parents=True, exist_ok=True)
         (artifact / "result.json").unlink(missing_ok=True)
@@ -420,7 +493,9 @@ def main(argv=None) -> int:
                             + ([f"--dim {p['dim']}"] if p["dim"] != LLAMA_3_2_1B["dim"] else [])
                             + ([f"--vocab {p['vocab_size']}"] if p["vocab_size"] != LLAMA_3_2_1B["vocab_size"] else [])),
         "llama_argv": llama_argv(assets, out / "<mode>", out / "<mode>" / "build")[1:],
-        "byte_identical": (len(shas) == 2 and None not in shas and shas[0] == shas[1]) if len(shas) == 2 else None,
+        "byte_identical": (None not in shas and shas[0] == shas[1]) if len(shas) == 2 else None,
+        "pte_compare": (compare_pte(out / "stock" / PTE_NAME, out / "fold" / PTE_NAME)
+                        if all((out / m / PTE_NAME).is_file() for m in MODES) else None),
         "rows": rows,
         "runs": results,
     }
