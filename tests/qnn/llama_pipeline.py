@@ -390,7 +390,8 @@ def _identical_text(cmp) -> str:
         return "yes"
     if cmp["identical_but_signatures"]:
         n = len(cmp["signatures"])
-        return f"yes but the {n} QNN context signature{'s' if n != 1 else ''} (build timestamps, {cmp['differing_bytes']} bytes)"
+        return (f"all but the QNN context signature{'s' if n != 1 else ''} (build timestamp; "
+                f"{cmp['differing_bytes']} bytes differ)")
     return f"no ({cmp['differing_bytes']} bytes differ)" if cmp["differing_bytes"] is not None else "no (sizes differ)"
 
 
