@@ -177,8 +177,8 @@ def llama_1b(quick: bool = False) -> ModelSpec:
     made here from a ``LlamaConfig`` (nothing downloaded): hidden 2048, intermediate 8192, 32
     heads, 8 KV heads (head dim 64), vocab 128,256, tied embeddings, rope theta 500,000 with
     Llama 3's frequency scaling; input_ids 1x64 -> logits. Same HF-style export as `llama`
-    (``use_cache=False``). About 0.75 GB of fp32 weights with 2 layers (the tied embedding alone
-    is 128,256 x 2,048)."""
+    (``use_cache=False``). 384 M parameters with 2 layers, 1.5 GB in fp32 (the tied embedding
+    alone is 128,256 x 2,048)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -288,7 +288,7 @@ BUILDERS: Dict[str, Callable[..., ModelSpec]] = {
     "llama_1b": llama_1b,
 }
 
-# llama_1b is built for QNN only (`backends_of`): its portable and XNNPACK lowerings of 0.75 GB
+# llama_1b is built for QNN only (`backends_of`): its portable and XNNPACK lowerings of 1.5 GB
 # of weights would double the run for no QNN insight.
 QNN_ONLY_MODELS: List[str] = ["llama_1b"]
 DEFAULT_MODELS: List[str] = [name for name in BUILDERS if name not in QNN_ONLY_MODELS]

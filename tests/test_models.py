@@ -40,7 +40,7 @@ def _fresh_inputs(spec):
 # The float benchmark models. The quantized ones (`*_q8`) are compared in the benchmark; their
 # portable kernels round differently from eager by up to one quantization step, and the
 # quantization rules themselves are pinned bit-exactly in tests/test_quant.py. The QNN-only
-# LLM-scale model (`llama_1b`, 0.75 GB of weights) is measured by the benchmark, not here.
+# LLM-scale model (`llama_1b`, 1.5 GB of weights) is measured by the benchmark, not here.
 FLOAT_MODELS = sorted(name for name in BUILDERS if not name.endswith("_q8") and name not in QNN_ONLY_MODELS)
 
 
