@@ -172,7 +172,7 @@ def executorch_backend_config(mutated_buffers: Sequence[str] = (), *, copy_contr
     return ExecutorchBackendConfig(passes=all_passes, **config)
 
 
-def copy_control_flow_outputs(edge_manager):
+def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
     """`CopyControlFlowOutputs` applied to every program of an ``EdgeProgramManager`` that is
     already partitioned and lowered (after ``to_edge_transform_and_lower``), so that a plain
     ``to_executorch()`` of the result needs no config for executorch issue 21490 (PRs 21494,
@@ -188,19 +188,26 @@ def copy_control_flow_outputs(edge_manager):
 
     Args:
         edge_manager: an ``executorch.exir.EdgeProgramManager``.
+        inplace: rewrite `edge_manager`'s own programs and return it (attributes a wrapper set
+            on the manager stay); the copy op is the one its verifier accepts, so it is not
+            verified again.
 
     Returns:
-        a new ``EdgeProgramManager`` (``EdgeProgramManager.transform`` copies; `edge_manager`
-        is unchanged), its programs re-verified by executorch's Edge verifier.
+        with `inplace`, `edge_manager`; else a new ``EdgeProgramManager``
+        (``EdgeProgramManager.transform`` copies; `edge_manager` is unchanged, and attributes
+        set on it are not carried over), its programs re-verified by executorch's Edge verifier.
 
     Remove once executorch fixes issue 21490 (`tests/test_executorch_upstream.py` says when).
     """
     from .lift import clone_op_of
 
-    return edge_manager.transform({
-        name: [CopyControlFlowOutputs(clone_op_of(edge_manager.exported_program(name)))]
-        for name in edge_manager.methods
-    })
+    passes = {name: CopyControlFlowOutputs(clone_op_of(edge_manager.exported_program(name)))
+              for name in edge_manager.methods}
+    if not inplace:
+        return edge_manager.transform({name: [p] for name, p in passes.items()})
+    for name, copy_pass in passes.items():
+        copy_pass(edge_manager.exported_program(name).graph_module)
+    return edge_manager
 
 
 def xnnpack_partitioner(**kwargs):

@@ -217,12 +217,23 @@ def test_issue_33_program_without_the_copy_is_wrong_only_after_folding():
         assert (got[1] - want[1]).abs().max().item() > 0.5 * want[1].abs().max().item()
 
 
+def _in_place(manager):
+    """`folding.copy_control_flow_outputs(manager, inplace=True)`: the same manager, rewritten."""
+    import folding
+
+    manager.wrapper_attribute = "kept"
+    assert folding.copy_control_flow_outputs(manager, inplace=True) is manager
+    assert manager.wrapper_attribute == "kept"
+    return manager
+
+
 def test_copies_survive_to_executorch_and_are_not_doubled():
     """executorch's own passes keep the copies: in the program `to_executorch` emits, every
     output of the cond and the map is read by a clone and by nothing else, once, whether the
     copy came from the config, from `folding.copy_control_flow_outputs` on the lowered manager
-    (as a wrapper returning an ``EdgeProgramManager`` applies it: the user's plain
-    ``to_executorch()`` then needs no config), or from both; and that .pte is right."""
+    (a copy, or in place: as a wrapper returning an ``EdgeProgramManager`` applies it, the
+    user's plain ``to_executorch()`` then needs no config), or from both; and that .pte is
+    right."""
     import operator
 
     import folding
@@ -237,6 +248,7 @@ def test_copies_survive_to_executorch_and_are_not_doubled():
     managers = {
         "config": lowered().to_executorch(folding.executorch_backend_config()),
         "edge manager": folding.copy_control_flow_outputs(lowered()).to_executorch(),
+        "edge manager in place": _in_place(lowered()).to_executorch(),
         "both": folding.copy_control_flow_outputs(lowered()).to_executorch(folding.executorch_backend_config()),
     }
     for how, manager in managers.items():
