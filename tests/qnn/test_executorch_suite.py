@@ -33,15 +33,21 @@ CASES = (
     "TestQNNFloatingPointOperator.test_qnn_backend_reciprocal",
     "TestQNNFloatingPointOperator.test_qnn_backend_floor_divide",
     "TestQNNFloatingPointOperator.test_qnn_backend_roll",
-    "TestQNNFloatingPointOperator.test_qnn_backend_pdist",
     "TestQNNFloatingPointOperator.test_qnn_backend_threshold",
+    "TestQNNFloatingPointOperator.test_qnn_backend_pdist",
     "TestQNNQuantizedOperator.test_qnn_backend_cdist",
     "TestQNNQuantizedOperator.test_qnn_backend_floor_divide",
     "TestQNNQuantizedOperator.test_qnn_backend_expm1",
-    "TestQNNQuantizedOperator.test_qnn_backend_squared_relu",
     "TestQNNFloatingPointModel.test_qnn_backend_simple_model",
+    "TestQNNFloatingPointModel.test_qnn_backend_lift_add_tensor",
     "TestQNNQuantizedModel.test_qnn_backend_simple_model",
 )
+"""The subset. The fp16 operators are the ones the fold stage refused before b4388d6 (stock
+passes, fold failed in ``folding/checks.py: check_signature``; measured with the runner's
+``--product-root`` on 90ac3a6, docs/executorch_qnn_suite.md), and ``pdist`` stands for the
+``cdist -> sqrt`` decomposition: the fp16 ``cdist`` test (125x256 by 2048x256) takes 3 to 9
+minutes per side on the emulator here, so its quantized twin (17 s) is the ``cdist`` case and
+the fp16 one runs in the full suite."""
 
 
 def _id(test_id: str) -> str:

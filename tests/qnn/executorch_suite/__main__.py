@@ -15,6 +15,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from .report import write_summary_json
 from .runner import run
 from .suite import CLASSES
 
@@ -31,6 +32,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", default="/tmp/executorch_qnn_suite.json")
     parser.add_argument("--markdown", default="/tmp/executorch_qnn_suite.md")
     parser.add_argument("--log", default="/tmp/executorch_qnn_suite.log")
+    parser.add_argument("--summary-json", default=None,
+                        help="also write the results without tracebacks here (what docs/ keeps)")
     parser.add_argument("--product-root", default=None,
                         help="checkout whose folding/ and qnn/ to measure (default: this one)")
     parser.add_argument("--resume", action="store_true", help="keep the tests already in --json")
@@ -42,6 +45,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               json_path=args.json, markdown_path=args.markdown, log_path=args.log,
               product_root=args.product_root, resume=args.resume, recycle=args.recycle,
               stop_file=args.stop_file or f"{args.json}.stop")
+    if args.summary_json:
+        write_summary_json(args.summary_json, out["meta"], out["results"])
     regressions = [r["test"] for r in out["results"] if r["regression"]]
     print(f"{len(out['results'])} tests, {len(regressions)} regressions; {args.json}, {args.markdown}")
     for test in regressions:

@@ -104,6 +104,34 @@ def to_markdown(meta: Dict, results: List[Dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summarize(results: List[Dict]) -> List[Dict]:
+    """One small record per test (no tracebacks): category, each side's status, first error,
+    seconds and lowering calls; what docs/ keeps of a full run."""
+    out = []
+    for r in results:
+        row = {"test": r["test"], "category": r["category"], "regression": r["regression"]}
+        if r.get("reason"):
+            row["reason"] = r["reason"]
+        if r.get("regressed_subtests"):
+            row["regressed_subtests"] = r["regressed_subtests"]
+        for variant in ("stock", "fold"):
+            record = r[variant]
+            row[variant] = {"status": side_status(record), "seconds": record.get("seconds"),
+                            "lowerings": record.get("lowerings")}
+            if first_failure(record):
+                row[variant]["first_error"] = _error(record)
+        out.append(row)
+    return out
+
+
+def write_summary_json(path: str, meta: Dict, results: List[Dict]) -> None:
+    """`summarize`d results with the run's meta, written atomically."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"meta": meta, "results": summarize(results)}, f, indent=1)
+    os.replace(tmp, path)
+
+
 def write_markdown(path: str, meta: Dict, results: List[Dict]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
