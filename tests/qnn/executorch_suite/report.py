@@ -66,14 +66,22 @@ def to_markdown(meta: Dict, results: List[Dict]) -> str:
     count = counts(results)
     regressions = [r for r in results if r["regression"]]
     lines = [
-        f"Measured {meta.get('finished') or meta.get('started')} UTC at commit `{meta.get('commit', '?')}`"
-        f"{' (working tree with local changes in folding/ or qnn/)' if meta.get('dirty') else ''}; "
+        f"Measured {meta.get('started')} to {meta.get('finished')} UTC, folding/ and qnn/ at "
+        f"`{meta.get('product_commit') or meta.get('commit', '?')}`"
+        f"{' (with local changes)' if meta.get('dirty') else ''}; "
         f"executorch {meta.get('executorch')}, torch {meta.get('torch')}, QNN {meta.get('qnn_build_id')}, "
         f"{meta.get('soc_model')} HTP emulated on x86-64. "
         f"{len(results)} of {meta.get('selected', len(results))} selected tests run"
         f"{'' if meta.get('complete') else ' (run not complete)'}; "
-        f"{meta.get('seconds', 0) / 60:.0f} min.",
+        f"{sum(s.get('seconds') or 0 for s in meta.get('sessions', [meta])) / 60:.0f} min.",
         "",
+    ]
+    if len(meta.get("sessions", [])) > 1:
+        lines += ["Sessions (the run was resumed; each new worker imports folding/ and qnn/ from the working tree):", ""]
+        lines += [f"- {s['started']} UTC, folding/qnn at `{s.get('product_commit') or s.get('commit')}`: "
+                  f"{s.get('tests')} tests, {(s.get('seconds') or 0) / 60:.0f} min" for s in meta["sessions"]]
+        lines.append("")
+    lines += [
         "| category | tests |",
         "|---|---:|",
     ]
@@ -109,7 +117,8 @@ def summarize(results: List[Dict]) -> List[Dict]:
     seconds and lowering calls; what docs/ keeps of a full run."""
     out = []
     for r in results:
-        row = {"test": r["test"], "category": r["category"], "regression": r["regression"]}
+        row = {"test": r["test"], "category": r["category"], "regression": r["regression"],
+               "product_commit": r.get("product_commit", "")}
         if r.get("reason"):
             row["reason"] = r["reason"]
         if r.get("regressed_subtests"):

@@ -26,6 +26,14 @@ def _git(root: str, *args: str) -> str:
         return ""
 
 
+def _product_commit(root: str) -> str:
+    """The last commit that touched folding/ or qnn/ (what the run measures), with ``+dirty``
+    when the working tree changes them (each new worker imports the working tree)."""
+    commit = _git(root, "log", "-1", "--format=%h", "--", "folding", "qnn")
+    dirty = bool(_git(root, "status", "--porcelain", "--", "folding", "qnn"))
+    return f"{commit}+dirty" if commit and dirty else commit
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
@@ -36,6 +44,7 @@ def describe_environment(product_root: Optional[str]) -> Dict:
     root = product_root or REPO_ROOT
     return {
         "commit": _git(root, "rev-parse", "--short", "HEAD"),
+        "product_commit": _product_commit(root),
         "dirty": bool(_git(root, "status", "--porcelain", "--", "folding", "qnn")),
         "product_root": os.path.abspath(root),
         "executorch": metadata.version("executorch"),
@@ -79,11 +88,23 @@ def run(
     import json
 
     previous: Dict[str, Dict] = {}
+    sessions: List[Dict] = []
     if resume and os.path.exists(json_path):
         with open(json_path) as f:
-            previous = {r["test"]: r for r in json.load(f)["results"]}
+            saved = json.load(f)
+        previous = {r["test"]: r for r in saved["results"]}
+        old = saved["meta"]
+        sessions = old.get("sessions") or [{"started": old.get("started"), "commit": old.get("commit"),
+                                            "product_commit": old.get("product_commit", ""),
+                                            "dirty": old.get("dirty"), "tests": len(previous),
+                                            "seconds": old.get("seconds")}]
     meta = describe_environment(product_root)
-    meta.update(started=_now(), classes=list(classes), match=match, limit=limit, timeout=timeout)
+    root = product_root or REPO_ROOT
+    session = {"started": _now(), "commit": meta["commit"], "product_commit": meta["product_commit"],
+               "dirty": meta["dirty"], "tests": 0, "seconds": 0}
+    sessions.append(session)
+    meta.update(started=sessions[0]["started"], sessions=sessions, classes=list(classes), match=match,
+                limit=limit, timeout=timeout)
     start = time.monotonic()
     results: List[Dict] = []
     with Worker(log_path, product_root, recycle) as worker:
@@ -98,8 +119,10 @@ def run(
                 break
             records = {variant: worker.run(test_id, variant, timeout) for variant in VARIANTS}
             worker.finished_test()
-            result = {"test": test_id, **classify(records["stock"], records["fold"]), **records}
+            result = {"test": test_id, "product_commit": _product_commit(root),
+                      **classify(records["stock"], records["fold"]), **records}
             results.append(result)
+            session.update(tests=session["tests"] + 1, seconds=round(time.monotonic() - start))
             meta.update(seconds=round(time.monotonic() - start), done=len(results), finished=_now(),
                         complete=len(results) == len(tests))
             write_json(json_path, meta, results)
