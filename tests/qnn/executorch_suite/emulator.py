@@ -9,6 +9,17 @@ quantization and output decoding as the suite's ``processed_inputs`` / ``post_pr
 suite's own ``_assert_outputs_equal``; only the execution differs: `qnn.run_pte`, executorch's
 pybindings with QNN 2.49.40's x86-64 ``libQnnHtp.so`` (qnn/runtime.py).
 
+Each ``.pte`` runs in a fresh process, as the suite's runner binary does (`run_in_fresh_process`).
+The runtime does not serialize a mutated buffer's initial value (executorch writes it only for
+buffers `InitializedMutableBufferPass` names), so such a program reads whatever its planned
+memory held. In a fresh process that is zeroed memory; in a process that already ran other
+programs it is their garbage. Measured on the suite's ``IndexPut(mode=0)`` (a zero ``k_cache``
+mutated by ``index_put_``), stock executorch's own ``.pte``: run twice in one process, 8 of
+1,572,864 elements wrong on the second run, and 786,432 wrong after the process had freed
+other 6 MiB blocks; run in fresh processes, 0 wrong every time. Run in the worker itself, the
+verdict of such a test depended on what the worker had run before, which differs between the
+stock and the fold side.
+
 Decoding as the suite does: the runner writes each output tensor's bytes to a ``.raw`` file and
 ``post_process`` reads them back with ``np.fromfile`` as the reference's dtype (or the output
 encoding's dtype), reshaped to the reference's shape, then dequantizes with the encoding. The
@@ -24,8 +35,10 @@ runner flags, and the adb tool (``get_adb_tool``).
 
 from __future__ import annotations
 
+import multiprocessing
 import tempfile
-from typing import Callable, List, Optional, Tuple
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -52,6 +65,35 @@ def _unsupported(op_package_paths, output_callback, expected_profile_events, exp
     if extra_cmds and extra_cmds.strip():
         return f"qnn_executor_runner flags {extra_cmds.strip()!r}"
     return None
+
+
+_FRESH: Optional[ProcessPoolExecutor] = None
+
+
+def _run_pte_arrays(buffer: bytes, inputs: Sequence[np.ndarray], method: str) -> List[np.ndarray]:
+    """In the child: `qnn.run_pte`, with numpy arrays across the process boundary."""
+    import qnn
+
+    return [t.detach().contiguous().numpy().copy() for t in
+            qnn.run_pte(buffer, [torch.from_numpy(a) for a in inputs], method)]
+
+
+def run_in_fresh_process(buffer: bytes, inputs: Sequence[torch.Tensor], method: str) -> List[torch.Tensor]:
+    """`qnn.run_pte` in a process of its own that has run no other program.
+
+    The child is forked from a forkserver that has imported torch, executorch's runtime and
+    `qnn` and done nothing else, so every ``.pte`` starts from the same memory, as one
+    ``qnn_executor_runner`` process per test does (about 0.4 s a run, against 7 s for a new
+    interpreter). Raises what `qnn.run_pte` raises (re-raised from the child), and
+    ``BrokenProcessPool`` if the child dies.
+    """
+    global _FRESH
+    if _FRESH is None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "executorch.runtime", "qnn"])
+        _FRESH = ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1)
+    arrays = [t.detach().contiguous().numpy() for t in inputs]
+    return [torch.from_numpy(a) for a in _FRESH.submit(_run_pte_arrays, bytes(buffer), arrays, method).result()]
 
 
 def _method_name(executorch_prog, method_index: int) -> str:
@@ -90,8 +132,8 @@ def verify_output(  # noqa: C901  (the suite's signature, argument for argument)
     qnn_intermediate_debugger=None,
     save_heap_result: bool = False,
 ):
-    """``TestQNN.verify_output`` with the ``.pte`` run by `qnn.run_pte` on the emulated HTP."""
-    import qnn
+    """``TestQNN.verify_output`` with the ``.pte`` run by `qnn.run_pte` on the emulated HTP, in a
+    fresh process (`run_in_fresh_process`)."""
     from executorch.backends.qualcomm.utils.constants import QCOM_DTYPE, QCOM_SCALE, QCOM_ZERO_POINT
 
     reason = _unsupported(op_package_paths, output_callback, expected_profile_events, expected_compared_events,
@@ -105,8 +147,11 @@ def verify_output(  # noqa: C901  (the suite's signature, argument for argument)
         processed_inputs[i] = (
             processed_inputs[i].div(enc[QCOM_SCALE]).add(enc[QCOM_ZERO_POINT]).round().to(enc[QCOM_DTYPE])
         )
-    processed_inputs = [t if isinstance(t, torch.Tensor) else torch.tensor(t) for t in processed_inputs]
-    raw_outputs = qnn.run_pte(executorch_prog.buffer, processed_inputs, _method_name(executorch_prog, method_index))
+    # the suite's generate_inputs (backends/qualcomm/export_utils.py): one level of list/tuple is
+    # written as that many input files, anything not a tensor through torch.tensor
+    flat = [x for d in processed_inputs for x in (d if isinstance(d, (list, tuple)) else [d])]
+    processed_inputs = [t if isinstance(t, torch.Tensor) else torch.tensor(t) for t in flat]
+    raw_outputs = run_in_fresh_process(executorch_prog.buffer, processed_inputs, _method_name(executorch_prog, method_index))
     if check_io_shape:  # qnn_executor_runner's --output_shape_path check
         self.assertEqual([tuple(t.shape) for t in raw_outputs], [tuple(t.shape) for t in ref_outputs])
     outputs = [
