@@ -110,12 +110,15 @@ def run(
     with Worker(log_path, product_root, recycle) as worker:
         tests = worker.list_tests(classes, match, limit)
         meta.update(selected=len(tests), qnn_build_id=worker.info.get("qnn_build_id"))
+        selected = set(tests)
+        unselected = [r for t, r in previous.items() if t not in selected]  # kept in the file as they are
         for index, test_id in enumerate(tests, 1):
             if test_id in previous:
                 results.append(previous[test_id])
                 continue
             if stop_file and os.path.exists(stop_file):
                 progress(f"stopping before {test_id}: {stop_file} exists (continue with --resume)")
+                results += [previous[t] for t in tests[index:] if t in previous]  # kept, not rerun
                 break
             records = {variant: worker.run(test_id, variant, timeout) for variant in VARIANTS}
             worker.finished_test()
@@ -125,7 +128,7 @@ def run(
             session.update(tests=session["tests"] + 1, seconds=round(time.monotonic() - start))
             meta.update(seconds=round(time.monotonic() - start), done=len(results), finished=_now(),
                         complete=len(results) == len(tests))
-            write_json(json_path, meta, results)
+            write_json(json_path, meta, results + unselected)
             if markdown_path:
                 write_markdown(markdown_path, meta, results)
             progress(f"[{index}/{len(tests)}] {result['category']:10s} {test_id} "
@@ -133,7 +136,7 @@ def run(
                      + ("  REGRESSION" if result["regression"] else ""))
     meta.update(seconds=round(time.monotonic() - start), done=len(results), finished=_now(),
                 complete=len(results) == meta["selected"])
-    write_json(json_path, meta, results)
+    write_json(json_path, meta, results + unselected)
     if markdown_path:
         write_markdown(markdown_path, meta, results)
     return {"meta": meta, "results": results}
