@@ -148,7 +148,7 @@ def t5_encoder(quick: bool = False) -> ModelSpec:
 
 def llama(quick: bool = False) -> ModelSpec:
     """Tiny Llama (2 layers, 1 when quick; hidden 256, tied embeddings), input_ids 1x64 -> logits."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=32000,
@@ -161,11 +161,19 @@ def llama(quick: bool = False) -> ModelSpec:
         tie_word_embeddings=True,
         use_cache=False,
     )
+    return _llama_spec("llama", config, "use_cache=False")
+
+
+def _llama_spec(name: str, config, note: str) -> ModelSpec:
+    """A ``LlamaForCausalLM`` made from `config` with seeded random weights, returning logits
+    for seeded ``input_ids`` of shape 1x64 (int64)."""
+    from transformers import LlamaForCausalLM
+
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config).eval()
     torch.manual_seed(SEED + 1)
     ids = torch.randint(0, config.vocab_size, (1, 64), dtype=torch.long)
-    return ModelSpec("llama", _FirstOutput(model, "logits").eval(), (ids,), "use_cache=False")
+    return ModelSpec(name, _FirstOutput(model, "logits").eval(), (ids,), note)
 
 
 LLAMA_1B_LAYERS = 2
@@ -179,7 +187,7 @@ def llama_1b(quick: bool = False) -> ModelSpec:
     Llama 3's frequency scaling; input_ids 1x64 -> logits. Same HF-style export as `llama`
     (``use_cache=False``). 384 M parameters with 2 layers, 1.5 GB in fp32 (the tied embedding
     alone is 128,256 x 2,048)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=128256,
@@ -197,13 +205,7 @@ def llama_1b(quick: bool = False) -> ModelSpec:
         tie_word_embeddings=True,
         use_cache=False,
     )
-    torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config).eval()
-    torch.manual_seed(SEED + 1)
-    ids = torch.randint(0, config.vocab_size, (1, 64), dtype=torch.long)
-    layers = config.num_hidden_layers
-    return ModelSpec("llama_1b", _FirstOutput(model, "logits").eval(), (ids,),
-                     f"Llama-3.2-1B shape, {layers} of 16 layers, use_cache=False")
+    return _llama_spec("llama_1b", config, f"Llama-3.2-1B shape, {config.num_hidden_layers} of 16 layers, use_cache=False")
 
 
 class _GatedAttention(nn.Module):

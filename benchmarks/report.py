@@ -300,24 +300,18 @@ def write_all(rows: Sequence[Dict[str, Any]], out_dir: str, meta: Dict[str, Any]
     write_json_and_md(paths["json"], paths["md"], "Benchmark results",
                       to_markdown(rows) + "\n" + (notes + "\n" if notes else "") + legend_md(rows, meta), rows, meta,
                       _label)
-    try:
-        if plot_pte_change(rows, paths["png"]) is None:
-            del paths["png"]
-    except Exception:  # noqa: BLE001 - a broken chart must not lose the results
-        logger.exception("could not draw the chart")
-        del paths["png"]
-    try:
-        cpu_ops = plot_qnn_cpu_ops(rows, os.path.join(out_dir, "qnn_cpu_ops.png"))
-        if cpu_ops is not None:
-            paths["qnn_cpu_ops_png"] = cpu_ops
-    except Exception:  # noqa: BLE001
-        logger.exception("could not draw the QNN CPU-ops chart")
-    try:
-        sweep = plot_sweep(rows, os.path.join(out_dir, "sweep.png"))
-        if sweep is not None:
-            paths["sweep_png"] = sweep
-    except Exception:  # noqa: BLE001
-        logger.exception("could not draw the sweep chart")
+    charts = (("png", plot_pte_change, "pte_size_change.png"),
+              ("qnn_cpu_ops_png", plot_qnn_cpu_ops, "qnn_cpu_ops.png"),
+              ("sweep_png", plot_sweep, "sweep.png"))
+    for key, plot, name in charts:  # a chart that does not apply returns None
+        paths.pop(key, None)
+        try:
+            drawn = plot(rows, os.path.join(out_dir, name))
+        except Exception:  # noqa: BLE001 - a broken chart must not lose the results
+            logger.exception("could not draw %s", name)
+            continue
+        if drawn is not None:
+            paths[key] = drawn
     return paths
 
 
