@@ -486,10 +486,7 @@ class Case:
                 lowered.append(unfolded_buffer())
             return lowered[0]
 
-        runs = [("", self.inputs, self.eager)]
-        if self.p.flip_inputs:
-            runs.append((" flipped", self.inputs_flip, self.eager_flip))
-        for label, inputs, eager in runs:
+        for label, inputs, eager in self._input_runs():
             calls = [inputs, inputs]
             try:
                 got = lower.run_pte(buffer, calls)
@@ -536,6 +533,14 @@ class Case:
             if not self.p.has_random:
                 self._run_pte(stage, buffer, lambda b=backend: lower.lower_pte(self.ep, b, self.mutated))
 
+
+    def _input_runs(self) -> list:
+        """``(label, inputs, eager outputs)`` for the example inputs, and for the flipped ones
+        when the program has them."""
+        runs = [("", self.inputs, self.eager)]
+        if self.p.flip_inputs:
+            runs.append((" flipped", self.inputs_flip, self.eager_flip))
+        return runs
 
     # 5. the documented path only (issue 33)
     def stage_documented(self) -> None:
@@ -602,10 +607,7 @@ class Case:
             except Exception:
                 return None
 
-        runs = [("", self.inputs, self.eager)]
-        if self.p.flip_inputs:
-            runs.append((" flipped", self.inputs_flip, self.eager_flip))
-        for label, inputs, eager in runs:
+        for label, inputs, eager in self._input_runs():
             calls = [inputs, inputs]
             try:
                 got = lower.run_pte(buffer, calls)
