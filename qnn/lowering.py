@@ -8,6 +8,20 @@ from (docs/design.md, "Where the stage runs")::
     export -> transform_for_export_pipeline -> get_to_edge_transform_passes(ep)
            -> to_edge_transform_and_lower(ep, passes, [qnn.QnnPartitioner])
               -> QnnPartitioner.transform_for_pre_decomposition: fold_constants(ep, inplace=True)
+
+Where `to_edge_transform_and_lower_to_qnn` differs from executorch's function, and why:
+
+- it does not call ``setup_qnn_sdk()`` up front (it may download an SDK); QNN's manager
+  registry calls it when it first creates a QNN manager;
+- QNN's pipelines come from `qnn.pass_manager_cls` (executorch's pass manager with two
+  passes swapped for variants that leave control flow alone), and the caller's
+  ``passes_job``/``dep_table`` are re-keyed for those variants (their values are the
+  caller's own objects, not copies);
+- a method whose program keeps control flow (on the CPU) gets its ``cond``/``map``/``scan``
+  outputs copied into the caller's memory (`folding.copy_control_flow_outputs`), so that the
+  plain ``to_executorch()`` the caller runs is not hit by executorch issue 21490;
+- a multi-method call with ``dump_intermediate_outputs`` raises ``ValueError`` where
+  executorch asserts.
 """
 
 from __future__ import annotations
@@ -62,19 +76,7 @@ def to_edge_transform_and_lower_to_qnn(
     partitioners are `qnn.QnnPartitioner`; their ``reports`` hold the decisions
     (``edge_manager``-independent, see `describe_partitions` for the lowered result).
 
-    Where it differs from executorch's function, and why:
-
-    - it does not call ``setup_qnn_sdk()`` up front (it may download an SDK); QNN's manager
-      registry calls it when it first creates a QNN manager;
-    - QNN's pipelines come from `qnn.pass_manager_cls` (executorch's pass manager with two
-      passes swapped for variants that leave control flow alone), and the caller's
-      ``passes_job``/``dep_table`` are re-keyed for those variants (their values are the
-      caller's own objects, not copies);
-    - a method whose program keeps control flow (on the CPU) gets its ``cond``/``map``/``scan``
-      outputs copied into the caller's memory (`folding.copy_control_flow_outputs`), so that the
-      plain ``to_executorch()`` the caller runs is not hit by executorch issue 21490;
-    - a multi-method call with ``dump_intermediate_outputs`` raises ``ValueError`` where
-      executorch asserts.
+    Where it differs from executorch's function: see this module's docstring.
 
     Args:
         preserve_edge_names: our one extra argument, see `qnn.QnnPartitioner`; the unfolded names
@@ -93,13 +95,11 @@ def to_edge_transform_and_lower_to_qnn(
 
     options = _Options(skip_node_id_set, skip_node_op_set, skip_mutable_buffer, preserve_edge_names,
                        convert_linear_to_conv2d, multi_method=len(module) > 1)
-    qnn_specs: Dict[str, List[CompileSpec]] = {}
-    partitioners: Dict[str, QnnPartitioner] = {}
-    aten_programs: Dict[str, ExportedProgram] = {}
-    transform_passes: Dict[str, list] = {}
-    for name, m in module.items():
-        qnn_specs[name], partitioners[name], aten_programs[name], transform_passes[name] = _prepare_method(
-            m, inputs[name], compiler_specs[name], dynamic_shapes[name], dep_table[name], passes_job[name], options)
+    prepared = {name: _prepare_method(m, inputs[name], compiler_specs[name], dynamic_shapes[name], dep_table[name],
+                                      passes_job[name], options) for name, m in module.items()}
+    # per method name: QNN specs, QnnPartitioner, ATen program, to-edge passes
+    qnn_specs, partitioners, aten_programs, transform_passes = (
+        {name: p[i] for name, p in prepared.items()} for i in range(4))
     with QnnManagerContext(qnn_specs):
         manager = to_edge_transform_and_lower(
             aten_programs,

@@ -11,52 +11,52 @@ Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, s
 - ``ops_to_not_decompose`` returns QNN's ``get_skip_decomp_table()`` and ``filter_fn``
   (partition/utils.py) unchanged, except that a kept-whole op the fold stage declined (still
   constant-only after folding), or one inside a control-flow body (only top-level nodes are
-  partitioned), is decomposed, so it can never reach the CPU undecomposed;
+  partitioned), is decomposed, so it can never reach the CPU undecomposed; a core ATen op
+  (`is_core_aten_op`, nothing to decompose) is not kept whole;
 - on HTP, a partition without a runtime input stays on the CPU (`qnn.htp_rule`);
 - a constant that a control-flow call or the output also reads is not tagged for a partition
   (`untag_constants_read_by_the_cpu_side`).
+
+``QnnPartitioner.partition`` composes executorch's steps (``generate_partitions``' support
+check and grouping, ``tag_nodes``, ``tag_constant_data``, ``tag_mutated_buffer``) with ours, each
+one named function: `screen_partitions`, `untag_constants_read_by_the_cpu_side`, and the fold
+bookkeeping of `qnn.partition_fold` (which fold a program comes from, its unfolded names, its
+encodings, the `QnnPartitionReport`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, List, Optional
 
 import torch
 from executorch.backends.qualcomm.partition.qnn_partitioner import (
     QnnOperatorSupport,
     QnnPartitioner as _ExecutorchQnnPartitioner,
 )
-from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
-from executorch.backends.qualcomm.partition.utils import filter_fn, get_skip_decomp_table
-from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
+from executorch.backends.qualcomm.partition.utils import get_skip_decomp_table
 from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner import (
     generate_partitions_from_list_of_nodes,
 )
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import PartitionResult
+from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.passes.infra.partitioner import Partition
 
-
 from folding import FoldReport, fold_constants
-
-from .control_flow import calls_control_flow
-from .pass_manager import pass_manager_cls
-from folding.ops import op_name
 from folding.quant import is_dequantize, is_quantize
-from folding.signature import mutated_targets
 from folding.sizes import value_bytes
 
 from .compile_spec import split_compile_specs
-from .errors import EncodingLostError
+from .control_flow import calls_control_flow
 from .htp_rule import is_runtime_input, partition_inputs, refuses_static_graphs
-from .names import EdgeNameMap
-from .provenance import origin
-from .report import PartitionRecord, QnnPartitionReport, partition_report
+from .names import EdgeNameMap, PassFactory
+from .partition_fold import (FoldRecord, check_encodings, declined_nodes, fold_for, fold_partition_report,
+                             log_skipped_names_gone, record_fold, restore_names)
+from .pass_manager import pass_manager_cls
+from .report import PartitionRecord, QnnPartitionReport
 
 logger = logging.getLogger(__name__)
 
@@ -95,212 +95,110 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             what is delegated; True: always (debugging, comparing runs); False: never. Costs one
             extra ``to_edge`` + QNN to-edge passes of the unfolded program, about as long as
             the lowering's own ``to_edge`` (`QnnPartitionReport.naming_seconds`).
-        to_edge_passes: builds QNN's to-edge passes for a program, for the name restoration;
-            None: QNN's default passes (`default_to_edge_passes`).
-            `qnn.to_edge_transform_and_lower_to_qnn` passes the ones it lowers with.
+        to_edge_passes: builds QNN's to-edge passes for a program, for the name restoration; None:
+            `default_to_edge_passes` (`qnn.to_edge_transform_and_lower_to_qnn` passes its own).
 
     Attributes:
         fold_spec: the decoded ``fold_constants`` spec, or None when folding is off.
         reports: one `QnnPartitionReport` per partitioned program, in call order.
+        early_fold_reports: folds made before QNN's export pipeline (which crashes on control
+            flow) of programs that call control flow (`qnn.control_flow.fold_control_flow_first`).
     """
 
-    def __init__(
-        self,
-        compiler_specs: List[CompileSpec],
-        skip_node_id_set: Optional[set] = None,
-        skip_node_op_set: Optional[set] = None,
-        skip_mutable_buffer: bool = False,
-        preserve_edge_names: Optional[bool] = None,
-        to_edge_passes: Optional[Callable[[ExportedProgram], list]] = None,
-    ) -> None:
+    def __init__(self, compiler_specs: List[CompileSpec], skip_node_id_set: Optional[set] = None,
+                 skip_node_op_set: Optional[set] = None, skip_mutable_buffer: bool = False,
+                 preserve_edge_names: Optional[bool] = None, to_edge_passes: Optional[PassFactory] = None) -> None:
         from .sdk import load_qnn_sdk; load_qnn_sdk()  # first QNN use: the libraries (qnn/sdk.py), or QnnSdkError
         qnn_specs, self.fold_spec = split_compile_specs(compiler_specs)
         super().__init__(qnn_specs, skip_node_id_set, skip_node_op_set, skip_mutable_buffer)
         self.preserve_edge_names = preserve_edge_names
         self.to_edge_passes = to_edge_passes or self.default_to_edge_passes
         self.reports: list[QnnPartitionReport] = []
-        # Folds made before QNN's export pipeline, of programs that call control flow
-        # (`qnn.control_flow.fold_control_flow_first`): that pipeline crashes on control flow.
         self.early_fold_reports: list[FoldReport] = []
-        self._folds: list[_FoldRecord] = []
+        self._folds: list[FoldRecord] = []
         self._aten_graph_id: Optional[int] = None
 
     @property
     def restores_names(self) -> bool:
         """Whether folded programs get their unfolded Edge names back (`preserve_edge_names`)."""
-        if self.preserve_edge_names is not None:
-            return bool(self.preserve_edge_names)
-        return bool(self.skip_node_id_set)
-
-    # -- fold stage ------------------------------------------------------------------------
+        return bool(self.skip_node_id_set if self.preserve_edge_names is None else self.preserve_edge_names)
 
     @property
     def fold_reports(self) -> list[FoldReport]:
-        """The fold stage's reports, in the order the folds ran: the fold of a program that
-        calls control flow, made before QNN's export pipeline (`early_fold_reports`), then one
+        """The fold stage's reports, in the order the folds ran: `early_fold_reports`, then one
         per program this partitioner's hook folded."""
         return self.early_fold_reports + [f.report for f in self._folds]
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
-        """Fold constants of the ATen program (exir/backend/partitioner.py hook).
-
-        Folds `exported_program` **in place**: QNN's to-edge passes
-        (``get_to_edge_transform_passes(ep)`` in _passes/qnn_pass_manager.py) keep the program
-        object they were built from and look constants up in it by name, so the folded
+        """Fold the ATen program **in place** (hook of exir/backend/partitioner.py): QNN's to-edge
+        passes (``get_to_edge_transform_passes(ep)`` in _passes/qnn_pass_manager.py) keep the
+        program object they were built from and look constants up in it by name, so the folded
         constants have to appear in that same object, or they would lose their encodings. A
         program this partitioner already folded is returned as is. This hook is the only place
-        the QNN integration folds (`qnn.to_edge_transform_and_lower_to_qnn` relies on it too).
-        """
+        the QNN integration folds (`qnn.to_edge_transform_and_lower_to_qnn` relies on it too)."""
         if self.fold_spec is None or any(f.program is exported_program for f in self._folds):
             self._aten_graph_id = id(exported_program.graph)
             return exported_program
         unfolded = EdgeNameMap.snapshot(exported_program, self.to_edge_passes) if self.restores_names else None
         result = fold_constants(exported_program, self.fold_spec.policy, inplace=True)
-        self._record_fold(result.program, result.report, unfolded)
+        self._folds.append(record_fold(result.program, result.report, unfolded, kept_whole_ops()))
         return result.program
 
     def default_to_edge_passes(self, program: ExportedProgram) -> list:
-        """QNN's default to-edge passes for this backend, bound to `program`
-        (``get_to_edge_transform_passes`` in _passes/qnn_pass_manager.py), with the variants
-        that leave control flow alone (`qnn.pass_manager.pass_manager_cls`)."""
+        """QNN's to-edge passes for this backend, bound to `program` (``get_to_edge_transform_passes``
+        in _passes/qnn_pass_manager.py), from `qnn.pass_manager.pass_manager_cls`."""
         return pass_manager_cls(self.backend)().get_to_edge_transform_passes(
-            program,
-            compiler_specs=self.compiler_specs_snapshot,
-            skip_node_id_set=set(self.skip_node_id_set),
-            skip_node_op_set=set(self.skip_node_op_set),
-        )
+            program, compiler_specs=self.compiler_specs_snapshot,
+            skip_node_id_set=set(self.skip_node_id_set), skip_node_op_set=set(self.skip_node_op_set))
 
-    def _record_fold(self, program: ExportedProgram, report: FoldReport, unfolded: Optional[EdgeNameMap]) -> None:
-        """Record the hook's fold of `program`; the kept-whole ops still constant-only after it
-        are decomposed (`ops_to_not_decompose`).
-
-        Args:
-            program: the folded ATen program about to be lowered with this partitioner.
-            report: its `FoldReport`.
-            unfolded: `EdgeNameMap.snapshot` of the program before folding, to give the folded
-                program's Edge nodes their unfolded names; None keeps ``to_edge``'s names.
-        """
-        table = kept_whole_ops()
-        declined = {d.node: d for d in report.kept_constant_only if d.target in table}
-        for d in declined.values():
-            logger.info(
-                "decomposing %s (%s): constant-only after folding (%s: %s)",
-                d.node, d.target, d.reason.name, d.detail,
-            )
-        self._folds.append(
-            _FoldRecord(program, id(program.graph), report, declined, _encoded_constants(program, report), unfolded)
-        )
-
-    # -- decomposition ---------------------------------------------------------------------
-
-    def ops_to_not_decompose(
-        self, ep: ExportedProgram
-    ) -> tuple[list[torch._ops.OpOverload], Optional[Callable[[torch.fx.Node], bool]]]:
-        """QNN's ``get_skip_decomp_table()`` and ``filter_fn``, minus the kept-whole nodes the
-        fold stage declined (they are decomposed, and the report lists them) and the nodes
-        inside control-flow bodies: `partition` tags top-level nodes only, so a body's
-        kept-whole op would be neither delegated nor decomposed (executorch's
-        ``_replace_aten_ops_with_transformed_ops`` asks this filter about body nodes too)."""
-        table = get_skip_decomp_table()
-        decompose = self._declined_nodes(ep)
-        top = ep.graph
-
-        def keep_whole(node: torch.fx.Node) -> bool:
-            return (node.graph is top and node not in decompose and filter_fn(node)
-                    and not is_core_aten_op(node.target))
-
-        return table, keep_whole
-
-    def _declined_nodes(self, ep: ExportedProgram) -> set[torch.fx.Node]:
-        """Nodes of `ep` (the functionalized ATen program, or later the Edge program) that come
-        from a kept-whole node the fold stage declined, found by provenance (run_decompositions
-        renames nodes) and still constant-only."""
-        declined = [(f.graph_id, set(f.declined)) for f in self._folds if f.declined]
-        if not declined:
-            return set()
-        table = kept_whole_ops()
-        candidates = [n for n in ep.graph.nodes if n.op == "call_function" and op_name(n.target) in table]
-        if not candidates:
-            return set()
-        constant = _constant_only(ep)
-        return {
-            n for n in candidates
-            if n in constant and any(origin(n, graph_id) in names for graph_id, names in declined)
-        }
-
-    # -- partitioning ----------------------------------------------------------------------
+    def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list, Optional[Callable[[torch.fx.Node], bool]]]:
+        """executorch's table and filter (``get_skip_decomp_table()``, ``filter_fn``), minus the
+        kept-whole nodes the fold stage declined (the report lists them), core ATen ops
+        (`is_core_aten_op`) and nodes in control-flow bodies: `partition` tags top-level nodes
+        only, and ``_replace_aten_ops_with_transformed_ops`` asks this filter about body nodes too."""
+        table, upstream_filter = super().ops_to_not_decompose(ep)
+        return table, _keep_whole_filter(ep.graph, declined_nodes(self._folds, ep, kept_whole_ops()), upstream_filter)
 
     def partition(self, edge_program: ExportedProgram) -> PartitionResult:
-        """executorch's ``QnnPartitioner.partition`` (partition/qnn_partitioner.py: generate
-        partitions, tag nodes, constant data and mutated buffers), with the partitions HTP
-        refuses left untagged (`screen_partitions`). On a folded program the unfolded Edge
-        names are restored first (when `restores_names`) and kept encodings are checked; a
-        `QnnPartitionReport` is appended to `reports` (`qnn.report.partition_report`).
+        """executorch's ``QnnPartitioner.partition`` (generate partitions, tag them) with our
+        steps: a folded program first gets its unfolded names back (`restore_names`, when
+        `restores_names`) and its encodings checked (`check_encodings`); the partitions HTP
+        refuses stay untagged (`screen_partitions`); constants the CPU side reads stay untagged
+        (`_tag`). Appends the program's `QnnPartitionReport` (`fold_partition_report`) to `reports`.
 
         Raises:
-            EncodingLostError: a folded constant that fed a kept dequantize lost its encoding.
-        """
-        fold = self._fold_for(edge_program)
-        renamed, naming_seconds = self._restore_names(edge_program, fold)
-        if fold is not None:
-            _check_encodings(edge_program, fold.encoded)
-        declined: dict[str, str] = {}
-        kept, partitions = screen_partitions(
-            edge_program, self._candidate_partitions(edge_program, declined), refuses_static_graphs(self.backend)
-        )
-        self.tag_nodes(kept, edge_program)
+            EncodingLostError: a folded constant that fed a kept dequantize lost its encoding."""
+        fold = fold_for(self._folds, edge_program)
+        renamed, naming_seconds = restore_names(edge_program, fold)
+        check_encodings(edge_program, fold)
+        candidates, declined = self._generate(edge_program)
+        kept, screened = screen_partitions(edge_program, candidates, refuses_static_graphs(self.backend))
+        self._tag(kept, edge_program)
+        self.reports.append(fold_partition_report(edge_program, self.backend.name, fold, self._aten_graph_id,
+                                                  renamed, naming_seconds, declined, screened))
+        log_skipped_names_gone(self.skip_node_id_set, fold, self.reports[-1])
+        return PartitionResult(tagged_exported_program=edge_program, partition_tags=self.partition_tags)
+
+    def generate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
+        """executorch's hook, for callers that use it directly: `partition`'s screened partitions."""
+        return screen_partitions(edge_program, self._generate(edge_program)[0], refuses_static_graphs(self.backend))[0]
+
+    def _generate(self, edge_program: ExportedProgram) -> tuple[List[Partition], dict[str, str]]:
+        """executorch's ``generate_partitions`` with `_OperatorSupport` as the support check:
+        (the partitions, {node name: why QNN declined it})."""
+        support = _OperatorSupport(edge_program, self.compiler_specs_snapshot, self.skip_node_id_set,
+                                   self.skip_node_op_set)
+        return generate_partitions_from_list_of_nodes(edge_program.graph_module, op_support=support), support.declined
+
+    def _tag(self, partitions: List[Partition], edge_program: ExportedProgram) -> None:
+        """The tagging steps of executorch's ``partition``: its ``tag_nodes``, then
+        ``tag_constant_data`` and ``tag_mutated_buffer`` (exir/backend/utils.py), with
+        `untag_constants_read_by_the_cpu_side` between the two."""
+        self.tag_nodes(partitions, edge_program)
         tag_constant_data(edge_program)
         untag_constants_read_by_the_cpu_side(edge_program)
         if not self.skip_mutable_buffer:
             tag_mutated_buffer(edge_program)
-        graph_id = fold.graph_id if fold is not None else self._aten_graph_id
-        self.reports.append(partition_report(
-            edge_program, self.backend.name, fold.report if fold else None,
-            list(fold.declined.values()) if fold else [], graph_id, renamed, naming_seconds, declined, partitions,
-        ))
-        if fold is not None and fold.report.folded:
-            gone = sorted(set(self.skip_node_id_set) - set(self.reports[-1].nodes))
-            if gone:
-                logger.info("skip_node_id_set names nodes absent after folding: %s", gone)
-        return PartitionResult(tagged_exported_program=edge_program, partition_tags=self.partition_tags)
-
-    def generate_partitions(self, edge_program: ExportedProgram) -> List[Partition]:
-        """executorch's hook, for callers that use it directly: the partitions QNN supports,
-        minus those HTP refuses."""
-        kept, _ = screen_partitions(
-            edge_program, self._candidate_partitions(edge_program), refuses_static_graphs(self.backend)
-        )
-        return kept
-
-    def _candidate_partitions(self, edge_program: ExportedProgram, declined: Optional[dict] = None) -> List[Partition]:
-        """executorch's ``generate_partitions``, with the support check of `_OperatorSupport`
-        (which records in `declined` why each node it declines stays on the CPU)."""
-        support = _OperatorSupport(edge_program, self.compiler_specs_snapshot, self.skip_node_id_set,
-                                   self.skip_node_op_set, declined=declined)
-        return generate_partitions_from_list_of_nodes(edge_program.graph_module, op_support=support)
-
-    def _restore_names(self, edge_program: ExportedProgram, fold: Optional["_FoldRecord"]) -> tuple[dict, float]:
-        """Give a folded program's Edge nodes their unfolded names (`qnn.names`); returns
-        ({old: new}, seconds spent), or ({}, 0.0) when names are not restored."""
-        if fold is None or fold.unfolded is None or not fold.report.folded:
-            return {}, 0.0
-        start = time.perf_counter()
-        renamed = fold.unfolded.restore(edge_program, fold.graph_id)
-        return renamed, time.perf_counter() - start
-
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _fold_for(self, edge_program: ExportedProgram) -> Optional["_FoldRecord"]:
-        """The fold record of the program `edge_program` was lowered from (matched by its
-        lifted placeholders; the most recent fold when several match)."""
-        if not self._folds:
-            return None
-        placeholders = {n.name for n in edge_program.graph.nodes if n.op == "placeholder"}
-        for fold in reversed(self._folds):
-            lifted = {c.placeholder for c in fold.report.lifted}
-            if lifted <= placeholders:
-                return fold
-        return self._folds[-1]
 
 
 class _OperatorSupport(QnnOperatorSupport):
@@ -310,9 +208,9 @@ class _OperatorSupport(QnnOperatorSupport):
     (builders/node_visitor.py) raises ``TypeError`` on such a node (``k[mask].sum()``) instead
     of declining it."""
 
-    def __init__(self, *args, declined: Optional[dict] = None, **kwargs) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.declined = {} if declined is None else declined
+        self.declined: dict[str, str] = {}  # node name -> why it stays on the CPU
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         if node.op == "call_function" and _has_unbacked_size(node):
@@ -409,70 +307,24 @@ def screen_partitions(
     return kept, records
 
 
+def _keep_whole_filter(top: torch.fx.Graph, decompose: set,
+                       upstream_filter: Callable) -> Callable[[torch.fx.Node], bool]:
+    """`QnnPartitioner.ops_to_not_decompose`'s filter: `upstream_filter` (QNN's ``filter_fn``)
+    on top-level nodes, except `decompose` and the core ATen ops."""
+
+    def keep_whole(node: torch.fx.Node) -> bool:
+        return (node.graph is top and node not in decompose and upstream_filter(node)
+                and not is_core_aten_op(node.target))
+
+    return keep_whole
+
+
 def _has_unbacked_size(node: torch.fx.Node) -> bool:
     for n in (node, *node.all_input_nodes):
         val = n.meta.get("val")
         if val is not None and free_unbacked_symbols(val):
             return True
     return False
-
-
-class _FoldRecord:
-    __slots__ = ("program", "graph_id", "report", "declined", "encoded", "unfolded")
-
-    def __init__(self, program, graph_id, report, declined, encoded, unfolded) -> None:
-        self.program = program
-        self.graph_id = graph_id
-        self.report = report
-        self.declined = declined
-        self.encoded = encoded
-        self.unfolded = unfolded
-
-
-def _encoded_constants(program: ExportedProgram, report: FoldReport) -> frozenset[str]:
-    """Lifted constants whose readers include a dequantize: QNN must read their encoding."""
-    lifted = {c.placeholder for c in report.lifted}
-    return frozenset(
-        n.name for n in program.graph.nodes
-        if n.op == "placeholder" and n.name in lifted and any(is_dequantize(u.target) for u in n.users)
-    )
-
-
-def _check_encodings(edge_program: ExportedProgram, encoded: Iterable[str]) -> None:
-    """Raise `EncodingLostError` when a folded integer constant read through a dequantize
-    reaches the partitioner without QNN's ``quant_attrs`` (AnnotateQuantAttrs did not see it)."""
-    present = {n.name: n for n in edge_program.graph.nodes if n.op == "placeholder"}
-    lost = sorted(name for name in encoded if name in present and QCOM_QUANT_ATTRS not in present[name].meta)
-    if lost:
-        raise EncodingLostError(
-            f"folded constants {lost} have no QNN encoding (quant_attrs): QNN's to-edge passes were "
-            "built from a program object other than the folded one, so FoldQDQ removed their "
-            "dequantize. Build the passes from the folded program "
-            "(get_to_edge_transform_passes(folded_ep)), or let QnnPartitioner fold the program "
-            "object the passes were built from (to_edge_transform_and_lower(ep, transform_passes, "
-            "partitioner=[qnn.QnnPartitioner(specs)]) folds `ep` in place)."
-        )
-
-
-def _constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
-    """Nodes of `ep`'s top graph computed from parameters, non-mutated buffers and lifted
-    constants only (one pass over the graph)."""
-    sig = ep.graph_signature
-    mutated = mutated_targets(sig)
-    stored = {
-        s.arg.name
-        for s in sig.input_specs
-        if s.kind in (InputKind.PARAMETER, InputKind.CONSTANT_TENSOR)
-        or (s.kind == InputKind.BUFFER and s.target not in mutated)
-    }
-    constant: set[torch.fx.Node] = set()
-    for n in ep.graph.nodes:
-        if n.op == "placeholder":
-            if n.name in stored:
-                constant.add(n)
-        elif n.op in ("call_function", "get_attr") and all(i in constant for i in n.all_input_nodes):
-            constant.add(n)
-    return constant
 
 
 __all__ = ["QnnPartitioner", "kept_whole_ops", "screen_partitions"]
