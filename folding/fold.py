@@ -13,7 +13,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .bodies import merge_duplicate_operands
+from .bodies import copy_uncompiled, merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
 from .hops import recompile_shallow
@@ -28,6 +28,7 @@ from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
 from .reporting import body_decisions, fold_report, merged
 from .sizes import stored_constant_bytes, stored_tensor
+from .torch_internals import program_with
 from .working import Preparation, Working
 
 logger = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 continue
             considered = [n for n in gm.graph.nodes if n.op == "call_function"]  # before lift edits it
             with timer.phase("lift"):
-                new_program, lifting = _lift(program, analysis, plan, evaluation, in_place=working.owned)
+                new_program, lifting = _lift(program, analysis, plan, evaluation, owned=working.owned)
             with timer.phase("bytes"):
                 bytes_after = stored_constant_bytes(new_program)
             if not constraints.over_budget(budget, bytes_before, bytes_after):
@@ -224,10 +225,12 @@ def _stored_value(program: ExportedProgram, analysis):
     return lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants)
 
 
-def _lift(program: ExportedProgram, analysis, plan, evaluation, in_place: bool):
+def _lift(program: ExportedProgram, analysis, plan, evaluation, owned: bool):
     """`lift` of the folded nodes and of the top-level tensor attributes (``get_attr``
     constants a transform pass inserted: lifted like folded values, so that no get_attr
-    tensor is left in the program); `in_place`: `program` is the attempt's own copy."""
+    tensor is left in the program). `lift` edits the top-level graph it is given: the
+    attempt's own copy when `owned` (`Working.owned`), else a copy of `program`'s made here
+    (`copy_uncompiled`: the graph copied, tensors and bodies shared), the nodes mapped to it."""
     gm = program.graph_module
     folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
     attributes = _attribute_tensors(gm)
@@ -235,9 +238,15 @@ def _lift(program: ExportedProgram, analysis, plan, evaluation, in_place: bool):
     values = {**evaluation.values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
     constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
     kept_constant_only = frozenset(plan.runtime) | frozenset(evaluation.kept)
+    if not owned:
+        copied, env = copy_uncompiled(gm)
+        program = program_with(program, graph_module=copied)
+        folded, constant_placeholders = {env[n] for n in folded}, {env[n] for n in constant_placeholders}
+        values = {env[n]: t for n, t in values.items()}
+        kept_constant_only = frozenset(env[n] for n in kept_constant_only)
     return lift(
         program, folded, values, constant_placeholders,
-        bound=evaluation.symbols, private_readers=kept_constant_only, in_place=in_place,
+        bound=evaluation.symbols, private_readers=kept_constant_only,
     )
 
 

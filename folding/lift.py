@@ -1,23 +1,23 @@
 """Rewrite a program so that folded values become lifted constants.
 
-The rewritten graph is made in one pass over the original: surviving nodes keep their names,
-each stored value becomes a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its tensor in
-``ExportedProgram.constants`` (or reuses a byte-identical stored tensor), folded nodes go, and
+`lift` edits the top-level graph of the program it is given, which the fold owns (a copy of
+the caller's, `fold._lift`): surviving nodes stay, with their names; each stored value becomes
+a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its tensor in
+``ExportedProgram.constants`` (or reuses a byte-identical stored tensor); folded nodes go; and
 parameters, buffers and constants left without users are dropped from the graph, the
 signature and the stored dicts. New placeholders go before the first user input, where
 torch.export puts lifted constants.
 
-The graph is built anew (surviving nodes copied, the original only read), or, when the fold
-owns the program it lifts (a copy an earlier stage of the same attempt made), edited in place
-(`lift`'s ``in_place``): the same decisions, one graph copy fewer.
+The steps, in order: where each value goes (`placement.place`); placeholders and the inputs
+of the ops (`_Edit`); clones of the stored values the output returns (`_clone_outputs`); the
+stored dicts (`_stored_dicts`); the report rows (`_lifted_rows`); the program (`_assemble`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.fx
@@ -31,14 +31,13 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .torch_internals import (FakeTensorMode, copy_codegen, detect_fake_mode, program_with, reserve_names,
-                              verify_signature)
+from .torch_internals import FakeTensorMode, detect_fake_mode, program_with, reserve_names, verify_signature
 from .hops import graph_module
 from .layout import has_canonical_layout
 from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
 from .nonfinite import NonfiniteScan
-from .names import copy_keeping_name, keep_name, reserve_node_names, unique_name
+from .names import keep_name, reserve_node_names, unique_name
 from .placement import Literal, NewConstant, Placement, place
 from .report import LiftedConstant
 from .reporting import lifted_row
@@ -67,25 +66,23 @@ def lift(
     *,
     bound: Optional[dict] = None,
     private_readers: frozenset = frozenset(),
-    in_place: bool = False,
 ) -> tuple[ExportedProgram, Lifting]:
-    """Build the folded program.
+    """Build the folded program by editing `program`'s top-level graph.
 
     Args:
-        program: the program to fold; read only unless `in_place`.
+        program: the program to fold. Its top-level graph becomes the folded program's (the
+            folded nodes are erased from it): it must be the caller's own copy, not read again
+            (`bodies.copy_uncompiled`; `fold._lift`). Its signature and stored dicts are never
+            modified: the folded program gets new ones.
         folded: nodes of ``program.graph`` that are folded away.
         values: stored tensors (contiguous, owning their storage) of the folded nodes that a
             surviving node or the output reads.
         constant_placeholders: placeholders whose stored tensors never change (dedup candidates).
         private_readers: constant-only nodes kept in the program; when a stored value has
             several readers, each of these reads it through its own placeholder
-            (`_private_readers`).
+            (`placement._private_readers`).
         bound: data-dependent symbols that evaluation fixed (``u0`` -> 2): substituted in the
             metadata of the nodes left in the program, their range constraints dropped.
-        in_place: edit ``program.graph`` instead of building a new graph: only for a program
-            the caller owns and will not read again (its graph becomes the folded program's;
-            the folded nodes are erased from it). Its stored dicts and signature are still
-            never modified.
 
     Returns:
         The folded program, checked with torch's signature verifier and graph lint, and a
@@ -95,84 +92,60 @@ def lift(
     Raises:
         FoldInvariantError: the rewritten program fails lint or the signature verifier.
     """
-    rewrite = _Rewrite(program, folded, in_place)
-    rewrite.use(place(program, folded, values, constant_placeholders, private_readers, rewrite.taken, rewrite.nonfinite))
-    rewrite.copy_placeholders()
-    rewrite.copy_ops()
-    result = rewrite.program(bound or {})
+    taken = set(program.state_dict) | set(program.constants) | {n.name for n in program.graph.nodes}
+    reserve_names(program.graph, taken)  # before anything is created: a new node never takes one
+    nonfinite = NonfiniteScan()
+    placement = place(program, folded, values, constant_placeholders, private_readers, taken, nonfinite)
+    edit = _Edit(program, folded, placement)
+    edit.placeholders()
+    edit.redirect_ops()
+    output_specs = _clone_outputs(program, placement, edit.inputs_of)
+    state_dict, constants = _stored_dicts(program, placement.new_constants, edit.removed_targets, edit.input_specs)
+    rows = _lifted_rows(placement, edit.specs, state_dict, constants, nonfinite)
+    edit.erase_dead()  # after the rows: `NonfiniteScan` follows a value back through the inputs
+    signature = ExportGraphSignature(input_specs=edit.input_specs, output_specs=output_specs)
+    result = _assemble(program, signature, state_dict, constants, bound or {}, edit.fake_mode)
     _check(result)
-    return result, rewrite.record
+    return result, Lifting(placement.rows + rows, edit.removed, placement.lifted_as)
 
 
-class _Rewrite:
-    """The steps of `lift`, in order. The original program is only read, unless `in_place`:
-    then its graph is the one edited (nodes kept as they are, their inputs redirected; the
-    dead ones erased last)."""
+class _Edit:
+    """The placeholders and the op inputs of `program`'s graph, edited in place: surviving
+    nodes stay as they are, their inputs redirected from a folded node to the placeholder
+    holding its value (or its literal); the placeholders of the new constants are inserted;
+    the folded nodes, the dropped placeholders and the get_attrs only folded nodes read are
+    erased last (`erase_dead`)."""
 
-    def __init__(self, program: ExportedProgram, folded: set[torch.fx.Node], in_place: bool = False) -> None:
-        self.source, self.folded, self.in_place = program, folded, in_place
-        self.state_dict = dict(program.state_dict)  # new dicts even in place: the caller's change
-        self.constants = dict(program.constants)  # only once the folded program passed its checks
+    def __init__(self, program: ExportedProgram, folded: set[torch.fx.Node], placement: Placement) -> None:
+        self.graph, self.folded, self.placement = program.graph, folded, placement
         self.specs = input_specs_by_name(program.graph_signature)
-        self.placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-        self.record = Lifting()
-        self.taken = set(self.state_dict) | set(self.constants) | {n.name for n in program.graph.nodes}
-        if in_place:
-            self.graph = program.graph
-        else:
-            self.graph = torch.fx.Graph()
-            copy_codegen(program.graph, self.graph)
-        # Every existing name is reserved before anything is created, so a new node never takes
-        # one; copies then get their original names back (see `copy_keeping_name`).
-        reserve_names(self.graph, self.taken)
-        self.dead: list[torch.fx.Node] = []  # in place: nodes erased once nothing reads them
-        self.env: dict[torch.fx.Node, torch.fx.Node] = {}
-        self.fake_mode = detect_fake_mode([p.meta.get("val") for p in self.placeholders]) or FakeTensorMode()
-        self.new_specs: list[InputSpec] = []
-        self.output_specs = list(program.graph_signature.output_specs)
-        self.named_by_outputs = {s.target for s in self.output_specs if s.target is not None}
+        self.named_by_outputs = {s.target for s in program.graph_signature.output_specs if s.target is not None}
+        self.fake_mode = detect_fake_mode([p.meta.get("val") for p in self._placeholders()]) or FakeTensorMode()
+        self.input_specs: list[InputSpec] = []
+        self.removed: list[str] = []  # names of the dropped placeholders
         self.removed_targets: set = set()
-        self.nonfinite = NonfiniteScan()
+        self.dead: list[torch.fx.Node] = []  # erased once nothing reads them
 
-    # 1. Where every value goes (`placement.place`): reused, a literal, or a new constant.
-    def use(self, placement: Placement) -> None:
-        self.target_of, self.new_constants = placement.target_of, placement.new_constants
-        self.reused, self.private, self.taken = placement.reused, placement.private, placement.taken
-        self.record.lifted_as = placement.lifted_as
-        self.record.lifted.extend(placement.rows)
+    def _placeholders(self) -> list[torch.fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder"]
 
-    # 2. Placeholders: surviving ones copied, new constants before the first user input (where
-    # torch.export puts lifted constants).
-    def copy_placeholders(self) -> None:
-        anchor = next((p for p in self.placeholders if self.specs.get(p.name) is not None
+    def placeholders(self) -> None:
+        """Surviving placeholders keep their specs; the new constants' go before the first
+        user input (where torch.export puts lifted constants), else before the first op."""
+        placeholders = self._placeholders()
+        anchor = next((p for p in placeholders if self.specs.get(p.name) is not None
                        and self.specs[p.name].kind == InputKind.USER_INPUT), None)
-        for p in self.placeholders:
+        for p in placeholders:
             if p is anchor:
-                self._emit_new_constants(p)
+                self._new_placeholders(p)
             if self._survives(p):
-                self.env[p] = self._keep(p, self.env.__getitem__)
-                self.new_specs.append(self.specs[p.name])
+                self.input_specs.append(self.specs[p.name])
             else:
-                self.record.removed.append(p.name)
+                self.removed.append(p.name)
                 self.removed_targets.add(self.specs[p.name].target)
                 self.dead.append(p)
         if anchor is None:
-            self._emit_new_constants(next(n for n in self.source.graph.nodes if n.op != "placeholder"))
-
-    def _keep(self, node: torch.fx.Node, lookup) -> torch.fx.Node:
-        """`node` in the new graph: a copy reading `lookup`'s nodes, or (in place) `node`
-        itself, its inputs redirected when one of them is folded or read privately."""
-        if not self.in_place:
-            return copy_keeping_name(self.graph, node, lookup)
-        if any(i in self.folded or (node, i) in self.private for i in node.all_input_nodes):
-            node.args = torch.fx.map_arg(node.args, lookup)
-            node.kwargs = torch.fx.map_arg(node.kwargs, lookup)
-        return node
-
-    def _inserting_before(self, node: torch.fx.Node):
-        """Where new nodes go: before `node` when editing in place; at the end of the graph
-        being built otherwise (everything before `node` is already there)."""
-        return self.graph.inserting_before(node) if self.in_place else contextlib.nullcontext()
+            self._new_placeholders(next(n for n in self.graph.nodes if n.op != "placeholder"))
 
     def _survives(self, p: torch.fx.Node) -> bool:
         """Placeholders that no surviving node reads are dropped (a reader given a private
@@ -180,106 +153,138 @@ class _Rewrite:
         their target (a buffer written but never read: after functionalization its
         placeholder has no users, and the mutation output still names it)."""
         spec = self.specs.get(p.name)
-        if spec is None or spec.kind not in STORED_KINDS or p in self.reused:
+        if spec is None or spec.kind not in STORED_KINDS or p in self.placement.reused:
             return True
         if spec.target in self.named_by_outputs:
             return True
-        return any(u not in self.folded and (u, p) not in self.private for u in p.users)
+        return any(u not in self.folded and (u, p) not in self.placement.private for u in p.users)
 
-    def _emit_new_constants(self, before: torch.fx.Node) -> None:
-        for c in self.new_constants:
-            with self._inserting_before(before):
+    def _new_placeholders(self, before: torch.fx.Node) -> None:
+        for c in self.placement.new_constants:
+            with self.graph.inserting_before(before):
                 ph = keep_name(self.graph.create_node("placeholder", c.name, name=c.name), c.name)
             ph.meta["val"] = _fake_value(c.source, c.value, self.fake_mode)
             _copy_provenance(c.source, ph)
             c.placeholder = ph
-            if not c.private:
-                self.env[c.source] = ph
-            self.constants[c.target] = c.value
-            self.new_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
+            self.input_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
 
-    # 3. Ops and the output, with their names; folded nodes are not copied, nor a get_attr
-    # that only folded nodes read (the bodies of a control-flow op folded whole): the new
-    # GraphModule attaches only what its get_attrs read (`hops.graph_module`), so the
-    # attribute goes with it.
-    def copy_ops(self) -> None:
-        lookup = _Lookup(self.env, self.target_of, self.private)
-        for node in list(self.source.graph.nodes):
-            if node.op == "placeholder":
+    def redirect_ops(self) -> None:
+        """Every surviving op reads the new values of its folded inputs. A get_attr that only
+        folded nodes read (the bodies of a control-flow op folded whole) goes with them: the
+        new GraphModule attaches only what its get_attrs read (`hops.graph_module`). The
+        output is `_clone_outputs`'."""
+        private = self.placement.private
+        for node in list(self.graph.nodes):
+            if node.op in ("placeholder", "output"):
                 continue
             if node in self.folded or (node.op == "get_attr" and all(u in self.folded for u in node.users)):
                 self.dead.append(node)
-            elif node.op == "output":
-                self._copy_output(node, lookup)
-            else:
-                self.env[node] = self._keep(node, lookup.for_reader(node))
+            elif any(i in self.folded or (node, i) in private for i in node.all_input_nodes):
+                inputs = self.inputs_of(node)
+                node.args = torch.fx.map_arg(node.args, inputs)
+                node.kwargs = torch.fx.map_arg(node.kwargs, inputs)
 
-    def _copy_output(self, node: torch.fx.Node, lookup: "_Lookup") -> None:
-        """ExecuTorch cannot return a stored constant as an output: a stored value returned
-        is returned through a clone, in the program's own dialect (an Edge clone in ATen
-        fails validate()); its output spec names the clone."""
-        flat = list(node.args[0]) if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
-        clones: dict[torch.fx.Node, torch.fx.Node] = {}
-        clone_op = None
-        for i, a in enumerate(flat):
-            if not (isinstance(a, torch.fx.Node) and (a in self.target_of or (node, a) in self.private)):
-                continue
-            if a not in clones:
-                clone_op = clone_op or clone_op_of(self.source)
-                name = unique_name(f"{a.name}_clone", self.taken)
-                self.taken.add(name)
-                src = lookup.for_reader(node)(a)
-                with self._inserting_before(node):
-                    c = keep_name(self.graph.create_node("call_function", clone_op, (src,), name=name), name)
-                c.meta["val"] = src.meta["val"]
-                _copy_provenance(a, c)
-                clones[a] = c
-            spec = self.output_specs[i]
-            self.output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
-        mapped = [clones.get(a, None) or torch.fx.map_arg(a, lookup) for a in flat]
-        out_args = type(node.args[0])(mapped) if isinstance(node.args[0], (list, tuple)) else mapped[0]
-        if self.in_place:
-            node.args = (out_args,)
-            self.env[node] = node
-            return
-        self.env[node] = keep_name(self.graph.output(out_args, type_expr=node.type), node.name)
-        self.env[node].meta = copy.copy(node.meta)
+    def inputs_of(self, reader: torch.fx.Node) -> Callable[[torch.fx.Node], object]:
+        """What `reader` reads in place of each input: its private placeholder of the value,
+        if it has one; for a folded input, the placeholder holding its value (a new
+        constant's, or the stored placeholder it equals) or its literal; any other input itself."""
+        private, target_of = self.placement.private, self.placement.target_of
 
-    def _erase_dead(self) -> None:
-        """In place: erase the folded nodes, the dropped placeholders and the get_attrs only
-        folded nodes read, last first (every reader left was redirected). Erasing a node
-        clears its inputs, so this comes after the records that read them (`NonfiniteScan`
-        follows a value back to its stored inputs)."""
-        if self.in_place:
-            for node in reversed(self.dead):
-                self.graph.erase_node(node)
+        def value_of(n: torch.fx.Node) -> object:
+            own = private.get((reader, n))
+            if own is not None:
+                return own.placeholder
+            if n not in self.folded:
+                return n
+            hit = target_of[n]
+            if isinstance(hit, Literal):
+                return hit.value
+            return hit.placeholder if isinstance(hit, NewConstant) else hit
 
-    # 4. Stored dicts, signature, metadata of bound symbols, the program.
-    def program(self, bound: dict) -> ExportedProgram:
-        source = self.source
-        for target in self.removed_targets - {s.target for s in self.new_specs}:  # tied names read elsewhere stay
-            self.state_dict.pop(target, None)
-            self.constants.pop(target, None)
-        for c in self.new_constants:
-            if not c.private:
-                self.record.lifted.append(lifted_row(c.name, c.target, c.replaces, c.value, reused=False, moved=not c.computed,
-                                               nonfinite=c.computed and self.nonfinite(c.value, c.source)))
-        for p, nodes in self.reused.items():
-            t = stored_tensor(self.specs[p.name], self.state_dict, self.constants)
-            self.record.lifted.append(lifted_row(p.name, self.specs[p.name].target, [n.name for n in nodes], t, reused=True,
-                                           nonfinite=self.nonfinite(t, *nodes)))
-        self._erase_dead()
-        refresh_meta(self.graph, bound, self.fake_mode)
-        gm = graph_module(source.graph_module, self.graph, source.graph_module.__class__.__name__)
-        gm.meta.update(source.graph_module.meta)
-        reserve_node_names(gm)
-        return program_with(
-            source, graph_module=gm,
-            graph_signature=ExportGraphSignature(input_specs=self.new_specs, output_specs=self.output_specs),
-            state_dict=self.state_dict, constants=self.constants,
-            range_constraints=drop_bound_ranges(copy.deepcopy(source.range_constraints), bound, self.graph),
-            module_call_graph=copy.deepcopy(source.module_call_graph),
-        )
+        return value_of
+
+    def erase_dead(self) -> None:
+        """Erase the folded nodes, the dropped placeholders and the get_attrs only folded nodes
+        read, last first (every reader left was redirected). Erasing a node clears its inputs."""
+        for node in reversed(self.dead):
+            self.graph.erase_node(node)
+
+
+def _clone_outputs(program: ExportedProgram, placement: Placement, inputs_of) -> list[OutputSpec]:
+    """The output specs, with the graph output redirected like an op. ExecuTorch cannot return a
+    stored constant as an output: a stored value returned is returned through a clone, in the
+    program's own dialect (an Edge clone in ATen fails validate()); its output spec names the
+    clone."""
+    graph, output_specs = program.graph, list(program.graph_signature.output_specs)
+    output = graph.output_node()
+    value_of = inputs_of(output)
+    flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    clones: dict[torch.fx.Node, torch.fx.Node] = {}
+    clone_op = None
+    for i, a in enumerate(flat):
+        if not (isinstance(a, torch.fx.Node) and (a in placement.target_of or (output, a) in placement.private)):
+            continue
+        if a not in clones:
+            clone_op = clone_op or clone_op_of(program)
+            name = unique_name(f"{a.name}_clone", placement.taken)
+            placement.taken.add(name)
+            src = value_of(a)
+            with graph.inserting_before(output):
+                c = keep_name(graph.create_node("call_function", clone_op, (src,), name=name), name)
+            c.meta["val"] = src.meta["val"]
+            _copy_provenance(a, c)
+            clones[a] = c
+        spec = output_specs[i]
+        output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
+    mapped = [clones.get(a, None) or torch.fx.map_arg(a, value_of) for a in flat]
+    output.args = (type(output.args[0])(mapped) if isinstance(output.args[0], (list, tuple)) else mapped[0],)
+    return output_specs
+
+
+def _stored_dicts(program: ExportedProgram, new_constants: list[NewConstant], removed_targets: set,
+                  input_specs: list[InputSpec]) -> tuple[dict, dict]:
+    """The folded program's ``state_dict`` and ``constants``: new dicts (`program` keeps its
+    own), with every new constant, without the targets of the dropped placeholders (a target
+    a placeholder left still names stays: tied weights)."""
+    state_dict, constants = dict(program.state_dict), dict(program.constants)
+    constants.update((c.target, c.value) for c in new_constants)
+    for target in removed_targets - {s.target for s in input_specs}:
+        state_dict.pop(target, None)
+        constants.pop(target, None)
+    return state_dict, constants
+
+
+def _lifted_rows(placement: Placement, specs: dict, state_dict: dict, constants: dict,
+                 nonfinite: NonfiniteScan) -> list[LiftedConstant]:
+    """The report rows of the new constants (private copies have theirs from `place`), then of
+    the stored placeholders reused."""
+    rows = []
+    for c in placement.new_constants:
+        if not c.private:
+            rows.append(lifted_row(c.name, c.target, c.replaces, c.value, reused=False, moved=not c.computed,
+                                   nonfinite=c.computed and nonfinite(c.value, c.source)))
+    for p, nodes in placement.reused.items():
+        t = stored_tensor(specs[p.name], state_dict, constants)
+        rows.append(lifted_row(p.name, specs[p.name].target, [n.name for n in nodes], t, reused=True,
+                               nonfinite=nonfinite(t, *nodes)))
+    return rows
+
+
+def _assemble(program: ExportedProgram, signature: ExportGraphSignature, state_dict: dict, constants: dict,
+              bound: dict, fake_mode) -> ExportedProgram:
+    """The folded program around `program`'s edited graph: the metadata of the bound symbols
+    refreshed, a new GraphModule holding the attributes its get_attrs read
+    (`hops.graph_module`), the range constraints of the bound symbols dropped."""
+    graph, source_gm = program.graph, program.graph_module
+    refresh_meta(graph, bound, fake_mode)
+    gm = graph_module(source_gm, graph, source_gm.__class__.__name__)
+    gm.meta.update(source_gm.meta)
+    reserve_node_names(gm)
+    return program_with(
+        program, graph_module=gm, graph_signature=signature, state_dict=state_dict, constants=constants,
+        range_constraints=drop_bound_ranges(copy.deepcopy(program.range_constraints), bound, graph),
+        module_call_graph=copy.deepcopy(program.module_call_graph),
+    )
 
 
 def _copy_provenance(source: torch.fx.Node, node: torch.fx.Node) -> None:
@@ -303,32 +308,6 @@ def _check(program: ExportedProgram) -> None:
             f"folding produced an invalid program (a bug in the folding stage, please report it): "
             f"{type(e).__name__}: {e}"
         ) from e
-
-
-class _Lookup:
-    """Maps an original node to its copy, or a folded node to the placeholder holding its value
-    (for a reader with a private placeholder of that value, to that one)."""
-
-    def __init__(self, env, target_of, private=None) -> None:
-        self.env, self.target_of, self.private = env, target_of, private or {}
-
-    def for_reader(self, reader: torch.fx.Node):
-        if not self.private:
-            return self
-
-        def lookup(n: torch.fx.Node) -> torch.fx.Node:
-            copy_c = self.private.get((reader, n))
-            return copy_c.placeholder if copy_c is not None else self(n)
-
-        return lookup
-
-    def __call__(self, n: torch.fx.Node) -> torch.fx.Node:
-        if n in self.env:
-            return self.env[n]
-        hit = self.target_of[n]
-        if isinstance(hit, Literal):
-            return hit.value
-        return self.env[hit.source] if isinstance(hit, NewConstant) else self.env[hit]
 
 
 def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.Tensor:

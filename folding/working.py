@@ -3,10 +3,11 @@ rewrites that come before analysis (`readers.read_through_transposes`, then
 `bodies.hoist_body_constants`).
 
 The program being folded is never edited. The first of these rewrites that applies copies
-its top-level graph; the ones after it edit that copy, and so does `lift` (``in_place``):
-whatever applies, an attempt copies the top-level graph once. An attempt that lifted its
-working program and is then discarded (over the growth budget) prepares a new one: the
-rewrites are deterministic, so it is the same program again.
+its top-level graph; the ones after it edit that copy, and so does `lift`. When none applies,
+`fold._lift` copies the top-level graph for `lift` to edit: either way, the top-level graph is
+copied once per lift. An attempt that lifted its working program and is then discarded (over
+the growth budget) prepares a new one: the rewrites are deterministic, so it is the same
+program again.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from .report import PhaseTimer
 class Working:
     """Attributes:
         program: what the attempt folds.
-        owned: ``program``'s top-level GraphModule is a copy this attempt made: `lift` may
-            edit it in place (False: it is the program being folded, `lift` builds anew).
+        owned: ``program``'s top-level GraphModule is a copy this attempt made, which `lift`
+            edits (False: it is the program being folded, and `fold._lift` copies it first).
         owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
         visits: nodes the rewrites' analyses visited (`FoldReport.analysis_visits`).
         transposes: names of the transposes that replace their matrix when folded
