@@ -221,7 +221,7 @@ def _lower(row: QnnRow, module, inputs, skip_node_op_set):
         manager, partitioner, row.fold_time_s = _lower_with_constant_prop_pass(module, inputs, specs, skip_node_op_set)
         return manager, partitioner
     manager = qnn.to_edge_transform_and_lower_to_qnn(module, inputs, specs, skip_node_op_set=skip_node_op_set)
-    partitioner = manager.qnn_partitioners["forward"]
+    partitioner = qnn.qnn_partitioners(manager)["forward"]
     if partitioner.fold_reports:
         row.fold_time_s = sum(r.timings.get("total", 0.0) for r in partitioner.fold_reports)
     return manager, partitioner

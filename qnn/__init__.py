@@ -3,6 +3,7 @@
     import qnn
     specs = qnn.generate_qnn_executorch_compiler_spec(soc, backend_options, fold_constants=True)
     edge = qnn.to_edge_transform_and_lower_to_qnn(model, inputs, specs)
+    reports = qnn.qnn_partitioners(edge)["forward"].fold_reports
     # or, in the stock flow:
     # to_edge_transform_and_lower(ep, transform_passes=passes, partitioner=[qnn.QnnPartitioner(specs)])
 """
@@ -18,7 +19,7 @@ from .pass_manager import pass_manager_cls
 from .compile_spec import (FOLD_CONSTANTS_KEY, FoldSpec, generate_qnn_executorch_compiler_spec, split_compile_specs,
                            with_fold_constants)
 from .errors import CompileSpecError, ControlFlowNotSupportedError, EncodingLostError, QnnFoldingError, QnnSdkError
-from .lowering import PartitionSummary, describe_partitions, to_edge_transform_and_lower_to_qnn
+from .lowering import PartitionSummary, describe_partitions, qnn_partitioners, to_edge_transform_and_lower_to_qnn
 from .partitioner import QnnPartitioner, kept_whole_ops
 from .report import PartitionRecord, QnnPartitionReport
 from .recipes import export_recipe
@@ -44,6 +45,7 @@ __all__ = [
     "load_qnn_sdk",
     "pass_manager_cls",
     "prevent_sdk_download",
+    "qnn_partitioners",
     "run_pte",
     "try_load_qnn_sdk",
     "split_compile_specs",

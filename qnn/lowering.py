@@ -1,4 +1,5 @@
-"""`to_edge_transform_and_lower_to_qnn` with the fold stage, and `describe_partitions`.
+"""`to_edge_transform_and_lower_to_qnn` with the fold stage, `qnn_partitioners` and
+`describe_partitions`.
 
 Mirrors ``to_edge_transform_and_lower_to_qnn`` in executorch/backends/qualcomm/utils/utils.py
 step by step, with `qnn.QnnPartitioner` as the partitioner; the fold stage runs in its
@@ -21,12 +22,16 @@ Where `to_edge_transform_and_lower_to_qnn` differs from executorch's function, a
   outputs copied into the caller's memory (`folding.copy_control_flow_outputs`), so that the
   plain ``to_executorch()`` the caller runs is not hit by executorch issue 21490;
 - a multi-method call with ``dump_intermediate_outputs`` raises ``ValueError`` where
-  executorch asserts.
+  executorch asserts;
+- its partitioners are found with `qnn_partitioners(manager)`: nothing is added to the
+  ``EdgeProgramManager`` it returns (a module-level ``weakref.WeakKeyDictionary`` keyed by the
+  manager holds them, and lets them go with it).
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -52,6 +57,41 @@ from .pass_manager import pass_manager_cls, with_control_flow_passes
 from .partitioner import QnnPartitioner
 
 logger = logging.getLogger(__name__)
+
+# manager returned by `to_edge_transform_and_lower_to_qnn` -> method name -> its QnnPartitioner.
+# Weak keys: an entry lives as long as the manager; EdgeProgramManager hashes by identity.
+_PARTITIONERS: "weakref.WeakKeyDictionary[EdgeProgramManager, Dict[str, QnnPartitioner]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def qnn_partitioners(manager: EdgeProgramManager) -> Dict[str, QnnPartitioner]:
+    """The `qnn.QnnPartitioner` of each method `to_edge_transform_and_lower_to_qnn` lowered
+    into `manager` (their ``fold_reports`` and ``reports`` hold the fold and partition decisions).
+
+    Nothing is stored on `manager`: the partitioners are kept beside it, for as long as it lives.
+
+    Args:
+        manager: an ``EdgeProgramManager`` returned by `qnn.to_edge_transform_and_lower_to_qnn`
+            (or `qnn.fold_on.to_edge_transform_and_lower_to_qnn`) itself.
+
+    Returns:
+        A new dict, method name -> `qnn.QnnPartitioner` (the partitioners themselves, not copies).
+
+    Raises:
+        ValueError: `manager` was not returned by our lowering function (e.g. executorch's own
+            ``to_edge_transform_and_lower_to_qnn`` made it, or it is a manager derived from ours,
+            such as ``manager.transform(...)``'s result).
+    """
+    try:
+        partitioners = _PARTITIONERS.get(manager)
+    except TypeError:  # not weak-referenceable: not an EdgeProgramManager
+        partitioners = None
+    if partitioners is None:
+        raise ValueError(
+            f"qnn.qnn_partitioners: this {type(manager).__name__} was not returned by "
+            "qnn.to_edge_transform_and_lower_to_qnn, so it has no qnn.QnnPartitioner recorded (a manager from "
+            "executorch's own lowering function, or one derived from ours, has none)")
+    return dict(partitioners)
 
 
 def to_edge_transform_and_lower_to_qnn(
@@ -83,8 +123,8 @@ def to_edge_transform_and_lower_to_qnn(
             are computed with exactly the to-edge passes this call builds.
 
     Returns:
-        The lowered ``EdgeProgramManager``; ``.qnn_partitioners`` maps each method name to its
-        `qnn.QnnPartitioner`.
+        The lowered ``EdgeProgramManager`` (nothing added to it); `qnn.qnn_partitioners` of it
+        maps each method name to its `qnn.QnnPartitioner`.
     """
     disable_mkldnn_on_amd()
     if not isinstance(module, dict):
@@ -111,7 +151,7 @@ def to_edge_transform_and_lower_to_qnn(
         )
     if any(control_flow_calls(manager.exported_program(name)) for name in manager.methods):
         manager = copy_control_flow_outputs(manager)
-    manager.qnn_partitioners = partitioners
+    _PARTITIONERS[manager] = partitioners
     return manager
 
 

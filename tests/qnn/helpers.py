@@ -109,7 +109,7 @@ def delegates_without_runtime_input(manager: EdgeProgramManager) -> list:
 
 
 def partitioner_of(manager: EdgeProgramManager) -> "qnn.QnnPartitioner":
-    return manager.qnn_partitioners["forward"]
+    return qnn.qnn_partitioners(manager)["forward"]
 
 
 # -- checks ------------------------------------------------------------------------------

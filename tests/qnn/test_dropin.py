@@ -25,6 +25,7 @@ from executorch.backends.qualcomm._passes import TagQuantIO
 from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager
 from executorch.backends.qualcomm.quantizer.quantizer import QuantDtype
 from executorch.backends.qualcomm.utils.utils import generate_htp_compiler_spec
+from executorch.backends.qualcomm.utils.utils import to_edge_transform_and_lower_to_qnn as executorch_lower
 from executorch.backends.qualcomm.utils.constants import (
     QCOM_PASS_ACTIVATE_KEY,
     QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY,
@@ -81,7 +82,7 @@ def test_program_qnn_export_passes_leave_a_stale_output_spec_lowers_with_folding
     manager = lower_with_wrapper(module, inputs, compiler_specs(True))
     assert qnn.describe_partitions(manager).partitions == 1
     assert_runs_on_htp(manager, module, inputs)
-    (report,) = manager.qnn_partitioners["forward"].fold_reports
+    (report,) = qnn.qnn_partitioners(manager)["forward"].fold_reports
     assert report.repairs and "OutputSpec 0" in report.repairs[0], report.repairs
 
 
@@ -110,6 +111,31 @@ def test_fold_constants_on_a_stale_output_spec_leaves_the_callers_program_alone(
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
     in_place = fold_constants(ep, inplace=True)
     assert in_place.program is ep and _stale_names(ep) == []
+
+
+# -- the returned manager is executorch's, unchanged (issue 32) ------------------------------
+
+
+def test_manager_gets_no_attribute_and_qnn_partitioners_finds_its_fold_report():
+    """Nothing is added to the ``EdgeProgramManager``: its attributes are those of the manager
+    executorch's own function returns for the same program; `qnn.qnn_partitioners` finds the
+    partitioners, and refuses a manager our function did not return with a clear error."""
+    module, inputs = Fn(lambda x: x + torch.arange(8.0) * 2.0).eval(), (_rand(2, 8),)
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True))
+    theirs = executorch_lower(module, inputs, compiler_specs(False))
+
+    assert not hasattr(manager, "qnn_partitioners")
+    assert sorted(vars(manager)) == sorted(vars(theirs))
+    partitioners = qnn.qnn_partitioners(manager)
+    assert list(partitioners) == ["forward"] and isinstance(partitioners["forward"], qnn.QnnPartitioner)
+    (report,) = partitioners["forward"].fold_reports
+    assert report.folded, report.to_markdown()
+    partitioners.clear()  # a new dict each call: the caller's copy, not ours
+    assert qnn.qnn_partitioners(manager)["forward"].fold_reports == [report]
+
+    for other in (theirs, object()):
+        with pytest.raises(ValueError, match="not returned by qnn.to_edge_transform_and_lower_to_qnn"):
+            qnn.qnn_partitioners(other)
 
 
 # -- Qualcomm's LLM pipeline shape -----------------------------------------------------------
@@ -195,7 +221,7 @@ def test_llm_pipeline_shape_lowers_with_callbacks_on_the_callers_object(fold):
         assert taggers[name].asked, f"{name}: the TagQuantIO callback never ran on the caller's object"
         summary = qnn.describe_partitions(manager, name)
         assert summary.partitions == 1 and summary.cpu_op_count == 0, (name, summary)
-        assert bool(manager.qnn_partitioners[name].fold_reports) == fold
+        assert bool(qnn.qnn_partitioners(manager)[name].fold_reports) == fold
     assert manager.to_executorch().buffer
 
 
