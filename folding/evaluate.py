@@ -49,7 +49,7 @@ Learnt = Union[KeepAliasClass, UndeclaredWrite]
 
 
 class _Stop(Exception):
-    """Ends `FoldInterpreter.evaluate` early; never leaves this module (`evaluate` returns what
+    """Ends `FoldInterpreter.run` early; never leaves this module (`evaluate` returns what
     it carries as ``Evaluation.learnt``)."""
 
     def __init__(self, learnt: Learnt) -> None:
@@ -102,7 +102,8 @@ def evaluate(
     """
     interpreter = FoldInterpreter(module, plan, analysis, placeholder_value)
     try:
-        return interpreter.evaluate()
+        with torch.no_grad():
+            return interpreter.run(enable_io_processing=False)
     except _Stop as stop:
         return Evaluation(learnt=stop.learnt, evaluated=interpreter.out.evaluated)
 
@@ -111,16 +112,20 @@ class _OpRaised(Exception):
     """The op of a folded node raised (the only error evaluation turns into a kept node)."""
 
 
-class FoldInterpreter(torch.fx.Interpreter):
-    """A ``torch.fx.Interpreter`` over the folded nodes of a plan only.
+# The ``env`` value of a node that evaluation holds no value for: a runtime input or op, a
+# kept node, an assertion.
+_NO_VALUE = object()
 
-    It differs from ``Interpreter.run`` in what it visits and what it keeps: `evaluate` runs
-    ``plan.evaluated`` in order (not the whole graph), loads a constant placeholder or get_attr
-    the first time a folded node reads it (``placeholder_value``, ``fetch_attr``), hands ops
-    copy-on-write clones of inputs they are not known to write (`_WriteGuard`), frees each value
-    after ``plan.release`` says it is last used (``env`` keeps nothing else), and stores the
-    ``plan.materialise`` values as owned, canonical-layout tensors. Only an error raised by an
-    op keeps a node (``Reason.EVALUATION_ERROR``); an error in the framework itself propagates.
+
+class FoldInterpreter(torch.fx.Interpreter):
+    """A ``torch.fx.Interpreter`` over the folded nodes of a plan: ``run()`` returns the
+    `Evaluation`. The ``placeholder`` hook gives a constant placeholder's stored tensor
+    (``placeholder_value``), ``get_attr`` the attribute. ``run_node`` runs the ops of
+    ``plan.evaluated`` only (any other node holds `_NO_VALUE`), hands them copy-on-write clones
+    of inputs they are not known to write (`_WriteGuard`), and frees each value after
+    ``plan.release`` says it is last used, storing the ``plan.materialise`` values as owned,
+    canonical-layout tensors. Only an error raised by an op keeps a node
+    (``Reason.EVALUATION_ERROR``); an error in the framework itself propagates unchanged.
     """
 
     def __init__(
@@ -131,18 +136,33 @@ class FoldInterpreter(torch.fx.Interpreter):
         placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
     ) -> None:
         super().__init__(module, garbage_collect_values=False)  # plan.release frees values
+        self.extra_traceback = False  # errors propagate as raised
         self.plan, self.analysis, self.placeholder_value = plan, analysis, placeholder_value
         self.out = Evaluation()
+        self._placeholders = {n.target: n for n in self.graph.find_nodes(op="placeholder")}
+        self._position = {n: i for i, n in enumerate(plan.evaluated)}
+        self._due = _release_schedule(plan)
+        self._released = 0  # ``_due`` is done for the positions before this one
         self._materialise = set(plan.materialise)  # grows where a kept node's folded inputs are stored
         self._caller_storages: set[int] = set()
-        self._live_bytes: dict[torch.fx.Node, int] = {}
-        self._live_total = 0
+        self._live = _LiveBytes(self.out)
         self._guard: Optional[_WriteGuard] = None
 
-    # -- Interpreter hooks ----------------------------------------------------------------
+    def run_node(self, n: torch.fx.Node) -> object:
+        if n.op in ("placeholder", "get_attr"):
+            return super().run_node(n)
+        position = len(self.plan.evaluated) if n.op == "output" else self._position.get(n)
+        if position is None:
+            return _NO_VALUE  # a runtime op
+        self._release_before(position)
+        return self.out if n.op == "output" else self._evaluate_node(n)
+
+    def placeholder(self, target, args, kwargs) -> object:
+        node = self._placeholders[target]
+        return self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
 
     def map_nodes_to_values(self, args, n: torch.fx.Node):
-        lookup = self._lookup_for(n)
+        lookup = _metadata_lookup(n, self._load, self.analysis)
         if self._guard is not None:
             lookup = self._guard.wrap(lookup)
         return map_arg(args, lookup)
@@ -154,62 +174,48 @@ class FoldInterpreter(torch.fx.Interpreter):
         except Exception as e:  # the op fails at runtime the same way: keep the node
             raise _OpRaised(f"{type(e).__name__}: {e}".strip()) from e
 
-    # -- evaluation -----------------------------------------------------------------------
-
-    def evaluate(self) -> Evaluation:
-        """Evaluate ``plan.evaluated``; returns the `Evaluation`."""
-        due: dict[int, list[torch.fx.Node]] = {}
-        for n, i in self.plan.release.items():
-            due.setdefault(i, []).append(n)
-        with torch.no_grad():
-            for index, node in enumerate(self.plan.evaluated):
-                self._evaluate_node(node)
-                for done in due.pop(index, ()):
-                    self._release(done)
-        return self.out
-
-    def _evaluate_node(self, node: torch.fx.Node) -> None:
+    def _evaluate_node(self, node: torch.fx.Node) -> object:
+        """Run `node`; returns the value ``env`` holds for it."""
         out = self.out
         blocked = next((i for i in node.all_input_nodes if i in out.kept), None)
         if blocked is not None:
-            self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
-            return
+            return self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
         self._guard = _WriteGuard(node, self.analysis)
         try:
-            result = self.run_node(node)
+            result = super().run_node(node)
         except _OpRaised as e:
-            self._keep(node, Reason.EVALUATION_ERROR, str(e))
-            return
+            return self._keep(node, Reason.EVALUATION_ERROR, str(e))
         finally:
             guard, self._guard = self._guard, None
         out.evaluated += 1
         guard.check()
         out.symbols.update(bindings(node, result))
         if self.analysis.kind[node] is OpKind.ASSERTION:
-            return
+            return _NO_VALUE
         if isinstance(result, (int, float, bool)):
-            self.env[node] = result  # a scalar: never stored; `lift` inlines it into readers
-        elif not holds_tensors(result):
-            self._keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
-        else:
-            if is_uninitialised_allocation(node.target):
-                result.zero_()
-            self.env[node] = result
-            if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):
-                self._live_bytes[node] = result.nbytes
-                self._live_total += result.nbytes
-                out.peak_intermediate_bytes = max(out.peak_intermediate_bytes, self._live_total)
+            return result  # a scalar: never stored; `lift` inlines it into readers
+        if not holds_tensors(result):
+            return self._keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
+        if is_uninitialised_allocation(node.target):
+            result.zero_()
+        if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):
+            self._live.add(node, result.nbytes)
+        return result
 
-    def _release(self, node: torch.fx.Node) -> None:
-        """`node`'s value is no longer read: drop it, storing it first if it is materialised."""
-        value = self.env.pop(node, None)
-        self._live_total -= self._live_bytes.pop(node, 0)
-        if node in self._materialise and isinstance(value, torch.Tensor):
-            self.out.values[node] = owned_canonical(value, self._caller_storages)
-        elif node in self._materialise and isinstance(value, (int, float, bool)):
-            self.out.values[node] = value
+    def _release_before(self, position: int) -> None:
+        """Drop the values last used before ``plan.evaluated[position]``, storing each first if
+        it is materialised."""
+        for index in range(self._released, position):
+            for node in self._due.pop(index, ()):
+                value = self.env.pop(node, None)
+                self._live.drop(node)
+                if node in self._materialise and isinstance(value, torch.Tensor):
+                    self.out.values[node] = owned_canonical(value, self._caller_storages)
+                elif node in self._materialise and isinstance(value, (int, float, bool)):
+                    self.out.values[node] = value
+        self._released = position
 
-    def _keep(self, node: torch.fx.Node, reason: Reason, detail: str) -> None:
+    def _keep(self, node: torch.fx.Node, reason: Reason, detail: str) -> object:
         root = self.analysis.class_of(node)
         if root is not None:
             raise _Stop(KeepAliasClass(root, reason, f"{node.name}: {detail}"))
@@ -218,38 +224,60 @@ class FoldInterpreter(torch.fx.Interpreter):
         for i in node.all_input_nodes:
             if self.plan.folded(i) and i not in self.out.kept:
                 self._materialise.add(i)
+        return _NO_VALUE
 
     def _load(self, node: torch.fx.Node) -> object:
-        """The value of an input of a folded node: computed, or a constant loaded on first use."""
-        if node in self.env:
-            return self.env[node]
-        if node.op == "placeholder":
-            value = self.placeholder_value(node)
-            if isinstance(value, torch.Tensor):
-                self._caller_storages.update(storage_pointers(value))
-        elif node.op == "get_attr":
-            value = self.fetch_attr(node.target)
-        else:
+        """The value of an input of a folded node; a placeholder's storages are the caller's."""
+        value = self.env.get(node, _NO_VALUE)
+        if value is _NO_VALUE:
             raise KeyError(f"{node.name} is read before it is evaluated")  # a planner bug
-        self.env[node] = value
+        if node.op == "placeholder" and isinstance(value, torch.Tensor):
+            self._caller_storages.update(storage_pointers(value))
         return value
 
-    def _lookup_for(self, node: torch.fx.Node) -> Callable[[torch.fx.Node], object]:
-        """`_load`, except that an op reading only the metadata of its first argument (``size``,
-        ``empty_like`` ...) gets a zero tensor of that argument's static shape when it is not
-        constant."""
-        if not reads_only_metadata(node.target):
-            return self._load
-        meta_arg = node.args[0] if node.args else None
 
-        def lookup(n: torch.fx.Node):
-            if n is meta_arg and n not in self.env and not self.analysis.is_constant(n):
-                val = n.meta["val"]  # a runtime tensor of static shape: only its metadata is read
-                shape, stride = concrete_ints(val.shape), concrete_ints(val.stride())
-                return torch.zeros_like(torch.empty_strided(shape, stride, dtype=val.dtype))
-            return self._load(n)
+class _LiveBytes:
+    """The bytes of the live intermediate tensors an evaluation holds (views count 0); their
+    largest sum is its ``peak_intermediate_bytes``."""
 
-        return lookup
+    def __init__(self, out: Evaluation) -> None:
+        self.out, self.total, self.of = out, 0, {}
+
+    def add(self, node: torch.fx.Node, nbytes: int) -> None:
+        self.of[node] = nbytes
+        self.total += nbytes
+        self.out.peak_intermediate_bytes = max(self.out.peak_intermediate_bytes, self.total)
+
+    def drop(self, node: torch.fx.Node) -> None:
+        self.total -= self.of.pop(node, 0)
+
+
+def _release_schedule(plan: Plan) -> dict[int, list[torch.fx.Node]]:
+    """Position in ``plan.evaluated`` -> the nodes whose value is last used there."""
+    due: dict[int, list[torch.fx.Node]] = {}
+    for n, i in plan.release.items():
+        due.setdefault(i, []).append(n)
+    return due
+
+
+def _metadata_lookup(
+    node: torch.fx.Node, load: Callable[[torch.fx.Node], object], analysis: Analysis
+) -> Callable[[torch.fx.Node], object]:
+    """`load`, except that an op reading only the metadata of its first argument (``size``,
+    ``empty_like`` ...) gets a zero tensor of that argument's static shape when it is not
+    constant."""
+    if not reads_only_metadata(node.target):
+        return load
+    meta_arg = node.args[0] if node.args else None
+
+    def lookup(n: torch.fx.Node):
+        if n is meta_arg and not analysis.is_constant(n):
+            val = n.meta["val"]  # a runtime tensor of static shape: only its metadata is read
+            shape, stride = concrete_ints(val.shape), concrete_ints(val.stride())
+            return torch.zeros_like(torch.empty_strided(shape, stride, dtype=val.dtype))
+        return load(n)
+
+    return lookup
 
 
 class _WriteGuard:

@@ -3,9 +3,9 @@
 A value equal, byte for byte, to a stored tensor reuses it (`dedup.IdenticalTensors`); a
 scalar becomes a literal of its readers; any other value becomes a new lifted constant. Two
 executorch 1.5.1 delegation faults then decide which readers get a placeholder of their own
-(same tensor, stored once): `_private_readers` and `_Placer.add_returned_stored_placeholders`
-cite the executorch code each works around; so does torch's refusal of a loop whose operands
-alias (`_Placer.add_distinct_loop_operands`).
+(same tensor, stored once): `_private_readers` and `_add_returned_stored_placeholders` cite
+the executorch code each works around; so does torch's refusal of a loop whose operands alias
+(`_add_distinct_loop_operands`).
 """
 
 from __future__ import annotations
@@ -87,14 +87,17 @@ def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[tor
         nonfinite: the fold's `NonfiniteScan`, for the report rows.
     """
     placer = _Placer(program, folded, constant_placeholders, set(taken), nonfinite)
-    placer.place_values(values)
-    placer.add_private_placeholders(private_readers)
-    placer.add_returned_stored_placeholders()
-    placer.add_distinct_loop_operands()
+    _place_values(placer, values)
+    _add_private_placeholders(placer, private_readers)
+    _add_returned_stored_placeholders(placer)
+    _add_distinct_loop_operands(placer)
     return placer.out
 
 
 class _Placer:
+    """What the placement steps read (the program, its folded nodes and constant
+    placeholders), the `Placement` they fill, and how they add a new constant."""
+
     def __init__(self, program, folded, constant_placeholders, taken, nonfinite) -> None:
         self.source, self.folded, self.constant_placeholders = program, folded, constant_placeholders
         self.specs = input_specs_by_name(program.graph_signature)
@@ -102,114 +105,27 @@ class _Placer:
         self.out = Placement(taken=taken)
         self.nonfinite = nonfinite
 
-    # 1. Where every stored value goes: an identical stored tensor, or a new constant.
-    def place_values(self, values: dict[torch.fx.Node, torch.Tensor]) -> None:
-        state_dict, constants = self.source.state_dict, self.source.constants
-        dedup = IdenticalTensors({
-            p: stored_tensor(self.specs[p.name], state_dict, constants)
-            for p in self.source.graph.nodes if p.op == "placeholder" and p in self.constant_placeholders
-        })
-        for node in self.source.graph.nodes:
-            value = values.get(node) if node in self.folded else None
-            if value is None:
-                continue
-            if not isinstance(value, torch.Tensor):  # a scalar: written into the ops that read it
-                self.out.target_of[node] = Literal(value)
-                continue
-            hit = dedup.find(value)
-            if hit is None:
-                hit = self._new_constant(node, value)
-                dedup.add(hit, value)
-            if isinstance(hit, NewConstant):
-                hit.replaces.append(node.name)
-                hit.computed |= node.op != "get_attr"
-            else:
-                self.out.reused.setdefault(hit, []).append(node)
-            self.out.lifted_as[node.name] = hit.name
-            self.out.target_of[node] = hit
+    def stored(self, p: torch.fx.Node) -> Optional[torch.Tensor]:
+        """The stored tensor of placeholder `p`."""
+        return stored_tensor(self.specs[p.name], self.source.state_dict, self.source.constants)
 
-    def _new_constant(self, source: torch.fx.Node, value: torch.Tensor, private: bool = False) -> NewConstant:
+    def new_constant(self, source: torch.fx.Node, value: torch.Tensor, private: bool = False) -> NewConstant:
         target = lifted_constant_target(source.name, self.out.taken)
         c = NewConstant(CONSTANT_PREFIX + target, target, value, source, private=private)
         self.out.taken.update((target, c.name))
         self.out.new_constants.append(c)
         return c
 
-    # 2. Private placeholders (same tensor, own name and target) for the readers of a new
-    # constant that executorch 1.5.1's delegation mishandles when they share one placeholder.
-    def add_private_placeholders(self, private_readers: frozenset) -> None:
-        sources: dict[int, list[torch.fx.Node]] = {}
-        for node, hit in self.out.target_of.items():
-            if isinstance(hit, NewConstant):
-                sources.setdefault(id(hit), []).append(node)
-        for c in list(self.out.new_constants):
-            for reader, source in _private_readers(sources[id(c)], self.folded, private_readers):
-                copy_c = self._new_constant(source, c.value, private=True)
-                self.out.private[(reader, source)] = copy_c
-                self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [source.name], c.value, reused=True,
-                                               nonfinite=self.nonfinite(c.value, c.source)))
+    def private_copy(self, reader: torch.fx.Node, n: torch.fx.Node, t: torch.Tensor,
+                     scanned_as: torch.fx.Node) -> None:
+        """`reader` reads `n` through a new placeholder holding `t`, with its report row;
+        `scanned_as`: the node the NaN/Inf scan names as the source."""
+        copy_c = self.new_constant(n, t, private=True)
+        self.out.private[(reader, n)] = copy_c
+        self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [n.name], t, reused=True,
+                                        nonfinite=self.nonfinite(t, scanned_as)))
 
-    def add_returned_stored_placeholders(self) -> None:
-        """A parameter, buffer or constant that the graph output returns (directly, or as the
-        stored tensor a folded value equals) while an op also reads it is returned through a
-        placeholder of its own (same bytes, stored once by the serializer) and a copy.
-
-        Why: executorch 1.5.1's delegation tags a constant with the partition of the ops that
-        read it and raises when another reader is the untagged output ("constant data node
-        (p_p) is tagged with (tag0) but has user (output) which has tag (None)",
-        ``exir/backend/backend_api.py``, ``_get_node_list_with_same_tag``); a copy of the
-        shared placeholder is not enough either (XNNPACK's conv1d reshapes its weight to 4-D
-        in place: the copy returns 4-D data). Folding makes an op's other operands constant,
-        so the partitioner starts taking the stored tensor (``F.linear(x, b + b, p), p``): the
-        unfolded program lowered, the folded one must too."""
-        output = self.source.graph.output_node()
-        stored_as: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # placeholder -> folded values equal to it
-        for n, hit in self.out.target_of.items():
-            if isinstance(hit, torch.fx.Node):
-                stored_as.setdefault(hit, []).append(n)
-        for a in self._returned(output):
-            stored = a if self._is_stored(a) else self.out.target_of.get(a)
-            if not isinstance(stored, torch.fx.Node) or (output, a) in self.out.private:
-                continue
-            if stored not in self.constant_placeholders:
-                continue  # a buffer the program writes: the output returns its written value
-            if not self._read_by_an_op(stored, stored_as):
-                continue
-            self._private_copy(output, a, stored, scanned_as=stored)
-
-    def add_distinct_loop_operands(self) -> None:
-        """A loop (``map``, ``scan``, ``while_loop``) that would receive one stored tensor twice,
-        once as an operand that changes per call (the carry, the mapped or scanned inputs) and
-        again as any other operand, reads the second through a placeholder of its own (same
-        tensor, stored once by the serializer).
-
-        Why: torch refuses a HOP whose operands alias ("scan might be aliasing the input or the
-        output!", torch/_higher_order_ops/utils.py, checked when ``to_edge`` traces the program
-        again). Folding makes two values stored tensors, and identical bytes make them one
-        (``zeros(())`` as the carry, ``(arange(1) / 1).reshape(())`` read by the body). Repeats
-        among the invariant operands alone are merged instead (`bodies.merge_duplicate_operands`).
-        One node passed twice (a buffer as the carry and read by the body) is the caller's own
-        aliasing, which folding did not make, and a reader's private placeholder would replace
-        both occurrences: it is left as it is."""
-        for hop in self.source.graph.nodes:
-            kind = hop_kind(hop)
-            if kind is None or hop in self.folded:
-                continue
-            varying = kind.varying_operands(hop)
-            if not varying:
-                continue
-            first: dict[int, tuple[torch.fx.Node, bool]] = {}  # storage -> first operand, and if it varies
-            for position, n in enumerate(varying + kind.invariant_operands(hop)):
-                storage = self._storage(n)
-                if storage is None:
-                    continue
-                is_varying = position < len(varying)
-                if id(storage) in first and (is_varying or first[id(storage)][1]) and (hop, n) not in self.out.private:
-                    if n is not first[id(storage)][0]:  # the same node twice: the program passed it so
-                        self._private_copy(hop, n, storage)
-                first.setdefault(id(storage), (n, is_varying))
-
-    def _storage(self, n: object) -> Optional[object]:
+    def storage(self, n: object) -> Optional[object]:
         """What holds `n`'s value after lifting: a stored placeholder or a `NewConstant`; None for
         a runtime value or a literal."""
         if not isinstance(n, torch.fx.Node):
@@ -219,37 +135,134 @@ class _Placer:
             return None if isinstance(hit, Literal) else hit
         return n if n in self.constant_placeholders else None
 
-    def _private_copy(self, reader: torch.fx.Node, n: torch.fx.Node, storage: object,
-                      scanned_as: Optional[torch.fx.Node] = None) -> None:
-        """`reader` reads `n` through a new placeholder holding a copy of `storage`'s tensor
-        (a `NewConstant`, or a stored placeholder), with its report row; torch's alias check
-        compares storages, so the copy owns its own; the serializer stores identical bytes once.
-        `scanned_as`: the node the NaN/Inf scan names as the source (default `n`)."""
-        if isinstance(storage, NewConstant):
-            t = storage.value
-        else:
-            t = stored_tensor(self.specs[storage.name], self.source.state_dict, self.source.constants)
-        t = t if is_subclass(t) else canonical_copy(t.detach())
-        copy_c = self._new_constant(n, t, private=True)
-        self.out.private[(reader, n)] = copy_c
-        self.out.rows.append(lifted_row(copy_c.name, copy_c.target, [n.name], t, reused=True,
-                                        nonfinite=self.nonfinite(t, scanned_as or n)))
-
-    def _returned(self, output: torch.fx.Node) -> list[torch.fx.Node]:
-        """The nodes the graph output returns as user outputs, each once."""
-        flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-        user = [a for a, spec in zip(flat, self.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
-        return list(dict.fromkeys(a for a in user if isinstance(a, torch.fx.Node)))
-
-    def _is_stored(self, n: torch.fx.Node) -> bool:
+    def is_stored(self, n: torch.fx.Node) -> bool:
         spec = self.specs.get(n.name) if n.op == "placeholder" else None
         return spec is not None and spec.kind in STORED_KINDS
 
-    def _read_by_an_op(self, p: torch.fx.Node, stored_as: dict) -> bool:
-        """True when a surviving op (not the output) reads placeholder `p`, directly or through
-        a folded value stored as `p`'s tensor (`stored_as`)."""
-        sources = [p] + stored_as.get(p, [])
-        return any(u not in self.folded and u.op != "output" for s in sources for u in s.users)
+
+def _place_values(placer: _Placer, values: dict[torch.fx.Node, torch.Tensor]) -> None:
+    """Where every stored value goes: an identical stored tensor, or a new constant."""
+    out, graph = placer.out, placer.source.graph
+    dedup = IdenticalTensors({
+        p: placer.stored(p) for p in graph.nodes if p.op == "placeholder" and p in placer.constant_placeholders
+    })
+    for node in graph.nodes:
+        value = values.get(node) if node in placer.folded else None
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):  # a scalar: written into the ops that read it
+            out.target_of[node] = Literal(value)
+            continue
+        hit = dedup.find(value)
+        if hit is None:
+            hit = placer.new_constant(node, value)
+            dedup.add(hit, value)
+        if isinstance(hit, NewConstant):
+            hit.replaces.append(node.name)
+            hit.computed |= node.op != "get_attr"
+        else:
+            out.reused.setdefault(hit, []).append(node)
+        out.lifted_as[node.name] = hit.name
+        out.target_of[node] = hit
+
+
+def _add_private_placeholders(placer: _Placer, private_readers: frozenset) -> None:
+    """Private placeholders (same tensor, own name and target) for the readers of a new
+    constant that executorch 1.5.1's delegation mishandles when they share one placeholder
+    (`_private_readers`)."""
+    out = placer.out
+    sources: dict[int, list[torch.fx.Node]] = {}
+    for node, hit in out.target_of.items():
+        if isinstance(hit, NewConstant):
+            sources.setdefault(id(hit), []).append(node)
+    for c in list(out.new_constants):
+        for reader, source in _private_readers(sources[id(c)], placer.folded, private_readers):
+            placer.private_copy(reader, source, c.value, scanned_as=c.source)  # shares c's tensor
+
+
+def _add_returned_stored_placeholders(placer: _Placer) -> None:
+    """A parameter, buffer or constant that the graph output returns (directly, or as the
+    stored tensor a folded value equals) while an op also reads it is returned through a
+    placeholder of its own (same bytes, stored once by the serializer) and a copy.
+
+    Why: executorch 1.5.1's delegation tags a constant with the partition of the ops that
+    read it and raises when another reader is the untagged output ("constant data node
+    (p_p) is tagged with (tag0) but has user (output) which has tag (None)",
+    ``exir/backend/backend_api.py``, ``_get_node_list_with_same_tag``); a copy of the
+    shared placeholder is not enough either (XNNPACK's conv1d reshapes its weight to 4-D
+    in place: the copy returns 4-D data). Folding makes an op's other operands constant,
+    so the partitioner starts taking the stored tensor (``F.linear(x, b + b, p), p``): the
+    unfolded program lowered, the folded one must too."""
+    out = placer.out
+    output = placer.source.graph.output_node()
+    stored_as: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # placeholder -> folded values equal to it
+    for n, hit in out.target_of.items():
+        if isinstance(hit, torch.fx.Node):
+            stored_as.setdefault(hit, []).append(n)
+    for a in _returned(output, placer.output_specs):
+        stored = a if placer.is_stored(a) else out.target_of.get(a)
+        if not isinstance(stored, torch.fx.Node) or (output, a) in out.private:
+            continue
+        if stored not in placer.constant_placeholders:
+            continue  # a buffer the program writes: the output returns its written value
+        if not _read_by_an_op(stored, stored_as, placer.folded):
+            continue
+        placer.private_copy(output, a, _owned_copy(placer.stored(stored)), scanned_as=stored)
+
+
+def _add_distinct_loop_operands(placer: _Placer) -> None:
+    """A loop (``map``, ``scan``, ``while_loop``) that would receive one stored tensor twice,
+    once as an operand that changes per call (the carry, the mapped or scanned inputs) and
+    again as any other operand, reads the second through a placeholder of its own (same
+    tensor, stored once by the serializer).
+
+    Why: torch refuses a HOP whose operands alias ("scan might be aliasing the input or the
+    output!", torch/_higher_order_ops/utils.py, checked when ``to_edge`` traces the program
+    again). Folding makes two values stored tensors, and identical bytes make them one
+    (``zeros(())`` as the carry, ``(arange(1) / 1).reshape(())`` read by the body). Repeats
+    among the invariant operands alone are merged instead (`bodies.merge_duplicate_operands`).
+    One node passed twice (a buffer as the carry and read by the body) is the caller's own
+    aliasing, which folding did not make, and a reader's private placeholder would replace
+    both occurrences: it is left as it is."""
+    for hop in placer.source.graph.nodes:
+        kind = hop_kind(hop)
+        if kind is None or hop in placer.folded:
+            continue
+        varying = kind.varying_operands(hop)
+        if not varying:
+            continue
+        first: dict[int, tuple[torch.fx.Node, bool]] = {}  # storage -> first operand, and if it varies
+        for position, n in enumerate(varying + kind.invariant_operands(hop)):
+            storage = placer.storage(n)
+            if storage is None:
+                continue
+            is_varying = position < len(varying)
+            if id(storage) in first and (is_varying or first[id(storage)][1]) and (hop, n) not in placer.out.private:
+                if n is not first[id(storage)][0]:  # the same node twice: the program passed it so
+                    value = storage.value if isinstance(storage, NewConstant) else placer.stored(storage)
+                    placer.private_copy(hop, n, _owned_copy(value), scanned_as=n)
+            first.setdefault(id(storage), (n, is_varying))
+
+
+def _owned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` that owns its storage (torch's alias check compares storages; the
+    serializer stores identical bytes once); a tensor subclass is returned as it is."""
+    return t if is_subclass(t) else canonical_copy(t.detach())
+
+
+def _returned(output: torch.fx.Node, output_specs) -> list[torch.fx.Node]:
+    """The nodes the graph output returns as user outputs, each once."""
+    flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    user = [a for a, spec in zip(flat, output_specs) if spec.kind == OutputKind.USER_OUTPUT]
+    return list(dict.fromkeys(a for a in user if isinstance(a, torch.fx.Node)))
+
+
+def _read_by_an_op(p: torch.fx.Node, stored_as: dict, folded) -> bool:
+    """True when a surviving op (not the output) reads placeholder `p`, directly or through
+    a folded value stored as `p`'s tensor (`stored_as`)."""
+    sources = [p] + stored_as.get(p, [])
+    return any(u not in folded and u.op != "output" for s in sources for u in s.users)
+
 
 def _private_readers(sources: list[torch.fx.Node], folded, private_readers) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
     """(reader, folded node) pairs of a new constant (the value of `sources`) that get a
