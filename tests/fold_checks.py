@@ -68,7 +68,7 @@ def _packet(name: str) -> str:
     return parts[-2] if len(parts) >= 3 else name
 
 
-def _depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool]:
+def depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool]:
     from folding.ops import op_name
 
     user_inputs = {
@@ -139,7 +139,7 @@ def check_folded(before: ExportedProgram, result, *, storages_of: Optional[Expor
 
     # Invariant 3: a kept node reported as reading a runtime input really depends on one, and a
     # node kept for a constant-only reason really does not.
-    depends = _depends_on_user_input(before)
+    depends = depends_on_user_input(before)
     runtime_state = _mutated_buffers(before)
     by_name = {n.name: n for n in before.graph.nodes}
     for d in report.decisions:

@@ -16,7 +16,7 @@ from torch._higher_order_ops.while_loop import while_loop
 
 from folding import FoldPolicy
 from tests.fold_checks import call_targets
-from tests.test_control_flow import body_targets, fold_and_compare
+from tests.control_flow_checks import body_targets, fold_and_compare
 
 X = torch.randn(4)
 BOTH = [(X.abs() + 0.1,), (-X.abs() - 0.1,)]  # x.sum() > 0, then not
@@ -352,7 +352,7 @@ def test_the_same_programs_in_edge_dialect_and_their_pte(make, rows):
 
     from tests.fold_checks import assert_close_all, edge, export
     from tests.invariants import edge_pte, outputs, run_pte
-    from tests.test_control_flow import fold_checked
+    from tests.control_flow_checks import fold_checked
 
     inputs = [(torch.randn(3, 4),)] if rows else BOTH
     ep = edge(export(make(), inputs[0]))
@@ -410,7 +410,7 @@ class _BodyScalarUnderAConstantPredicate(nn.Module):
 def test_a_body_attribute_moved_out_is_reported_as_moved_not_folded():
     from tests.fold_checks import edge, export
     from tests.invariants import graph_module_attributes
-    from tests.test_control_flow import fold_checked
+    from tests.control_flow_checks import fold_checked
 
     strict = FoldPolicy(max_tensor_bytes=0, max_growth_bytes=0, max_growth_fraction=0.0)
     ep = edge(export(_BodyScalarUnderAConstantPredicate(), (torch.randn(3, 4),)))

@@ -14,6 +14,7 @@ import torch.nn as nn
 from benchmarks.synthetic import chain_program
 from folding import fold_constants
 from tests.invariants import assert_valid_program
+from tests.programs import RewrittenAndHoisted
 
 _SIGNATURE_FILE = "torch/export/graph_signature.py"
 
@@ -122,27 +123,6 @@ def test_the_folded_program_is_compiled_on_first_use_only():
     assert "placeholder" not in folded.graph_module.code and "def forward" in folded.graph_module.code
 
 
-class _RewrittenAndHoisted(nn.Module):
-    """A tied embedding read through its transpose (`folding.readers` rewrites the gather), and
-    a ``cond`` whose branches compute the same bytes from the same weight in two ways (moved
-    out, lifted as one constant, then passed once: `bodies.merge_duplicate_operands`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(2048, 256)  # 2 MiB: a second copy exceeds the growth budget
-        self.w = nn.Parameter(torch.randn(256) * 0.1)
-
-    def forward(self, ids, flag):
-        def yes(h, w):
-            return h * (w * 2).exp()
-
-        def no(h, w):
-            return h + (w + w).exp()
-
-        h = torch.cond(flag.sum() > 0, yes, no, (self.emb(ids), self.w))
-        return h @ self.emb.weight.t()
-
-
 def _count_node_copies(fn) -> int:
     """``Graph.node_copy`` calls while `fn` runs: how the fold copies (and rebuilds) graphs."""
     return _count_calls(fn, lambda code: code.co_name == "node_copy" and code.co_filename.endswith("torch/fx/graph.py"))
@@ -157,7 +137,7 @@ def test_each_graph_the_fold_edits_is_copied_once(dialect):
     from executorch.exir import to_edge
 
     ids, flag = torch.randint(0, 2048, (2, 7)), torch.tensor([1])
-    ep = torch.export.export(_RewrittenAndHoisted().eval(), (ids, flag))
+    ep = torch.export.export(RewrittenAndHoisted().eval(), (ids, flag))
     if dialect == "EDGE":
         ep = to_edge(ep).exported_program()
     graphs = [m.graph for m in ep.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]

@@ -24,7 +24,7 @@ from torch._higher_order_ops.map import map as hop_map
 from folding import FoldConstantsPass, FoldPolicy
 from tests.fold_checks import assert_close_all, edge, export
 from tests.invariants import outputs, run_pte
-from tests.test_control_flow import assert_each_branch_taken, fold_checked
+from tests.control_flow_checks import assert_each_branch_taken, fold_checked
 
 POLICIES = [FoldPolicy(), FoldPolicy.strict()]
 

@@ -41,10 +41,10 @@ def test_the_floor_copies_the_top_level_graph_and_each_body_the_fold_replaced(ro
     import torch
 
     from folding import fold_constants
-    from tests.test_cost import _RewrittenAndHoisted
+    from tests.programs import RewrittenAndHoisted
 
     assert row.edited_graphs == 2
-    ep = torch.export.export(_RewrittenAndHoisted().eval(), (torch.randint(0, 2048, (2, 7)), torch.tensor([1])))
+    ep = torch.export.export(RewrittenAndHoisted().eval(), (torch.randint(0, 2048, (2, 7)), torch.tensor([1])))
     edited = fold_time.edited_graphs(ep, fold_constants(ep).program)
     assert edited[0] is ep.graph_module and {id(m) for m in edited[1:]} == {id(ep.graph_module.true_graph_0),
                                                                             id(ep.graph_module.false_graph_0)}

@@ -53,7 +53,8 @@ def test_fixed_seed_control_flow_campaign_finds_no_failure():
 def test_control_flow_programs_hold_every_family_and_take_both_branches():
     """The generator makes each control-flow family, and a cond whose predicate reads the
     inputs takes one branch on the example inputs and the other on the flipped ones."""
-    from tests.test_control_flow import _BranchRecorder
+    from tests.control_flow_checks import BranchRecorder
+    from tests.fold_checks import depends_on_user_input
 
     seen_families, runtime_conds = set(), 0
     for seed in range(40):
@@ -69,8 +70,8 @@ def test_control_flow_programs_hold_every_family_and_take_both_branches():
         taken: dict[str, set] = {}
         with torch.no_grad():
             for flip in (False, True):
-                _BranchRecorder(ns["ep"].module(), taken).run(*ns["make_inputs"](3, flip))
-        depends = __import__("tests.fold_checks", fromlist=["_"])._depends_on_user_input(ns["ep"])
+                BranchRecorder(ns["ep"].module(), taken).run(*ns["make_inputs"](3, flip))
+        depends = depends_on_user_input(ns["ep"])
         for node in ns["ep"].graph.nodes:
             if node.target is torch.ops.higher_order.cond and depends[node.args[0]]:
                 runtime_conds += 1
