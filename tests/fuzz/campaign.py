@@ -72,6 +72,7 @@ class Summary:
     discard_reasons: dict = field(default_factory=dict)
     typed_errors: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
+    note_seeds: dict = field(default_factory=dict)  # note -> its first case seeds (up to 5), to rerun with --case
     failures: dict = field(default_factory=dict)  # kind -> KindSummary
     seed: int = 0
     case_seeds: list = field(default_factory=list)
@@ -184,6 +185,9 @@ def run(config: Config, progress: Optional[Callable[[int, int, int, Outcome], No
             summary.case_seeds.append(seed)
             for note in outcome.notes:
                 (typed if ": typed " in note else notes)[note] += 1
+                seeds_of = summary.note_seeds.setdefault(note, [])
+                if len(seeds_of) < 5:
+                    seeds_of.append(seed)
             if outcome.status == "ok":
                 summary.ok += 1
             elif outcome.status == "discarded":

@@ -624,7 +624,8 @@ class Case:
                 raise Failure(stage, f"{stage}: folded-wrong-unfolded-right",
                               f"inputs{label or ' (example)'}: {problem}; the unfolded .pte matches eager",
                               "wrong-output-pte-flipped" if label else "wrong-output-pte")
-            self.notes.append(f"{stage}: folded .pte wrong{label}, the unfolded .pte wrong or failing too (not the fold's)")
+            why = "wrong too" if reference is not None else "failing"
+            self.notes.append(f"{stage}: folded .pte wrong{label}, the unfolded .pte {why} (not the fold's)")
 
 
 STAGES = ("aten", "edge", "pte")
