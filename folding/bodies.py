@@ -198,9 +198,9 @@ def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy):
 
 class _Hoist:
     """Rewrites what `split_body` decided, on copies: a body the caller's program holds is
-    copied on its first edit (`_own`); the moved nodes go before the HOP (`_copy`) or into a
-    new region of the same HOP (`_wrap`, autocast and ``no_grad``); the body then reads them as
-    new operands (`_replace_with_operands`)."""
+    copied on its first edit (`_own`); the moved nodes go before the HOP (`_copy_hoisted`) or
+    into a new region of the same HOP (`_wrap_hoisted`, autocast and ``no_grad``); the body then
+    reads them as new operands (`_replace_with_operands`)."""
 
     def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, object], top: torch.fx.GraphModule) -> None:
         self.policy, self.clone_op, self.pins = policy, clone_op, pins
@@ -252,107 +252,108 @@ class _Hoist:
             if hoisted:
                 with gm.graph.inserting_before(hop):
                     if kind.wraps:
-                        values = self._wrap(gm, hop, body, hoisted, sinks, sources, path)
+                        values = _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path)
                     else:
-                        values = self._copy(gm, body, hoisted, sinks, sources, path, memo)
+                        values = _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo)
                 value_of.update(zip(sinks, values))
             moved.append((body, sinks))
         new_operands = list(dict.fromkeys(value_of.values()))  # identical values passed once
         for body, sinks in moved:
-            self._replace_with_operands(body, sinks, new_operands, value_of)
+            _replace_with_operands(body, sinks, new_operands, value_of, self.clone_op)
         hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
         _drop_unused_operands(hop)
 
-    def _copy(self, gm, body, hoisted, sinks, sources, path, memo) -> list[torch.fx.Node]:
-        """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`.
-        A node computing the same op on the same inputs as one already moved for this HOP
-        (the other branch's ``linear(w, w)``) reuses it (`memo`)."""
-        env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
-        for n in hoisted:
-            if n.op == "get_attr":
-                env[n] = move_attribute(gm, body, n.target)
-                env[n].meta = copy.copy(n.meta)
-            else:
-                key = structural_key(n, env)
-                if key is not None and key in memo:
-                    env[n] = memo[key]
-                    continue
-                env[n] = gm.graph.node_copy(n, env.__getitem__)
-                if key is not None:
-                    memo[key] = env[n]
-            env[n].meta.setdefault(BODY_PATH, path + n.name)
-        return [env[s] for s in sinks]
 
-    def _wrap(self, gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
-        """Move the hoisted nodes into a new region of the same HOP (same flags) called from
-        `gm`; returns that region's outputs (getitem nodes), one per sink."""
-        kind = hop_kind(hop)
-        region = torch.fx.Graph()
-        used = [p for p in sources if any(u in hoisted for u in p.users)]
-        env = {p: region.placeholder(p.name) for p in used}
-        for p in used:
-            env[p].meta = copy.copy(p.meta)
-        for n in hoisted:  # a get_attr resolves in the region: GraphModule copies it from `body`
-            env[n] = copy_keeping_name(region, n, env.__getitem__)
-        region.output(tuple(env[s] for s in sinks))
-        region_gm = graph_module(body, region, body.__class__.__name__)
-        name = free_attribute(gm, "submod_folded")
-        setattr(gm, name, region_gm)
-        attr = gm.graph.get_attr(name)
-        call = gm.graph.call_function(
-            hop.target, tuple(hop.args[: kind.bodies[0]]) + (attr,) + tuple(sources[p] for p in used)
-        )
-        call.meta["val"] = tuple(s.meta.get("val") for s in sinks)
-        # The region stands for every node moved into it; its getitems are glue (no decision).
-        call.meta[BODY_PATH] = _report_paths(hoisted, path)
-        out = []
-        for i, s in enumerate(sinks):
-            g = gm.graph.call_function(operator.getitem, (call, i))
-            g.meta = copy.copy(s.meta)
-            g.meta[BODY_PATH] = None
-            out.append(g)
-        return out
+def _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo) -> list[torch.fx.Node]:
+    """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`.
+    A node computing the same op on the same inputs as one already moved for this HOP
+    (the other branch's ``linear(w, w)``) reuses it (`memo`)."""
+    env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
+    for n in hoisted:
+        if n.op == "get_attr":
+            env[n] = move_attribute(gm, body, n.target)
+            env[n].meta = copy.copy(n.meta)
+        else:
+            key = structural_key(n, env)
+            if key is not None and key in memo:
+                env[n] = memo[key]
+                continue
+            env[n] = gm.graph.node_copy(n, env.__getitem__)
+            if key is not None:
+                memo[key] = env[n]
+        env[n].meta.setdefault(BODY_PATH, path + n.name)
+    return [env[s] for s in sinks]
 
-    def _replace_with_operands(self, body, sinks, new_operands, value_of) -> None:
-        """Give `body` one new placeholder per new operand (all bodies of a HOP take the same
-        operands), read its own sinks from them, and delete the moved nodes."""
-        graph = body.graph
-        own = {value_of[s]: s for s in sinks}
-        placeholders = []
-        # After the existing placeholders; a body may have none (a region or branch whose
-        # code reads no operand), so insert before the first other node.
-        with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
-            for value in new_operands:
-                name = own[value].name if value in own else value.name
-                p = graph.create_node("placeholder", name, name=name)
-                p.target = p.name
-                p.meta = {"val": value.meta.get("val")}
-                placeholders.append(p)
-        placeholder_of = dict(zip(new_operands, placeholders))
-        for s in sinks:
-            s.replace_all_uses_with(placeholder_of[value_of[s]])
-        for n in reversed(_moved_nodes(graph, sinks)):
-            graph.erase_node(n)
-        self._copy_returned_operands(graph, set(placeholders))
+def _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
+    """Move the hoisted nodes into a new region of the same HOP (same flags) called from
+    `gm`; returns that region's outputs (getitem nodes), one per sink."""
+    kind = hop_kind(hop)
+    region = torch.fx.Graph()
+    used = [p for p in sources if any(u in hoisted for u in p.users)]
+    env = {p: region.placeholder(p.name) for p in used}
+    for p in used:
+        env[p].meta = copy.copy(p.meta)
+    for n in hoisted:  # a get_attr resolves in the region: GraphModule copies it from `body`
+        env[n] = copy_keeping_name(region, n, env.__getitem__)
+    region.output(tuple(env[s] for s in sinks))
+    region_gm = graph_module(body, region, body.__class__.__name__)
+    name = free_attribute(gm, "submod_folded")
+    setattr(gm, name, region_gm)
+    attr = gm.graph.get_attr(name)
+    call = gm.graph.call_function(
+        hop.target, tuple(hop.args[: kind.bodies[0]]) + (attr,) + tuple(sources[p] for p in used)
+    )
+    call.meta["val"] = tuple(s.meta.get("val") for s in sinks)
+    # The region stands for every node moved into it; its getitems are glue (no decision).
+    call.meta[BODY_PATH] = _report_paths(hoisted, path)
+    out = []
+    for i, s in enumerate(sinks):
+        g = gm.graph.call_function(operator.getitem, (call, i))
+        g.meta = copy.copy(s.meta)
+        g.meta[BODY_PATH] = None
+        out.append(g)
+    return out
 
-    def _copy_returned_operands(self, graph: torch.fx.Graph, new: set[torch.fx.Node]) -> None:
-        """A body may return neither one of its inputs nor one value twice: torch's HOP
-        functionalization rejects outputs that alias an operand or each other
-        (``torch/_higher_order_ops/utils.py``, ``_check_alias_and_mutation``: "cond_true might
-        be aliasing the input or the output!"), which `to_edge_transform_and_lower` runs. So
-        each place the body returns a moved value gets a copy of its own (a branch returning
-        ``c.clone(), c.clone()`` of one constant ``c`` returns two copies of its operand)."""
-        output = graph.output_node()
+def _replace_with_operands(body, sinks, new_operands, value_of, clone_op) -> None:
+    """Give `body` one new placeholder per new operand (all bodies of a HOP take the same
+    operands), read its own sinks from them, and delete the moved nodes."""
+    graph = body.graph
+    own = {value_of[s]: s for s in sinks}
+    placeholders = []
+    # After the existing placeholders; a body may have none (a region or branch whose
+    # code reads no operand), so insert before the first other node.
+    with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
+        for value in new_operands:
+            name = own[value].name if value in own else value.name
+            p = graph.create_node("placeholder", name, name=name)
+            p.target = p.name
+            p.meta = {"val": value.meta.get("val")}
+            placeholders.append(p)
+    placeholder_of = dict(zip(new_operands, placeholders))
+    for s in sinks:
+        s.replace_all_uses_with(placeholder_of[value_of[s]])
+    for n in reversed(_moved_nodes(graph, sinks)):
+        graph.erase_node(n)
+    _copy_returned_operands(graph, set(placeholders), clone_op)
 
-        def copy_of(a: torch.fx.Node) -> torch.fx.Node:
-            if a not in new:
-                return a
-            c = graph.call_function(self.clone_op, (a,))
-            c.meta = {"val": a.meta.get("val"), BODY_PATH: None}  # glue: no decision
-            return c
+def _copy_returned_operands(graph: torch.fx.Graph, new: set[torch.fx.Node], clone_op) -> None:
+    """A body may return neither one of its inputs nor one value twice: torch's HOP
+    functionalization rejects outputs that alias an operand or each other
+    (``torch/_higher_order_ops/utils.py``, ``_check_alias_and_mutation``: "cond_true might
+    be aliasing the input or the output!"), which `to_edge_transform_and_lower` runs. So
+    each place the body returns a moved value gets a copy of its own (a branch returning
+    ``c.clone(), c.clone()`` of one constant ``c`` returns two copies of its operand)."""
+    output = graph.output_node()
 
-        with graph.inserting_before(output):
-            output.args = torch.fx.map_arg(output.args, copy_of)
+    def copy_of(a: torch.fx.Node) -> torch.fx.Node:
+        if a not in new:
+            return a
+        c = graph.call_function(clone_op, (a,))
+        c.meta = {"val": a.meta.get("val"), BODY_PATH: None}  # glue: no decision
+        return c
+
+    with graph.inserting_before(output):
+        output.args = torch.fx.map_arg(output.args, copy_of)
 
 
 def _drop_unused_operands(hop: torch.fx.Node) -> None:
