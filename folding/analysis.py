@@ -40,6 +40,7 @@ from .reasons import Reason
 from .signature import input_specs_by_name, mutated_targets
 from .symbols import input_symbols
 from .sizes import STORED_KINDS
+from .work_counts import count
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -60,7 +61,6 @@ class Analysis:
         writes: per op that writes to some of its inputs, those input nodes (schema-declared
             writes, the known undeclared ones of `ops.written_arg_positions`, and the writes
             found at fold time, `extra_writes`).
-        graph_visits: number of node visits made (for work-counting tests).
     """
 
     order: dict[torch.fx.Node, int]
@@ -72,7 +72,6 @@ class Analysis:
     mutators: dict[torch.fx.Node, list[torch.fx.Node]]
     writes: dict[torch.fx.Node, list[torch.fx.Node]] = field(default_factory=dict)
     fold_asserts: bool = True
-    graph_visits: int = 0
     forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
 
     def is_constant(self, node: torch.fx.Node) -> bool:
@@ -157,8 +156,9 @@ def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:
     reason, detail, specs, forced = analysis.reason, analysis.detail, analysis.specs, analysis.forced
     reason.clear()
     detail.clear()
+    visited = 0
     for n in nodes:
-        analysis.graph_visits += 1
+        visited += 1
         if n.op == "placeholder":
             reason[n] = _placeholder_reason(n, specs.get(n.name), mutated_targets, analysis.mutators)
         elif n.op == "get_attr":
@@ -170,6 +170,7 @@ def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:
             reason[n] = r
             if d:
                 detail[n] = d
+    count("analysis_nodes", visited)
 
 
 def _placeholder_reason(node, spec, mutated_targets, mutators) -> Optional[Reason]:

@@ -35,13 +35,9 @@ from .analysis import analyze
 from .hops import (bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
                    recompile_shallow)
 from .names import copy_keeping_name, reserve_node_names
+from .node_meta import GLUE, mark_glue, mark_hoisted, pin_name
 from .ops import OpKind, structural_key
 from .policy import FoldPolicy
-
-# node.meta key: where a node moved out of a body came from (``cond.true_graph_0/linear``); a
-# tuple of paths for a new autocast region (it holds several moved nodes), None for glue.
-BODY_PATH = "folding_body_path"
-
 
 def has_bodies(gm: torch.fx.GraphModule) -> bool:
     return any(hop_kind(n) is not None for n in gm.graph.nodes)
@@ -61,12 +57,10 @@ class Hoisting:
             program given when it was its to edit or nothing applied).
         owned: the GraphModules this call made (copies of the caller's bodies, new regions,
             the top-level copy): the stages after it may edit them in place.
-        visits: nodes the analyses visited (`FoldReport.analysis_visits`).
     """
 
     program: ExportedProgram
     owned: frozenset
-    visits: int
 
 
 def hoist_body_constants(
@@ -88,7 +82,7 @@ def hoist_body_constants(
             are still copied on first edit.
     """
     if not has_bodies(program.graph_module):
-        return Hoisting(program, frozenset(), 0)
+        return Hoisting(program, frozenset())
     gm = program.graph_module if inplace else copy_uncompiled(program.graph_module)[0]
     reserve_node_names(gm)
     top = analyze(gm.graph, program.graph_signature, policy)
@@ -98,7 +92,7 @@ def hoist_body_constants(
         drop_unused_attributes(module)
         recompile_shallow(module)  # the code is stale: compiled on first use
     result = program if inplace else program_with(program, graph_module=gm)
-    return Hoisting(result, frozenset(hoist.changed), top.graph_visits + hoist.visits)
+    return Hoisting(result, frozenset(hoist.changed))
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
@@ -153,13 +147,11 @@ class BodySplit:
         hoisted: the nodes that move, in graph order.
         sinks: the hoisted nodes that something left in the body reads (it reads them as new
             operands after the move).
-        visits: nodes the body's analysis visited (`Analysis.graph_visits`).
     """
 
     sources: dict[torch.fx.Node, torch.fx.Node]
     hoisted: dict[torch.fx.Node, None]
     sinks: list[torch.fx.Node]
-    visits: int
 
 
 def split_body(body: torch.fx.GraphModule, sources: dict[torch.fx.Node, torch.fx.Node], policy: FoldPolicy,
@@ -176,7 +168,7 @@ def split_body(body: torch.fx.GraphModule, sources: dict[torch.fx.Node, torch.fx
         for n in body.graph.nodes:
             if n.op not in ("call_function", "get_attr") or not analysis.is_constant(n) or n in excluded:
                 continue
-            if analysis.kind.get(n) is OpKind.ASSERTION or n.meta.get(BODY_PATH, path + n.name) in pins:
+            if analysis.kind.get(n) is OpKind.ASSERTION or pin_name(n, path) in pins:
                 continue
             if all(i in out or i in sources for i in n.all_input_nodes):
                 out[n] = None
@@ -186,7 +178,7 @@ def split_body(body: torch.fx.GraphModule, sources: dict[torch.fx.Node, torch.fx
             break
         excluded |= stay
     sinks = [n for n in out if any(u not in out for u in n.users)]
-    return BodySplit(sources, out, sinks, analysis.graph_visits)
+    return BodySplit(sources, out, sinks)
 
 
 def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy):
@@ -207,7 +199,6 @@ class _Hoist:
         # Graphs this pass owns (copies; the caller's bodies are copied on first edit), each
         # recompiled once at the end.
         self.changed: dict[torch.fx.GraphModule, None] = {top: None}
-        self.visits = 0  # nodes visited by the bodies' analyses
 
     def _own(self, gm, attr: str, body):
         """`body`, copied into `gm` under `attr` unless it is a copy already; and the map from
@@ -232,10 +223,8 @@ class _Hoist:
             if has_bodies(body):  # nested control flow: its bodies are edited first
                 body, _ = self._own(gm, attr, body)
                 analysis = _analyze_body(body, constant_placeholders(hop, body, is_constant), self.policy)
-                self.visits += analysis.graph_visits
                 self.graph(body, analysis.is_constant, path)
             split = split_body(body, constant_placeholders(hop, body, is_constant), self.policy, self.pins, path)
-            self.visits += split.visits
             plans.append((attr, body, split, path))
         if not any(split.hoisted for _, _, split, _ in plans):
             return  # the bodies stay the caller's, untouched
@@ -281,7 +270,7 @@ def _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo) -> list[torch.f
             env[n] = gm.graph.node_copy(n, env.__getitem__)
             if key is not None:
                 memo[key] = env[n]
-        env[n].meta.setdefault(BODY_PATH, path + n.name)
+        mark_hoisted(env[n], path + n.name)
     return [env[s] for s in sinks]
 
 def _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
@@ -305,12 +294,12 @@ def _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx
     )
     call.meta["val"] = tuple(s.meta.get("val") for s in sinks)
     # The region stands for every node moved into it; its getitems are glue (no decision).
-    call.meta[BODY_PATH] = _report_paths(hoisted, path)
+    mark_hoisted(call, _hoisted_paths(hoisted, path))
     out = []
     for i, s in enumerate(sinks):
         g = gm.graph.call_function(operator.getitem, (call, i))
         g.meta = copy.copy(s.meta)
-        g.meta[BODY_PATH] = None
+        mark_glue(g)
         out.append(g)
     return out
 
@@ -349,7 +338,8 @@ def _copy_returned_operands(graph: torch.fx.Graph, new: set[torch.fx.Node], clon
         if a not in new:
             return a
         c = graph.call_function(clone_op, (a,))
-        c.meta = {"val": a.meta.get("val"), BODY_PATH: None}  # glue: no decision
+        c.meta = {"val": a.meta.get("val")}
+        mark_glue(c)
         return c
 
     with graph.inserting_before(output):
@@ -444,15 +434,12 @@ def _merged(body: torch.fx.GraphModule, varying: int, repeats: list[tuple[int, i
     return merged
 
 
-def _report_paths(nodes, path: str) -> tuple[str, ...]:
-    """The body paths a region call made of `nodes` stands for in the report: each op's own
-    path, the paths of a region call among them (a region inside a region), none for glue
-    (a region's getitems, `BODY_PATH` None)."""
+def _hoisted_paths(nodes, path: str) -> tuple[str, ...]:
+    """The body paths a region call made of `nodes` stands for: each op's own path, or the
+    paths it was hoisted from (a region inside a region); none for glue."""
     out: list[str] = []
     for n in nodes:
-        if n.op != "call_function":
-            continue
-        p = n.meta.get(BODY_PATH, path + n.name)
-        if p is not None:
+        if n.op == "call_function" and not n.meta.get(GLUE):
+            p = pin_name(n, path)
             out.extend(p if isinstance(p, tuple) else (p,))
     return tuple(out)

@@ -38,6 +38,7 @@ from torch.export import ExportedProgram
 from .layout import raw_bytes
 from .signature import input_specs_by_name
 from .sizes import aligned, inner_tensors, is_subclass, stored_tensor
+from .work_counts import count
 
 # Bytes sampled per tensor for its fingerprint; a tensor this small is fingerprinted whole,
 # so its fingerprint decides alone.
@@ -64,15 +65,10 @@ class _Memo:
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
-        self.fingerprints = 0  # work done, for tests that rule out reading every weight
-        self.digested: collections.Counter = collections.Counter()  # id(tensor) -> digests
-        self.digested_bytes = 0
-        self.compared_bytes = 0  # bytes read by comparisons (each pair reads both tensors)
         # (id, version) of two tensors compared -> (weak references, same bytes)
         self._compared: dict[tuple, tuple[weakref.ref, weakref.ref, bool]] = {}
         # (id, version) of each tensor of a sequence -> (weak references, first of each content)
         self._firsts: dict[tuple, tuple[list[weakref.ref], list[int]]] = {}
-        self.groupings = 0  # sequences grouped (a repeated sequence is looked up, not grouped)
 
     def firsts(self, plain: list[torch.Tensor]) -> list[int]:
         """`first_of_each_content(plain)`, grouped once per sequence of the same tensors (the
@@ -87,7 +83,7 @@ class _Memo:
             if len(index.groups[index.add(p)]) == 1:
                 firsts.append(i)
         self._firsts[key] = ([weakref.ref(p) for p in plain], firsts)
-        self.groupings += 1
+        count("dedup.groupings")
         return firsts
 
     def _entry(self, p: torch.Tensor) -> _Entry:
@@ -101,7 +97,7 @@ class _Memo:
         e = self._entry(p)
         if e.fingerprint is None:
             e.fingerprint = (p.nbytes, _sampled_bytes(p))
-            self.fingerprints += 1
+            count("dedup.fingerprints")
         return e.fingerprint
 
     def same_bytes(self, a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -111,7 +107,7 @@ class _Memo:
         hit = self._compared.get(key)
         if hit is not None and hit[0]() is a and hit[1]() is b:
             return hit[2]
-        self.compared_bytes += a.nbytes + b.nbytes
+        count("dedup.compared_bytes", a.nbytes + b.nbytes)  # each pair reads both tensors
         x, y = raw_bytes(a), raw_bytes(b)
         same = all(bytes(x[i:i + _CHUNK]) == bytes(y[i:i + _CHUNK]) for i in range(0, len(x), _CHUNK))
         self._compared[key] = (weakref.ref(a), weakref.ref(b), same)
@@ -121,8 +117,8 @@ class _Memo:
         e = self._entry(p)
         if e.digest is None:
             e.digest = hashlib.blake2b(raw_bytes(p), digest_size=20).digest()
-            self.digested[id(p)] += 1
-            self.digested_bytes += p.nbytes
+            count(("dedup.digests", id(p)))
+            count("dedup.digested_bytes", p.nbytes)
         return e.digest
 
 
@@ -134,7 +130,7 @@ def fold_scope() -> Iterator[_Memo]:
     """Within the block, every `IdenticalBytes` shares one memo: a tensor is fingerprinted and
     digested at most once (the stored tensors of the program before and after a fold are
     mostly the same objects). Outside any scope each index has its own memo. A scope inside
-    another shares the outer memo. Yields the memo (its counters count the work done)."""
+    another shares the outer memo. Yields the memo (`work_counts` counts its reads)."""
     memo = _ACTIVE.get()
     if memo is not None:
         yield memo

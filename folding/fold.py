@@ -30,6 +30,7 @@ from .reporting import body_decisions, fold_report, merged
 from .sizes import stored_constant_bytes, stored_tensor
 from .torch_internals import program_with
 from .working import Preparation, Working
+from .work_counts import count
 
 logger = logging.getLogger(__name__)
 
@@ -178,20 +179,18 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     a tighter budget) is discarded and redone; its time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
-    analysis_visits = 0
     working = None
     while True:  # a fixpoint: each repeat adds a constraint (bound: `folding/constraints.py`)
         with timer.attempt() as attempt:
+            count("attempts")
             if working is None:  # the first attempt, or the last one's was lifted in place
                 working = prepare()
-                analysis_visits += working.visits
                 program, gm = working.program, working.program.graph_module
                 constraints.rebound(gm.graph)
                 with timer.phase("bytes"):
                     placeholder_bytes = placeholder_savings(gm.graph, program)
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
-            analysis_visits += analysis.graph_visits
             with timer.phase("planning"):
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
@@ -214,8 +213,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 working = None
             attempt.discard()
     with timer.phase("report"):
-        report, moved_kept = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after,
-                                         analysis_visits)
+        report, moved_kept = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
     return _Once(new_program, report, moved_kept, working)
 
 

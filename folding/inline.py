@@ -16,10 +16,10 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .bodies import BODY_PATH
 from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shallow
 from .ops import op_name
 from .names import keep_name, reserve_node_names, unique_name
+from .node_meta import REPORT_NAME, mark_inlined
 from .signature import input_specs_by_name, mutated_targets
 from .sizes import STORED_KINDS, stored_tensor
 
@@ -83,7 +83,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
             if taken is None:
                 continue
             branches = bodies(node)
-            name = node.meta.get(BODY_PATH, node.name)
+            name = node.meta.get(REPORT_NAME, node.name)
             inlining.conds.append((name, str(node.args[0]), taken))
             attr, untaken = branches[1 if taken else 0]
             inlining.untaken.append(f"{name}.{attr}/")
@@ -122,7 +122,7 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
                 copied = graph.node_copy(n, env.__getitem__)
                 keep_name(copied, unique_name(n.name, names))
                 names.add(copied.name)
-                copied.meta.setdefault(BODY_PATH, path + n.name)
+                mark_inlined(copied, path + n.name)
                 env[n] = copied
                 computed.add(copied)
     renamed: set[torch.fx.Node] = set()

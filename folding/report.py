@@ -83,7 +83,6 @@ class FoldReport:
     timings: dict[str, float] = field(default_factory=dict)
     peak_intermediate_bytes: int = 0
     evaluated_nodes: int = 0
-    analysis_visits: int = 0  # nodes visited by analysis, top-level graph and bodies (work counting)
     rewrites: list[str] = field(default_factory=list)  # readers rewritten before folding (`readers`)
     repairs: list[str] = field(default_factory=list)  # stale OutputSpec names renamed (`checks`)
     notes: list[str] = field(default_factory=list)  # what lowering the folded program needs (`lowering.lowering_note`)
@@ -116,7 +115,6 @@ class FoldReport:
             "timings_s": dict(self.timings),
             "peak_intermediate_bytes": self.peak_intermediate_bytes,
             "evaluated_nodes": self.evaluated_nodes,
-            "analysis_visits": self.analysis_visits,
             "lifted": [asdict(c) for c in self.lifted],
             "nonfinite_constants": [c.placeholder for c in self.nonfinite],
             "removed_placeholders": list(self.removed_placeholders),

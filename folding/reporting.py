@@ -11,10 +11,11 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .bodies import BODY_PATH, body_path, body_signature, constant_placeholders, has_bodies
+from .bodies import body_path, body_signature, constant_placeholders, has_bodies
 from .hops import bodies, hop_kind
 from .inline import Inlining
 from .lowering import lowering_note
+from .node_meta import pin_names, report_names
 from .ops import op_name
 from .policy import FoldPolicy
 from .quant import describe_encoding
@@ -24,7 +25,7 @@ from .sizes import nbytes
 
 
 def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting, bytes_before: int,
-                bytes_after: int, analysis_visits: int) -> tuple[FoldReport, dict[str, tuple[Reason, str]]]:
+                bytes_after: int) -> tuple[FoldReport, dict[str, tuple[Reason, str]]]:
     """The report of one fold of a graph, given its call_function nodes as analysed (`lift`
     may have erased the folded ones since), and the nodes moved out of bodies that it kept at
     runtime, by body path (`_fold_decisions`)."""
@@ -37,7 +38,6 @@ def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lif
         constant_bytes_after=bytes_after,
         peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
         evaluated_nodes=evaluation.evaluated,
-        analysis_visits=analysis_visits,
     )
     return report, moved_kept
 
@@ -58,14 +58,12 @@ def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation,
     moved out of a body is reported under its body path); and, by body path, the moved nodes
     the fold kept at runtime, with why (they are pinned in their bodies for the next fold)."""
     decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
-    path = {n.name: n.meta[BODY_PATH] for n in considered if BODY_PATH in n.meta}  # moved out of a body
     out, moved_kept = [], {}
-    for d in decisions:
-        moved = d.node in path
-        for name in _report_names(path.get(d.node, d.node)):
+    for n, d in zip(considered, decisions):
+        for name in report_names(n, d.node):
             out.append(Decision(name, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node)))
-            if moved and not d.folded:
-                moved_kept[name] = (d.reason, d.detail)
+        if not d.folded:
+            moved_kept.update((name, (d.reason, d.detail)) for name in pin_names(n))
     return out, moved_kept
 
 
@@ -86,13 +84,6 @@ def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:
             reason = Reason.CHECKED if analysis.is_check(n) else Reason.FOLDED
         out.append(Decision(n.name, op_name(n.target), reason, detail))
     return out
-
-
-def _report_names(path) -> tuple[str, ...]:
-    """The report names of one node: its own, its body path, or none for glue (`BODY_PATH`)."""
-    if path is None:
-        return ()
-    return path if isinstance(path, tuple) else (path,)
 
 
 def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> FoldReport:
@@ -125,7 +116,6 @@ def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> Fold
         constant_bytes_after=reports[-1].constant_bytes_after,
         peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
         evaluated_nodes=sum(r.evaluated_nodes for r in reports),
-        analysis_visits=sum(r.analysis_visits for r in reports),
         notes=notes,
     )
 
@@ -153,15 +143,14 @@ def body_decisions(program: ExportedProgram, policy: FoldPolicy, pins: Mapping[s
                 for n in body.graph.nodes:
                     if n.op != "call_function":
                         continue
-                    name = n.meta.get(BODY_PATH, path + n.name)
-                    if name is None:
-                        continue  # glue the fold inserted (a copy of a moved value returned)
-                    reason, detail = analysis.reason[n], analysis.detail.get(n, "")
-                    if reason is None:
-                        reason, detail = pins.get(name) or (Reason.CONTROL_FLOW, "a check on constants runs where its body runs")
-                    elif reason is Reason.RUNTIME_INPUT:
-                        detail = "reads a runtime operand, the loop carry or a mapped slice"
-                    out.append(Decision(name, op_name(n.target), reason, detail))
+                    for name in report_names(n, path + n.name):  # none for glue
+                        reason, detail = analysis.reason[n], analysis.detail.get(n, "")
+                        if reason is None:
+                            reason, detail = pins.get(name) or (Reason.CONTROL_FLOW,
+                                                                "a check on constants runs where its body runs")
+                        elif reason is Reason.RUNTIME_INPUT:
+                            detail = "reads a runtime operand, the loop carry or a mapped slice"
+                        out.append(Decision(name, op_name(n.target), reason, detail))
                 visit(body, analysis.is_constant, path)
 
     visit(program.graph_module, top.is_constant, "")

@@ -30,7 +30,6 @@ class Working:
         owned: ``program``'s top-level GraphModule is a copy this attempt made, which `lift`
             edits (False: it is the program being folded, and `fold._lift` copies it first).
         owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
-        visits: nodes the rewrites' analyses visited (`FoldReport.analysis_visits`).
         transposes: names of the transposes that replace their matrix when folded
             (`readers.Rewrite.transposes`).
         notes: one line per rewritten gather (`FoldReport.rewrites`).
@@ -39,7 +38,6 @@ class Working:
     program: ExportedProgram
     owned: bool
     owned_bodies: frozenset
-    visits: int
     transposes: frozenset
     notes: tuple[str, ...]
 
@@ -79,7 +77,7 @@ class Preparation:
         copied = rewrite.program is not self.base
         with self.timer.phase("bodies"):
             hoisting = hoist_body_constants(rewrite.program, self.policy, self.clone_op, self.pins, inplace=copied)
-        return Working(hoisting.program, hoisting.program is not self.base, hoisting.owned, hoisting.visits,
+        return Working(hoisting.program, hoisting.program is not self.base, hoisting.owned,
                        rewrite.transposes, rewrite.notes)
 
     def after_inlining(self, folded: ExportedProgram, last: Working) -> "Preparation":

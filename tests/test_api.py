@@ -14,6 +14,7 @@ import torch
 
 import folding
 from folding import FoldConstantsPass, FoldPolicy, Reason
+from folding.work_counts import counting
 from tests.fold_checks import (
     assert_close_all,
     assert_edge_pte_matches,
@@ -295,17 +296,16 @@ class Chain(torch.nn.Module):
 
 
 def _work(layers):
-    from folding.analysis import analyze
-
     ep = export(Chain(layers), (torch.randn(2, 4),))
     n_nodes = len(ep.graph.nodes)
-    analysis = analyze(ep.graph, ep.graph_signature, FoldPolicy())
-    result = folding.fold_constants(ep)
+    with counting() as work:
+        result = folding.fold_constants(ep)
+    assert work["attempts"] == 1, work
     report = result.report
     assert len(report.folded) == 5 * layers and len(report.lifted) == layers
     assert report.evaluated_nodes == len(report.folded)  # each folded op runs exactly once
     assert_same(ep, result.program, (torch.randn(2, 4),), atol=1e-3)
-    return analysis.graph_visits / n_nodes, report.evaluated_nodes / layers, report.peak_intermediate_bytes
+    return work["analysis_nodes"] / n_nodes, report.evaluated_nodes / layers, report.peak_intermediate_bytes
 
 
 def test_work_per_node_does_not_grow_with_program_size():

@@ -16,8 +16,9 @@ from torch._higher_order_ops.while_loop import while_loop
 
 import folding
 from folding import FoldPolicy, Reason
+from folding.work_counts import counting
 from tests.control_flow_checks import body_targets, fold_and_compare, fold_checked
-from tests.fold_checks import assert_close_all, call_targets, decision, export
+from tests.fold_checks import assert_close_all, assert_same, call_targets, decision, export
 from tests.invariants import outputs
 
 KEPT_WHOLE = ("aten.linear.default", "aten.rms_norm.default", "aten.scatter.src", "aten.matmul.default")
@@ -339,7 +340,7 @@ def test_an_op_that_raises_in_an_untaken_branch_stays_in_that_branch():
 
 
 def test_work_grows_linearly_with_the_number_of_bodies():
-    """Analysis visits (top-level graph and every body, `FoldReport.analysis_visits`) per
+    """Analysis visits (top-level graph and every body, counted by `folding.work_counts`) per
     control-flow call stay flat from 4 to 16 calls: no body is re-analysed per other body."""
 
     class Many(nn.Module):
@@ -355,9 +356,11 @@ def test_work_grows_linearly_with_the_number_of_bodies():
 
     per_call = []
     for k in (4, 16):
-        report = folding.fold_constants(export(Many(k), (torch.randn(4, 4),))).report
-        assert report.analysis_visits > 0
-        per_call.append(report.analysis_visits / k)
+        program = export(Many(k), (torch.randn(4, 4),))
+        with counting() as work:
+            folding.fold_constants(program)
+        assert work["analysis_nodes"] > 0 and work["attempts"] == 1, work
+        per_call.append(work["analysis_nodes"] / k)
     assert per_call[1] <= per_call[0] * 1.25, per_call
 
 
@@ -461,3 +464,32 @@ def test_executorch_control_flow_test_models_fold_and_run(name, dialect):
     pte = lower_pte(result.program) if dialect == "ATEN" else edge_pte(result.program)
     assert_close_all(want, run_pte(pte, inputs), atol=1e-4)
     assert [d for d in result.report.decisions if "/" in d.node], "body nodes have decisions"
+
+
+class _OneCond(nn.Module):
+    """Three lines, one ``cond``: constant code in both branches; the predicate reads the input
+    (``runtime=True``) or only the weight (then the fold makes it a constant and inlines it)."""
+
+    def __init__(self, runtime: bool):
+        super().__init__()
+        self.runtime = runtime
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        pred = (x.sum() if self.runtime else self.w.sum()) > 0
+        return torch.cond(pred, lambda x: x @ (self.w * 2).t(), lambda x: x - self.w.exp(), (x,))
+
+
+@pytest.mark.parametrize("runtime", [True, False], ids=["runtime_predicate", "constant_predicate"])
+def test_one_cond_folds_without_a_discarded_attempt(runtime):
+    """Each round of the fold (one, and one more after a constant ``cond`` is inlined) is one
+    attempt: code inlined from a branch is reported under its body path but is not pinned
+    back into a body that no longer exists (`folding.node_meta`)."""
+    program = export(_OneCond(runtime), (torch.randn(4, 4),))
+    with counting() as work:
+        result = folding.fold_constants(program)
+    assert work["attempts"] == (1 if runtime else 2), work
+    assert "reruns" not in result.report.timings, result.report.timings
+    assert result.report.folded
+    for x in (torch.randn(4, 4), -torch.rand(4, 4) - 1, torch.rand(4, 4) + 1):
+        assert_same(program, result.program, (x,))

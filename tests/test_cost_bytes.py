@@ -15,6 +15,7 @@ import torch.nn as nn
 from folding import fold_constants
 import folding.dedup as dedup
 from folding.dedup import IdenticalBytes, IdenticalTensors, fold_scope
+from folding.work_counts import counting
 from folding.dedup import placeholder_savings
 from folding.report import PHASES
 from folding.sizes import aligned, distinct_bytes
@@ -41,12 +42,17 @@ class Layers(nn.Module):
         return self.tied_again(self.tied(x)) + folded.sum(0)
 
 
+
+def _digests(work) -> dict:
+    """Digests per tensor id counted in `work` (`folding.work_counts`)."""
+    return {key[1]: n for key, n in work.items() if isinstance(key, tuple) and key[0] == "dedup.digests"}
+
 def test_distinct_weights_are_never_digested_in_a_fold():
     ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
-    with fold_scope() as work:  # the fold's own scope shares this memo: its counters count the fold
+    with fold_scope(), counting() as work:  # the fold's own scope shares this memo
         result = fold_constants(ep)
-    assert work.digested_bytes == 0, f"digested {sum(work.digested.values())} tensors ({work.digested_bytes} bytes)"
-    assert work.fingerprints > 0
+    assert work["dedup.digested_bytes"] == 0, f"digested {len(_digests(work))} tensors ({work['dedup.digested_bytes']} bytes)"
+    assert work["dedup.fingerprints"] > 0
     assert_report_bytes_true(result)
 
 
@@ -67,9 +73,9 @@ def test_identical_weights_are_read_whole_once_per_fold():
     """Three identical 16 KiB buffers collide on their fingerprints: each is compared with the
     first once in the fold (the indexes of the fold meet them several times), nothing more."""
     ep = torch.export.export(IdenticalCopies(), (torch.randn(4096),))
-    with fold_scope() as work:
+    with fold_scope(), counting() as work:
         result = fold_constants(ep)
-    assert not work.digested and 0 < work.compared_bytes <= 2 * (2 * 4096 * 4)
+    assert not _digests(work) and 0 < work["dedup.compared_bytes"] <= 2 * (2 * 4096 * 4)
     assert_report_bytes_true(result)
     assert result.report.constant_bytes_before == aligned(4096 * 4)
 
@@ -88,23 +94,23 @@ def test_many_groups_sharing_a_fingerprint_are_digested_once_each(groups):
         t[unsampled[int(torch.randint(0, len(unsampled), (1,), generator=g))]] = k + 1
         contents.append(t)
     tensors = [c.clone() for c in contents for _ in range(3)]  # 3 copies of each content
-    with fold_scope() as work:
+    with fold_scope(), counting() as work:
         index = IdenticalBytes()
         ids = [index.add(t) for t in tensors]
     assert ids == [i // 3 for i in range(len(tensors))]
     assert distinct_bytes(tensors) == groups * 8192
     if groups <= dedup._COMPARED_GROUPS:
-        assert not work.digested
+        assert not _digests(work)
     else:
-        assert work.digested and max(work.digested.values()) == 1
+        assert _digests(work) and max(_digests(work).values()) == 1
 
 
 def test_views_of_one_storage_are_identical_without_reading():
     w = torch.randn(300, 7)
-    with fold_scope() as work:
+    with fold_scope(), counting() as work:
         index = IdenticalBytes()
         groups = {index.add(w), index.add(w.view(300, 7)), index.add(w[:])}
-    assert len(groups) == 1 and work.fingerprints == 1  # only the first is fingerprinted
+    assert len(groups) == 1 and work["dedup.fingerprints"] == 1  # only the first is fingerprinted
 
 
 def test_same_bytes_in_another_dtype_or_shape_are_stored_once():
@@ -159,20 +165,20 @@ def test_stored_tensors_that_a_fold_leaves_alone_are_grouped_once():
     """The bytes before and after a fold that stores nothing new come from one grouping of the
     same tensors, and they are the serialized bytes (`assert_report_bytes_true`)."""
     ep = torch.export.export(NothingToFold().eval(), (torch.randn(3, 32),))
-    with fold_scope() as work:
+    with fold_scope(), counting() as work:
         result = fold_constants(ep)
     assert not result.report.folded and not result.report.lifted
-    assert work.groupings == 1, work.groupings
+    assert work["dedup.groupings"] == 1, work
     assert_report_bytes_true(result)
 
 
 def test_a_repeated_sequence_is_grouped_again_after_an_in_place_write():
     a, b = torch.ones(1024), torch.ones(1024)
-    with fold_scope() as work:
+    with fold_scope(), counting() as work:
         assert distinct_bytes([a, b]) == aligned(4096)
-        assert distinct_bytes([a, b]) == aligned(4096) and work.groupings == 1
+        assert distinct_bytes([a, b]) == aligned(4096) and work["dedup.groupings"] == 1
         b[3] = 2.0
-        assert distinct_bytes([a, b]) == 2 * aligned(4096) and work.groupings == 2
+        assert distinct_bytes([a, b]) == 2 * aligned(4096) and work["dedup.groupings"] == 2
 
 
 def test_meta_tensors_are_never_identical():
