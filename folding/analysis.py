@@ -17,11 +17,11 @@ rooted at a parameter or buffer makes that placeholder a mutated buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import torch
 import torch.fx
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec
+from torch.export.graph_signature import ExportGraphSignature, InputSpec
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .ops import (
@@ -40,10 +40,8 @@ from .reasons import Reason
 from .signature import input_specs_by_name, mutated_targets
 from .symbols import input_symbols
 from .sizes import STORED_KINDS
+from .values import SYM_TYPES, holds_tensors, is_scalar
 from .work_counts import count
-
-_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
 
 @dataclass
 class Analysis:
@@ -250,7 +248,7 @@ def _runtime_reason(n: torch.fx.Node, runtime: list[torch.fx.Node], reason) -> t
     at runtime, so it is never evaluated; the detail names the free symbols. Else
     ``RUNTIME_INPUT``."""
     shape_source = n.args[0] if reads_only_metadata(n.target) and n.args else None
-    sized = [i for i in runtime if reason[i] is Reason.SYMBOLIC or isinstance(i.meta.get("val"), _SYM_TYPES)]
+    sized = [i for i in runtime if reason[i] is Reason.SYMBOLIC or isinstance(i.meta.get("val"), SYM_TYPES)]
     shaped = [i for i in runtime if i is shape_source and input_symbols(i.meta.get("val"))]
     if len(sized) + len(shaped) < len(runtime):
         return Reason.RUNTIME_INPUT, ""
@@ -297,20 +295,3 @@ def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tup
             for m in cls:
                 tainted[m] = verdict
     return tainted
-
-
-def is_scalar(val: Any) -> bool:
-    """A Python or symbolic scalar (the value of ``item()``, ``sym_size``, ``operator.ge`` …)."""
-    return isinstance(val, (int, float, bool) + _SYM_TYPES)
-
-
-def holds_tensors(val: Any) -> bool:
-    """A tensor, or a non-empty list/tuple of tensors and Nones with at least one tensor (the
-    results of multi-output ops, which `getitem` nodes read); what folding can store."""
-    if isinstance(val, torch.Tensor):
-        return True
-    if isinstance(val, (list, tuple)) and val:
-        return all(v is None or isinstance(v, torch.Tensor) for v in val) and any(
-            isinstance(v, torch.Tensor) for v in val
-        )
-    return False

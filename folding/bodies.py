@@ -30,22 +30,18 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
-from .torch_internals import copy_attribute, copy_codegen, lazy_graph_module, program_with, set_uncompiled_graph
-from .analysis import analyze
-from .hops import (bodies, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
+from .torch_internals import program_with
+from .hops import (bodies, copy_uncompiled, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
                    recompile_shallow)
 from .names import copy_keeping_name, reserve_node_names
-from .node_meta import GLUE, mark_glue, mark_hoisted, pin_name
-from .ops import OpKind, structural_key
+from .node_meta import GLUE, body_path, mark_glue, mark_hoisted, pin_name, report_names
+from .ops import OpKind, op_name, structural_key
 from .policy import FoldPolicy
+from .reasons import Reason
+from .report import Decision
 
 def has_bodies(gm: torch.fx.GraphModule) -> bool:
     return any(hop_kind(n) is not None for n in gm.graph.nodes)
-
-
-def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
-    """The report's path of a body: ``cond.true_graph_0/`` (nested: the outer path first)."""
-    return f"{prefix}{hop.name}.{attr}/"
 
 
 @dataclass(frozen=True)
@@ -57,14 +53,18 @@ class Hoisting:
             program given when it was its to edit or nothing applied).
         owned: the GraphModules this call made (copies of the caller's bodies, new regions,
             the top-level copy): the stages after it may edit them in place.
+        decisions: the decisions of the nodes left in the bodies (`BodySplit.decisions`), every
+            body, nested ones included.
     """
 
     program: ExportedProgram
     owned: frozenset
+    decisions: tuple[Decision, ...] = ()
 
 
 def hoist_body_constants(
-    program: ExportedProgram, policy: FoldPolicy, clone_op, pins: Mapping[str, object] = {}, *, inplace: bool = False
+    program: ExportedProgram, policy: FoldPolicy, clone_op, pins: Mapping[str, tuple[Reason, str]] = {}, *,
+    analyze, inplace: bool = False
 ) -> Hoisting:
     """`program` with the constant code of every body moved to its caller: a copy (the graphs
     it edits copied; tensors, signature, dicts and untouched bodies shared), or `program`
@@ -76,7 +76,9 @@ def hoist_body_constants(
     Args:
         clone_op: the program dialect's copy op, inserted where a body returns a value that
             is now one of its operands (a body output must not alias its input).
-        pins: body paths (``cond.true_graph_0/linear``) of nodes that stay in their body.
+        pins: body paths (``cond.true_graph_0/linear``) of nodes that stay in their body, with
+            the reason and detail the fold kept them for.
+        analyze: `analysis.analyze` (the driver passes it: a stage never imports another).
         inplace: `program`'s top-level graph module is the caller's own copy (`copy_uncompiled`
             of a program it must not change): edit it instead of copying it again. Its bodies
             are still copied on first edit.
@@ -86,31 +88,13 @@ def hoist_body_constants(
     gm = program.graph_module if inplace else copy_uncompiled(program.graph_module)[0]
     reserve_node_names(gm)
     top = analyze(gm.graph, program.graph_signature, policy)
-    hoist = _Hoist(policy, clone_op, pins, gm)
+    hoist = _Hoist(policy, clone_op, pins, gm, analyze)
     hoist.graph(gm, top.is_constant, "")
     for module in hoist.changed:  # copies this pass made: what they no longer read goes
         drop_unused_attributes(module)
         recompile_shallow(module)  # the code is stale: compiled on first use
     result = program if inplace else program_with(program, graph_module=gm)
-    return Hoisting(result, frozenset(hoist.changed))
-
-
-def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
-    """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
-    every attribute, bodies included, shared) in a new GraphModule, and the node map. Compiled
-    on first use (`torch_internals.lazy_graph_module`): the caller edits it freely, and a copy
-    that is never called is never compiled."""
-    graph = torch.fx.Graph()
-    copy_codegen(gm.graph, graph)
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for n in gm.graph.nodes:  # names are unique in `gm`: each copy gets its own back
-        env[n] = copy_keeping_name(graph, n, env.__getitem__)
-    out = lazy_graph_module(torch.nn.Module(), torch.fx.Graph(), gm.__class__.__name__)
-    for target in dict.fromkeys(n.target for n in graph.nodes if n.op == "get_attr"):
-        copy_attribute(gm, out, target)
-    set_uncompiled_graph(out, graph)  # GraphModule.graph's setter would compile it now
-    out.meta.update(gm.meta)
-    return out, env
+    return Hoisting(result, frozenset(hoist.changed), tuple(hoist.decisions))
 
 
 def body_signature(placeholders: list[torch.fx.Node], constant: set[torch.fx.Node]) -> ExportGraphSignature:
@@ -147,21 +131,25 @@ class BodySplit:
         hoisted: the nodes that move, in graph order.
         sinks: the hoisted nodes that something left in the body reads (it reads them as new
             operands after the move).
+        decisions: one per call_function node that stays, under its report names: why it stays
+            (a runtime operand, the loop carry or a mapped slice; a pin; a check).
     """
 
     sources: dict[torch.fx.Node, torch.fx.Node]
     hoisted: dict[torch.fx.Node, None]
     sinks: list[torch.fx.Node]
+    decisions: tuple[Decision, ...] = ()
 
 
 def split_body(body: torch.fx.GraphModule, sources: dict[torch.fx.Node, torch.fx.Node], policy: FoldPolicy,
-               pins: Mapping[str, object], path: str) -> BodySplit:
+               pins: Mapping[str, tuple[Reason, str]], path: str, analyze) -> BodySplit:
     """The constant nodes of `body` that move out: in order, those whose inputs are constant
     operands (`sources`) or nodes moved before them; checks, pinned nodes (`pins`, by body
     path) and what reads them stay, and so does a nested body (get_attr) that a HOP left in
     the body calls. A tensor attribute moves out whatever reads it: it becomes an operand,
-    then a lifted constant. Pure: `body` is only read (its node names are reserved)."""
-    analysis = _analyze_body(body, sources, policy)
+    then a lifted constant. Pure: `body` is only read (its node names are reserved).
+    `analyze`: `analysis.analyze`, which the driver passes in."""
+    analysis = _analyze_body(body, sources, policy, analyze)
     excluded: set[torch.fx.Node] = set()
     while True:
         out: dict[torch.fx.Node, None] = {}
@@ -178,10 +166,26 @@ def split_body(body: torch.fx.GraphModule, sources: dict[torch.fx.Node, torch.fx
             break
         excluded |= stay
     sinks = [n for n in out if any(u not in out for u in n.users)]
-    return BodySplit(sources, out, sinks)
+    return BodySplit(sources, out, sinks, _staying(body, out, analysis, pins, path))
 
 
-def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy):
+def _staying(body, hoisted, analysis, pins, path) -> tuple[Decision, ...]:
+    """The decisions of the call_function nodes of `body` that stay (not `hoisted`)."""
+    out = []
+    for n in body.graph.nodes:
+        if n.op != "call_function" or n in hoisted:
+            continue
+        for name in report_names(n, path + n.name):  # none for glue
+            reason, detail = analysis.reason[n], analysis.detail.get(n, "")
+            if reason is None:
+                reason, detail = pins.get(name) or (Reason.CONTROL_FLOW, "a check on constants runs where its body runs")
+            elif reason is Reason.RUNTIME_INPUT:
+                detail = "reads a runtime operand, the loop carry or a mapped slice"
+            out.append(Decision(name, op_name(n.target), reason, detail))
+    return tuple(out)
+
+
+def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy, analyze):
     """`analyze` of a body whose `sources` placeholders are constant (the others runtime)."""
     placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
     reserve_node_names(body)
@@ -194,8 +198,10 @@ class _Hoist:
     into a new region of the same HOP (`_wrap_hoisted`, autocast and ``no_grad``); the body then
     reads them as new operands (`_replace_with_operands`)."""
 
-    def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, object], top: torch.fx.GraphModule) -> None:
-        self.policy, self.clone_op, self.pins = policy, clone_op, pins
+    def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, tuple[Reason, str]],
+                 top: torch.fx.GraphModule, analyze) -> None:
+        self.policy, self.clone_op, self.pins, self.analyze = policy, clone_op, pins, analyze
+        self.decisions: list[Decision] = []  # of the nodes left in the bodies
         # Graphs this pass owns (copies; the caller's bodies are copied on first edit), each
         # recompiled once at the end.
         self.changed: dict[torch.fx.GraphModule, None] = {top: None}
@@ -222,9 +228,11 @@ class _Hoist:
             path = body_path(prefix, hop, attr)
             if has_bodies(body):  # nested control flow: its bodies are edited first
                 body, _ = self._own(gm, attr, body)
-                analysis = _analyze_body(body, constant_placeholders(hop, body, is_constant), self.policy)
+                analysis = _analyze_body(body, constant_placeholders(hop, body, is_constant), self.policy, self.analyze)
                 self.graph(body, analysis.is_constant, path)
-            split = split_body(body, constant_placeholders(hop, body, is_constant), self.policy, self.pins, path)
+            split = split_body(body, constant_placeholders(hop, body, is_constant), self.policy, self.pins, path,
+                               self.analyze)
+            self.decisions.extend(split.decisions)
             plans.append((attr, body, split, path))
         if not any(split.hoisted for _, _, split, _ in plans):
             return  # the bodies stay the caller's, untouched

@@ -5,28 +5,60 @@ it when the attempt owns it, `working.Working`; the next attempt then folds a fr
 the constraints follow their nodes by name, `Constraints.rebound`). Three things only a later
 step can see send it back to the start, each as data:
 
-- an op of an in-place alias class had to stay (`evaluate.KeepAliasClass`): the class is
+- an op of an in-place alias class had to stay (`KeepAliasClass`): the class is
   kept whole (``forced``);
-- an op wrote to an input its schema does not declare (`evaluate.UndeclaredWrite`): the write
+- an op wrote to an input its schema does not declare (`UndeclaredWrite`): the write
   is known from then on (``writes``);
 - the stored bytes measured after lift exceed the growth budget (the planner counts bytes
   from metadata; the serializer merges buffers with identical bytes that only evaluation
   reveals): the budget is tightened by the excess, and after a second miss the plan adds no
   bytes at all (``budget_cut``).
 
-Each attempt that does not end the loop adds one forced class, one write, or one cut, and
-there are at most two cuts, so a fold of a graph with N nodes makes at most 2N + 3 attempts.
+A fourth, a node moved out of a control-flow body that the attempt keeps at runtime, is pinned
+in its body (`fold._fold_once`'s ``pins``) and the program prepared again.
+
+Each attempt that does not end the loop adds one forced class, one write, one pin, or one
+cut, and there are at most two cuts, so a fold of a graph with N nodes, whose bodies hold B,
+makes at most 2N + B + 3 attempts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch.fx
 
-from .evaluate import KeepAliasClass, Learnt, UndeclaredWrite
 from .reasons import Reason
+
+
+@dataclass(frozen=True)
+class KeepAliasClass:
+    """An op of an in-place alias class (`Analysis.alias_root`) had to stay: the class can only
+    fold whole, so it is kept at runtime and the attempt redone (`Constraints`)."""
+
+    root: torch.fx.Node
+    reason: Reason
+    detail: str
+
+    def __str__(self) -> str:
+        return f"keeping in-place alias class of {self.root.name}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class UndeclaredWrite:
+    """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
+    materialised): the write counts as an in-place update from then on, and the attempt is
+    redone with it known (`Analysis.writes`)."""
+
+    node: torch.fx.Node
+    written: torch.fx.Node
+
+    def __str__(self) -> str:
+        return f"{self.node.name} writes to {self.written.name}, which its schema does not declare"
+
+
+Learnt = Union[KeepAliasClass, UndeclaredWrite]
 
 
 @dataclass

@@ -21,7 +21,6 @@ programs, so the decision reads as few bytes as it can:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
 import functools

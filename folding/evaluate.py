@@ -3,49 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.fx
 from torch.fx.node import map_arg
 
 from .torch_internals import is_cow_tensor, lazy_clone
-from .analysis import Analysis, holds_tensors
 from .ops import OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata
-from .plan import Plan
 from .reasons import Reason
 from .layout import owned_canonical
 from .sizes import storage_pointers
 from .symbols import bindings, concrete_ints
+from .constraints import KeepAliasClass, Learnt, UndeclaredWrite
+from .values import holds_tensors
 
-
-@dataclass(frozen=True)
-class KeepAliasClass:
-    """An op of an in-place alias class (`Analysis.alias_root`) had to stay: the class can only
-    fold whole, so it is kept at runtime and the attempt redone (`fold.Constraints`)."""
-
-    root: torch.fx.Node
-    reason: Reason
-    detail: str
-
-    def __str__(self) -> str:
-        return f"keeping in-place alias class of {self.root.name}: {self.detail}"
-
-
-@dataclass(frozen=True)
-class UndeclaredWrite:
-    """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
-    materialised): the write counts as an in-place update from then on, and the attempt is
-    redone with it known (`Analysis.writes`)."""
-
-    node: torch.fx.Node
-    written: torch.fx.Node
-
-    def __str__(self) -> str:
-        return f"{self.node.name} writes to {self.written.name}, which its schema does not declare"
-
-
-Learnt = Union[KeepAliasClass, UndeclaredWrite]
+if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (`fold.py` does)
+    from .analysis import Analysis
+    from .plan import Plan
 
 
 class _Stop(Exception):

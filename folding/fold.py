@@ -13,16 +13,21 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .bodies import copy_uncompiled, merge_duplicate_operands
+from .bodies import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
-from .hops import recompile_shallow
+from .hops import copy_uncompiled, recompile_shallow
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .constraints import Constraints
 from .evaluate import evaluate
 from .layout import owned_canonical
-from .lift import clone_op_of, lift
+from .clones import clone_op_of
+from .lift import lift
+from .names import reserve_program_names
+from .nonfinite import NonfiniteScan
+from .outcome import hoisted_and_kept
+from .placement import place
 from .plan import make_plan
 from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
@@ -117,10 +122,10 @@ def _no_cyclic_gc():
 
 
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
-    """Fold `program`, control-flow bodies included (`bodies`, `inline`): constant code moves
-    out of its bodies and folds at the top level; a node moved out but kept at runtime is
-    pinned in its body and the fold reruns (each rerun pins at least one more node); a
-    ``cond`` whose predicate became a stored constant is inlined and the result folded again."""
+    """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
+    bodies included (`bodies`: constant code moves out of its bodies and folds at the top
+    level); a ``cond`` whose predicate became a stored constant is then inlined (`inline`) and
+    the result folded again; a round that inlines nothing is the last."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("bodies"):
@@ -128,18 +133,13 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer)
-    while True:
-        with timer.attempt() as attempt:
-            once = _fold_once(prepare, policy, bytes_before, timer)
-            folded = once.program
-            with timer.phase("bodies"):
-                if merge_duplicate_operands(folded.graph_module, once.working.owned_bodies):
-                    recompile_shallow(folded.graph_module)
-            if once.moved_kept.keys() - pins.keys():
-                pins.update(once.moved_kept)
-                attempt.discard()
-                continue
+    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer, analyze)
+    while True:  # bound: each round removes a cond
+        once = _fold_once(prepare, policy, bytes_before, timer, pins)
+        folded = once.program
+        with timer.phase("bodies"):
+            if merge_duplicate_operands(folded.graph_module, once.working.owned_bodies):
+                recompile_shallow(folded.graph_module)
         steps.append(once.report)
         with timer.phase("inlining"):
             inlined = inline_constant_conds(folded, clone_op, reserved)
@@ -150,8 +150,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     with timer.phase("report"):
         report = merged(steps, folded)
         report.rewrites = list(once.working.notes)
-    with timer.phase("bodies"):
-        report.decisions.extend(body_decisions(folded, policy, pins))
+    report.decisions.extend(body_decisions(folded, once.working.body_decisions))
     report.timings = timer.timings()
     logger.info(
         "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
@@ -162,25 +161,25 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
 
 @dataclass(frozen=True)
 class _Once:
-    """One fold of the top-level graph: the folded program, its report, the nodes moved out
-    of bodies that it kept at runtime (by body path, with why), and the working program it
-    folded (`working.Working`)."""
+    """One fold of the top-level graph: the folded program, its report, and the working program
+    it folded (`working.Working`)."""
 
     program: ExportedProgram
     report: FoldReport
-    moved_kept: dict[str, tuple[Reason, str]]
     working: Working
 
 
-def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer) -> _Once:
+def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer,
+               pins: dict[str, tuple[Reason, str]]) -> _Once:
     """One fold of the top-level graph of the program `prepare` makes. `bytes_before`: the
     stored constant bytes of the caller's program (the growth budget's reference). An
     attempt that learns a new constraint (an in-place class kept whole, an undeclared write,
+    a node moved out of a body but kept at runtime, which is then pinned in its body: `pins`,
     a tighter budget) is discarded and redone; its time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
     working = None
-    while True:  # a fixpoint: each repeat adds a constraint (bound: `folding/constraints.py`)
+    while True:  # a fixpoint: each repeat adds a constraint or a pin (bound: `folding/constraints.py`)
         with timer.attempt() as attempt:
             count("attempts")
             if working is None:  # the first attempt, or the last one's was lifted in place
@@ -202,6 +201,12 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 attempt.discard()
                 continue
             considered = [n for n in gm.graph.nodes if n.op == "call_function"]  # before lift edits it
+            kept = hoisted_and_kept(considered, analysis, plan, evaluation)
+            if kept.keys() - pins.keys():  # back into their bodies: the program to fold changes
+                pins.update(kept)
+                working = None
+                attempt.discard()
+                continue
             with timer.phase("lift"):
                 new_program, lifting = _lift(program, analysis, plan, evaluation, owned=working.owned)
             with timer.phase("bytes"):
@@ -213,8 +218,8 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 working = None
             attempt.discard()
     with timer.phase("report"):
-        report, moved_kept = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
-    return _Once(new_program, report, moved_kept, working)
+        report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
+    return _Once(new_program, report, working)
 
 
 def _stored_value(program: ExportedProgram, analysis):
@@ -242,10 +247,10 @@ def _lift(program: ExportedProgram, analysis, plan, evaluation, owned: bool):
         folded, constant_placeholders = {env[n] for n in folded}, {env[n] for n in constant_placeholders}
         values = {env[n]: t for n, t in values.items()}
         kept_constant_only = frozenset(env[n] for n in kept_constant_only)
-    return lift(
-        program, folded, values, constant_placeholders,
-        bound=evaluation.symbols, private_readers=kept_constant_only,
-    )
+    taken = reserve_program_names(program)  # before anything is created: a new node never takes one
+    nonfinite = NonfiniteScan()
+    placement = place(program, folded, values, constant_placeholders, kept_constant_only, taken, nonfinite)
+    return lift(program, folded, placement, nonfinite, bound=evaluation.symbols)
 
 
 def _attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:

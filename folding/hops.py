@@ -26,8 +26,9 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
-from .torch_internals import children_hidden, lazy_graph_module
-from .names import unique_name
+from .torch_internals import children_hidden, copy_attribute, copy_codegen, lazy_graph_module, set_uncompiled_graph
+from .names import copy_keeping_name, unique_name
+from .node_meta import body_path
 from .ops import OpKind, classify
 
 _hop = torch.ops.higher_order
@@ -197,3 +198,35 @@ class _Attributes:
 
     def __contains__(self, name: object) -> bool:
         return hasattr(self.module, str(name))
+
+
+def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
+    """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
+    every attribute, bodies included, shared) in a new GraphModule, and the node map. Compiled
+    on first use (`torch_internals.lazy_graph_module`): the caller edits it freely, and a copy
+    that is never called is never compiled."""
+    graph = torch.fx.Graph()
+    copy_codegen(gm.graph, graph)
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in gm.graph.nodes:  # names are unique in `gm`: each copy gets its own back
+        env[n] = copy_keeping_name(graph, n, env.__getitem__)
+    out = lazy_graph_module(torch.nn.Module(), torch.fx.Graph(), gm.__class__.__name__)
+    for target in dict.fromkeys(n.target for n in graph.nodes if n.op == "get_attr"):
+        copy_attribute(gm, out, target)
+    set_uncompiled_graph(out, graph)  # GraphModule.graph's setter would compile it now
+    out.meta.update(gm.meta)
+    return out, env
+
+
+def body_paths(gm: torch.fx.GraphModule, prefix: str = "") -> set[str]:
+    """The report paths (`node_meta.body_path`) of every body called from `gm`, nested ones
+    included."""
+    out: set[str] = set()
+    for hop in gm.graph.nodes:
+        if hop_kind(hop) is None:
+            continue
+        for attr, body in bodies(hop):
+            path = body_path(prefix, hop, attr)
+            out.add(path)
+            out |= body_paths(body, path)
+    return out

@@ -8,7 +8,7 @@ parameters, buffers and constants left without users are dropped from the graph,
 signature and the stored dicts. New placeholders go before the first user input, where
 torch.export puts lifted constants.
 
-The steps, in order: where each value goes (`placement.place`); placeholders and the inputs
+The steps, in order (where each value goes is `placement.place`'s, before): placeholders and the inputs
 of the ops (`_Edit`); clones of the stored values the output returns (`_clone_outputs`); the
 stored dicts (`_stored_dicts`); the report rows (`_lifted_rows`); the program (`_assemble`).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.fx
@@ -31,18 +31,20 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .torch_internals import FakeTensorMode, detect_fake_mode, program_with, reserve_names, verify_signature
+from .torch_internals import FakeTensorMode, detect_fake_mode, program_with, verify_signature
 from .hops import graph_module
 from .layout import has_canonical_layout
+from .clones import clone_op_of
 from .errors import FoldInvariantError
 from .symbols import drop_bound_ranges, refresh_meta
 from .nonfinite import NonfiniteScan
 from .names import keep_name, reserve_node_names, unique_name
-from .placement import Literal, NewConstant, Placement, place
-from .report import LiftedConstant
-from .reporting import lifted_row
+from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, stored_tensor
+
+if TYPE_CHECKING:  # the record this stage applies; `fold.py` calls `placement.place`
+    from .placement import NewConstant, Placement
 
 # Provenance copied from a folded node to the placeholder that replaces it.
 _PROVENANCE_KEYS = ("stack_trace", "nn_module_stack")
@@ -61,26 +63,22 @@ class Lifting:
 def lift(
     program: ExportedProgram,
     folded: set[torch.fx.Node],
-    values: dict[torch.fx.Node, torch.Tensor],
-    constant_placeholders: set[torch.fx.Node],
+    placement: Placement,
+    nonfinite: NonfiniteScan,
     *,
     bound: Optional[dict] = None,
-    private_readers: frozenset = frozenset(),
 ) -> tuple[ExportedProgram, Lifting]:
     """Build the folded program by editing `program`'s top-level graph.
 
     Args:
         program: the program to fold. Its top-level graph becomes the folded program's (the
             folded nodes are erased from it): it must be the caller's own copy, not read again
-            (`bodies.copy_uncompiled`; `fold._lift`). Its signature and stored dicts are never
+            (`hops.copy_uncompiled`; `fold._lift`). Its signature and stored dicts are never
             modified: the folded program gets new ones.
         folded: nodes of ``program.graph`` that are folded away.
-        values: stored tensors (contiguous, owning their storage) of the folded nodes that a
-            surviving node or the output reads.
-        constant_placeholders: placeholders whose stored tensors never change (dedup candidates).
-        private_readers: constant-only nodes kept in the program; when a stored value has
-            several readers, each of these reads it through its own placeholder
-            (`placement._private_readers`).
+        placement: where each folded value goes (`placement.place` on `program`, whose names
+            it reserved with `names.reserve_program_names`).
+        nonfinite: the `NonfiniteScan` `placement` was made with (the report rows).
         bound: data-dependent symbols that evaluation fixed (``u0`` -> 2): substituted in the
             metadata of the nodes left in the program, their range constraints dropped.
 
@@ -92,10 +90,6 @@ def lift(
     Raises:
         FoldInvariantError: the rewritten program fails lint or the signature verifier.
     """
-    taken = set(program.state_dict) | set(program.constants) | {n.name for n in program.graph.nodes}
-    reserve_names(program.graph, taken)  # before anything is created: a new node never takes one
-    nonfinite = NonfiniteScan()
-    placement = place(program, folded, values, constant_placeholders, private_readers, taken, nonfinite)
     edit = _Edit(program, folded, placement)
     edit.placeholders()
     edit.redirect_ops()
@@ -188,7 +182,7 @@ class _Edit:
         """What `reader` reads in place of each input: its private placeholder of the value,
         if it has one; for a folded input, the placeholder holding its value (a new
         constant's, or the stored placeholder it equals) or its literal; any other input itself."""
-        private, target_of = self.placement.private, self.placement.target_of
+        private = self.placement.private
 
         def value_of(n: torch.fx.Node) -> object:
             own = private.get((reader, n))
@@ -196,10 +190,7 @@ class _Edit:
                 return own.placeholder
             if n not in self.folded:
                 return n
-            hit = target_of[n]
-            if isinstance(hit, Literal):
-                return hit.value
-            return hit.placeholder if isinstance(hit, NewConstant) else hit
+            return self.placement.replacement(n)
 
         return value_of
 
@@ -325,22 +316,3 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
         return val
     with fake_mode:
         return torch.empty(value.shape, dtype=value.dtype, device=value.device)
-
-
-def clone_op_of(program: ExportedProgram):
-    """The copy op for a constant output, in the program's dialect: ATen ``clone``; in Edge,
-    ``dim_order_ops._clone_dim_order`` unless the program's verifier was built with
-    ``EdgeCompileConfig(_skip_dim_order=True)`` (executorch/exir/verification/verifier.py)."""
-    if getattr(program, "dialect", "ATEN") != "EDGE":
-        return torch.ops.aten.clone.default
-    from executorch.exir.dialects._ops import ops as exir_ops
-
-    use_dim_order = True
-    for verifier in program.verifiers:
-        try:
-            use_dim_order = getattr(verifier(), "use_dim_order", use_dim_order)
-        except TypeError:  # a verifier class that needs arguments: keep the executorch default
-            pass
-    if use_dim_order:
-        return exir_ops.edge.dim_order_ops._clone_dim_order.default
-    return exir_ops.edge.aten.clone.default

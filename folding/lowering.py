@@ -199,7 +199,7 @@ def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
 
     Remove once executorch fixes issue 21490 (`tests/test_executorch_upstream.py` says when).
     """
-    from .lift import clone_op_of
+    from .clones import clone_op_of
 
     passes = {name: CopyControlFlowOutputs(clone_op_of(edge_manager.exported_program(name)))
               for name in edge_manager.methods}

@@ -46,6 +46,14 @@ def pin_name(node: torch.fx.Node, path: str) -> str | tuple[str, ...]:
     return node.meta.get(HOISTED_FROM, path + node.name)
 
 
+def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
+    """The report's path of the body `attr` of `hop`, a HOP in the graph at `prefix`
+    (``""`` at the top level): ``cond.true_graph_0/``; nested, the outer path first. A HOP
+    moved out of a body or inlined keeps the path it had (`REPORT_NAME`)."""
+    name = hop.meta.get(REPORT_NAME)
+    return f"{name if isinstance(name, str) else prefix + hop.name}.{attr}/"
+
+
 def mark_hoisted(node: torch.fx.Node, paths: str | tuple[str, ...]) -> None:
     """Record that `node` stands for the body node(s) at `paths` (kept when already set: a
     node hoisted twice, through nested bodies, keeps its innermost path)."""

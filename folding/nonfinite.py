@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from .clones import is_clone
 from .ops import aten_overload
 from .sizes import is_subclass
 
@@ -47,15 +48,12 @@ def moves_data(node: torch.fx.Node) -> bool:
         return False
     schema = overload._schema
     is_view = any(r.alias_info is not None for r in schema.returns)
-    if not (is_view or torch.Tag.view_copy in overload.tags or schema.name in _CLONES):
+    if not (is_view or torch.Tag.view_copy in overload.tags or is_clone(overload)):
         return False
     out = node.meta.get("val")
     inputs = [i.meta.get("val") for i in node.all_input_nodes]
     return isinstance(out, torch.Tensor) and all(
         isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in inputs)
-
-
-_CLONES = frozenset({"aten::clone", "dim_order_ops::_clone_dim_order"})
 
 
 class NonfiniteScan:

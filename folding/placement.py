@@ -23,8 +23,7 @@ from .hops import hop_kind
 from .layout import canonical_copy
 from .names import CONSTANT_PREFIX, lifted_constant_target
 from .nonfinite import NonfiniteScan
-from .report import LiftedConstant
-from .reporting import lifted_row
+from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, is_subclass, stored_tensor
 
@@ -75,6 +74,14 @@ class Placement:
     rows: list[LiftedConstant] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
 
+    def replacement(self, node: torch.fx.Node) -> object:
+        """What a reader of the folded `node` reads instead: the stored placeholder it equals,
+        its new constant's placeholder (once emitted), or its literal value."""
+        hit = self.target_of[node]
+        if isinstance(hit, Literal):
+            return hit.value
+        return hit.placeholder if isinstance(hit, NewConstant) else hit
+
 
 def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[torch.fx.Node, torch.Tensor],
           constant_placeholders: set[torch.fx.Node], private_readers: frozenset, taken: set[str],
@@ -82,7 +89,13 @@ def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[tor
     """Decide where each folded value of `program` (read only) is stored.
 
     Args:
-        folded, values, constant_placeholders, private_readers: as for `lift`.
+        folded: nodes of ``program.graph`` that are folded away.
+        values: stored tensors (contiguous, owning their storage) of the folded nodes that a
+            surviving node or the output reads.
+        constant_placeholders: placeholders whose stored tensors never change (dedup candidates).
+        private_readers: constant-only nodes kept in the program; when a stored value has
+            several readers, each of these reads it through its own placeholder
+            (`_add_private_placeholders`).
         taken: names in use in `program` (node names, state_dict and constants keys); copied.
         nonfinite: the fold's `NonfiniteScan`, for the report rows.
     """

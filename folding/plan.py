@@ -16,19 +16,23 @@ folded away or a folded node needs their value.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch.fx
 
 import torch
 
-from .analysis import Analysis, is_scalar
+from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import observes_layout, reads_storage, strided_like_stored
-from .ops import aliased_arg_position, structural_key, packet_name, reads_only_metadata
+from .ops import aliased_arg_position, structural_key, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
+from .values import is_scalar
+
+if TYPE_CHECKING:  # the record this stage reads; a stage never calls another (`fold.py` does)
+    from .analysis import Analysis
 
 
 @dataclass
@@ -162,17 +166,13 @@ def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
     return any(not plan.folded(u) for u in node.users)
 
 
-# Copies that `lift` itself inserts before outputs that return a stored constant.
-_OUTPUT_COPY_OPS = frozenset({"aten.clone", "dim_order_ops._clone_dim_order"})
-
-
 def _keep_output_copies(plan: Plan) -> None:
     """A copy of a constant placeholder returned only as an output is how a folded program
     returns a constant (ExecuTorch cannot return a stored buffer): folding it again would only
     insert the same copy under a new name, so folding a folded program changes nothing."""
     for n in plan.candidates:
         if (
-            packet_name(n.target) in _OUTPUT_COPY_OPS
+            is_clone(n.target)  # what `lift` itself inserts before an output returning a stored constant
             and n.all_input_nodes
             and n.all_input_nodes[0].op == "placeholder"
             and n.users

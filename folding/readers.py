@@ -32,6 +32,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
+from .hops import copy_uncompiled
 from .names import keep_name, reserve_node_names, unique_name
 from .ops import op_name, packet_name
 from .policy import FoldPolicy
@@ -161,7 +162,6 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
     found = _candidates(program, policy, policy.growth_budget(bytes_before))
     if not found:
         return Rewrite(program, (), frozenset(_sole_transposes(program)))
-    from .bodies import copy_uncompiled
 
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)

@@ -8,7 +8,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Optional
 
+import torch
+
 from .reasons import Reason, removes_node
+from .sizes import nbytes
 
 
 @dataclass(frozen=True)
@@ -244,3 +247,13 @@ def _add(into: dict[str, float], spent: dict[str, float]) -> None:
 def _cell(text: str, limit: int = 120) -> str:
     text = text.replace("|", "\\|").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def lifted_row(placeholder: str, target: str, replaces, t: torch.Tensor, *, reused: bool, nonfinite: bool,
+               moved: bool = False) -> LiftedConstant:
+    """The report's row for one lifted (or reused) constant placeholder holding `t`."""
+    return LiftedConstant(
+        placeholder=placeholder, target=target, replaces=tuple(replaces), shape=tuple(t.shape),
+        dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes(t), reused=reused, nonfinite=nonfinite,
+        moved=moved,
+    )

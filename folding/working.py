@@ -13,7 +13,7 @@ program again.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from torch.export import ExportedProgram
 
@@ -33,6 +33,7 @@ class Working:
         transposes: names of the transposes that replace their matrix when folded
             (`readers.Rewrite.transposes`).
         notes: one line per rewritten gather (`FoldReport.rewrites`).
+        body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
     """
 
     program: ExportedProgram
@@ -40,6 +41,7 @@ class Working:
     owned_bodies: frozenset
     transposes: frozenset
     notes: tuple[str, ...]
+    body_decisions: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Preparation:
         rewrite_readers: run `read_through_transposes` (the first round only: after a
             ``cond`` is inlined the program is the fold's own output, rewritten already).
         transposes, notes: what the first round's rewrite found (used when it does not run).
+        analyze: `analysis.analyze`, for the hoisting's analyses of bodies (the driver passes
+            it: a stage never imports another).
     """
 
     base: ExportedProgram
@@ -64,6 +68,7 @@ class Preparation:
     pins: Mapping[str, object]
     bytes_before: int
     timer: PhaseTimer
+    analyze: Callable
     rewrite_readers: bool = True
     transposes: frozenset = frozenset()
     notes: tuple[str, ...] = ()
@@ -76,9 +81,10 @@ class Preparation:
                 rewrite = Rewrite(self.base, self.notes, self.transposes)
         copied = rewrite.program is not self.base
         with self.timer.phase("bodies"):
-            hoisting = hoist_body_constants(rewrite.program, self.policy, self.clone_op, self.pins, inplace=copied)
+            hoisting = hoist_body_constants(rewrite.program, self.policy, self.clone_op, self.pins,
+                                            analyze=self.analyze, inplace=copied)
         return Working(hoisting.program, hoisting.program is not self.base, hoisting.owned,
-                       rewrite.transposes, rewrite.notes)
+                       rewrite.transposes, rewrite.notes, hoisting.decisions)
 
     def after_inlining(self, folded: ExportedProgram, last: Working) -> "Preparation":
         """The preparation of the next round, which folds `folded` (the result of the round

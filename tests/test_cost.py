@@ -160,9 +160,9 @@ def test_each_graph_the_fold_edits_is_copied_once(dialect):
 def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
     """An attempt that lifted its working copy in place and is redone folds a fresh copy
     (`folding/working.py`): what evaluation learnt moves to the nodes of the same names."""
-    from folding.bodies import copy_uncompiled
+    from folding.hops import copy_uncompiled
     from folding.constraints import Constraints
-    from folding.evaluate import UndeclaredWrite
+    from folding.constraints import UndeclaredWrite
     from folding.reasons import Reason
 
     ep = chain_program(12, "ATEN")

@@ -1,4 +1,4 @@
-"""`folding.lift.lift` on its own: given the folded nodes and their values, the rebuilt program
+"""`folding.lift.lift` on its own (after `placement.place`): given the folded nodes and their values, the rebuilt program
 (placeholders, signature, stored dicts, names). `lift` edits the graph of the program it is
 given, here a copy of the exported program's (as the fold gives it); the exported program,
 whose signature and stored dicts the copy shares, stays as it was. The values are computed
@@ -12,6 +12,9 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from folding.lift import lift
+from folding.names import reserve_program_names
+from folding.nonfinite import NonfiniteScan
+from folding.placement import place
 
 
 class _Chain(torch.nn.Module):
@@ -45,11 +48,18 @@ def _snapshot(program):
 def _owned(program):
     """What the fold gives `lift`: `program` with a copy of its top-level graph (tensors,
     signature and stored dicts shared), and the map from `program`'s nodes to the copy's."""
-    from folding.bodies import copy_uncompiled
+    from folding.hops import copy_uncompiled
     from folding.torch_internals import program_with
 
     gm, env = copy_uncompiled(program.graph_module)
     return program_with(program, graph_module=gm), env
+
+
+def _place_and_lift(owned, folded, values, constant_placeholders):
+    """`placement.place` then `lift`, as `fold._lift` runs them."""
+    nonfinite = NonfiniteScan()
+    placement = place(owned, folded, values, constant_placeholders, frozenset(), reserve_program_names(owned), nonfinite)
+    return lift(owned, folded, placement, nonfinite)
 
 
 def _unchanged(program, snapshot) -> None:
@@ -71,7 +81,7 @@ def test_a_folded_chain_becomes_one_lifted_constant_and_its_parameter_goes(seed)
     folded_value = (w * 2).exp()
 
     owned, env = _owned(program)
-    new, record = lift(owned, {env[mul], env[exp]}, {env[exp]: folded_value}, {env[p_w]})
+    new, record = _place_and_lift(owned, {env[mul], env[exp]}, {env[exp]: folded_value}, {env[p_w]})
 
     _unchanged(program, before)
     specs = new.graph_signature.input_specs
@@ -95,7 +105,7 @@ def test_a_value_with_a_stored_tensors_bytes_reuses_its_placeholder():
     (p_w,) = [n for n in program.graph.nodes if n.op == "placeholder" and n.name != "x"]
 
     owned, env = _owned(program)
-    new, record = lift(owned, {env[times_one]}, {env[times_one]: w.clone()}, {env[p_w]})
+    new, record = _place_and_lift(owned, {env[times_one]}, {env[times_one]: w.clone()}, {env[p_w]})
 
     _unchanged(program, before)
     assert not new.constants  # nothing new stored: the add reads the parameter twice

@@ -1,0 +1,71 @@
+"""The fold's shape, read from the source: only `folding/fold.py` calls the stages, a stage never
+imports another, and no function or class grows past what a reader takes in at once.
+
+The stages, in the order `fold.py` runs them: prepare (`working`, which composes the rewrites
+before analysis: `readers`, `bodies`), `analysis`, `plan`, `evaluate`, `placement`, `lift`,
+`reporting`, and `inline` between rounds. A stage may name another stage's record in a type
+annotation (an ``if TYPE_CHECKING:`` import); it never imports one at runtime."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STAGES = {"working", "analysis", "plan", "evaluate", "placement", "lift", "reporting", "inline"}
+PREPARE_REWRITES = {"readers", "bodies"}  # run by `working` (prepare) only
+DRIVER = "fold"
+
+
+def _tree(package: str, module: str) -> ast.Module:
+    return ast.parse((ROOT / package / f"{module}.py").read_text())
+
+
+def _runtime_imports(tree: ast.Module) -> set[str]:
+    """Sibling modules imported outside ``if TYPE_CHECKING:`` blocks (function-local imports
+    included: they run)."""
+    typing_only = {id(sub) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+                   for sub in ast.walk(node)}
+    return {node.module.split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and id(node) not in typing_only}
+
+
+def _modules(package: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / package).glob("*.py"))
+
+
+def test_the_stage_lists_name_real_modules():
+    assert STAGES | PREPARE_REWRITES | {DRIVER} <= set(_modules("folding"))
+
+
+@pytest.mark.parametrize("module", _modules("folding"))
+def test_only_the_driver_calls_stages(module):
+    """A stage imports no other stage; prepare's rewrites are imported by prepare alone; any
+    other module (rules, records, fx utilities, entry points) imports no stage but the driver."""
+    imported = _runtime_imports(_tree("folding", module))
+    if module == DRIVER:
+        return
+    allowed = PREPARE_REWRITES if module == "working" else set()
+    assert not (imported & (STAGES | PREPARE_REWRITES)) - allowed, (
+        f"folding/{module}.py imports {sorted((imported & (STAGES | PREPARE_REWRITES)) - allowed)}")
+
+
+def _sizes(tree: ast.Module):
+    """(kind, name, lines) of every function and class, nested ones included."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield "function", node.name, node.end_lineno - node.lineno + 1
+        elif isinstance(node, ast.ClassDef):
+            yield "class", node.name, node.end_lineno - node.lineno + 1
+
+
+@pytest.mark.parametrize("package", ["folding", "qnn"])
+def test_no_function_over_60_lines_and_no_class_over_120(package):
+    too_long = [f"{package}/{path.name}: {kind} {name} ({lines} lines)"
+                for path in sorted((ROOT / package).rglob("*.py"))
+                for kind, name, lines in _sizes(ast.parse(path.read_text()))
+                if lines > {"function": 60, "class": 120}[kind]]
+    assert not too_long, "\n".join(too_long)
