@@ -11,9 +11,9 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ConstantArgument, ExportGraphSignature, InputKind, OutputSpec
 
-from .errors import InvalidProgramError
+from .errors import FoldInvariantError, InvalidProgramError
 from .sizes import STORED_KINDS, inner_tensors, stored_tensor
-from .torch_internals import is_fake, program_with
+from .torch_internals import is_fake, program_with, verify_signature
 
 
 def check_stored_tensors(program: ExportedProgram) -> None:
@@ -124,3 +124,21 @@ def _same_names(kind: str, names: list, spec_kind: str, specs) -> None:
             f"{len(names)} {kind}s vs {len(spec_names)} {spec_kind}s",
         )
         raise InvalidProgramError(f"graph signature does not match the graph's {kind}s: {mismatch}")
+
+
+def check_folded(program: ExportedProgram) -> None:
+    """Graph lint and torch's signature verifier (`verify_signature`: placeholders and outputs
+    against the graph signature, stored tensors present) on a folded program.
+
+    Raises:
+        FoldInvariantError: the rewrite broke the program (a bug of this package); the message
+            names the offending node or spec.
+    """
+    try:
+        program.graph.lint()
+        verify_signature(program)
+    except Exception as e:
+        raise FoldInvariantError(
+            f"folding produced an invalid program (a bug in the folding stage, please report it): "
+            f"{type(e).__name__}: {e}"
+        ) from e

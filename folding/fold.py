@@ -33,7 +33,7 @@ from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
 from .reporting import body_decisions, fold_report, merged
 from .sizes import stored_constant_bytes, stored_tensor
-from .torch_internals import program_with
+from .torch_internals import program_with, replace_contents
 from .working import Preparation, Working
 from .work_counts import count
 
@@ -101,7 +101,7 @@ def fold_constants(
         ) from e
     result.report.repairs = [str(r) for r in repairs]
     if inplace:  # only a program that passed lift's checks replaces the caller's
-        program.__dict__.update(result.program.__dict__)
+        replace_contents(program, result.program)
         result = FoldResult(program, result.report)
     return result
 

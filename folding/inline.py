@@ -20,8 +20,8 @@ from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shal
 from .ops import op_name
 from .names import keep_name, reserve_node_names, unique_name
 from .node_meta import REPORT_NAME, mark_inlined
-from .signature import input_specs_by_name, mutated_targets
-from .sizes import STORED_KINDS, stored_tensor
+from .signature import unchanging_stored_specs
+from .sizes import stored_tensor
 
 
 @dataclass
@@ -61,8 +61,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
         The `Inlining` (false when no cond was inlined).
     """
     gm = program.graph_module
-    specs = input_specs_by_name(program.graph_signature)
-    mutated = mutated_targets(program.graph_signature)
+    specs = unchanging_stored_specs(program.graph_signature)
 
     def constant_value(pred) -> Optional[bool]:
         if isinstance(pred, (bool, int)):
@@ -70,7 +69,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
         if not (isinstance(pred, torch.fx.Node) and pred.op == "placeholder"):
             return None
         spec = specs.get(pred.name)
-        if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated:
+        if spec is None:
             return None
         value = stored_tensor(spec, program.state_dict, program.constants)
         return bool(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else None

@@ -20,6 +20,7 @@ import torch
 
 from .ops import OpKind, classify, packet_name
 from .sizes import is_subclass
+from .torch_internals import is_view
 from .torch_internals import make_contiguous_strides_for
 
 
@@ -40,7 +41,7 @@ def owned_canonical(t: torch.Tensor, foreign_storages: Container[int] = ()) -> t
     if is_subclass(t):
         return t
     if (
-        t._base is None
+        not is_view(t)
         and has_canonical_layout(t)
         and t.storage_offset() == 0
         and t.untyped_storage().nbytes() == t.nbytes

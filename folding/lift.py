@@ -31,11 +31,11 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .torch_internals import FakeTensorMode, detect_fake_mode, program_with, verify_signature
+from .torch_internals import FakeTensorMode, detect_fake_mode, program_with
 from .hops import graph_module
 from .layout import has_canonical_layout
 from .clones import clone_op_of
-from .errors import FoldInvariantError
+from .checks import check_folded
 from .symbols import drop_bound_ranges, refresh_meta
 from .nonfinite import NonfiniteScan
 from .names import keep_name, reserve_node_names, unique_name
@@ -99,7 +99,7 @@ def lift(
     edit.erase_dead()  # after the rows: `NonfiniteScan` follows a value back through the inputs
     signature = ExportGraphSignature(input_specs=edit.input_specs, output_specs=output_specs)
     result = _assemble(program, signature, state_dict, constants, bound or {}, edit.fake_mode)
-    _check(result)
+    check_folded(result)
     return result, Lifting(placement.rows + rows, edit.removed, placement.lifted_as)
 
 
@@ -282,23 +282,6 @@ def _copy_provenance(source: torch.fx.Node, node: torch.fx.Node) -> None:
     for key in _PROVENANCE_KEYS:
         if key in source.meta:
             node.meta[key] = source.meta[key]
-
-
-def _check(program: ExportedProgram) -> None:
-    """Graph lint and torch's signature verifier on the rewritten program.
-
-    Raises:
-        FoldInvariantError: the rewrite broke the program (a bug of this package); the message
-            names the offending node or spec.
-    """
-    try:
-        program.graph.lint()
-        verify_signature(program)
-    except Exception as e:
-        raise FoldInvariantError(
-            f"folding produced an invalid program (a bug in the folding stage, please report it): "
-            f"{type(e).__name__}: {e}"
-        ) from e
 
 
 def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.Tensor:

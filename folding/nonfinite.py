@@ -35,7 +35,7 @@ def holds_nonfinite(t: torch.Tensor) -> bool:
         return False
 
 
-def moves_data(node: torch.fx.Node) -> bool:
+def rearranges_elements(node: torch.fx.Node) -> bool:
     """True when `node` only rearranges the elements of its inputs, in their dtype: a view
     (its schema returns an alias of an input: ``permute``, ``view``, ``expand``, ``select`` …),
     the ``_copy`` variant of one (``torch.Tag.view_copy``: Edge's ``permute_copy``), or a
@@ -58,7 +58,7 @@ def moves_data(node: torch.fx.Node) -> bool:
 
 class NonfiniteScan:
     """`holds_nonfinite` for the values one fold lifts, skipping values that only move stored
-    data (`moves_data` all the way back to placeholders and attributes) and scanning each
+    data (`rearranges_elements` all the way back to placeholders and attributes) and scanning each
     tensor once (private placeholders share their constant's tensor)."""
 
     def __init__(self) -> None:
@@ -81,15 +81,15 @@ class NonfiniteScan:
         return hit[1]
 
     def moves_stored_data(self, node: torch.fx.Node) -> bool:
-        """`node` is a stored value (placeholder, attribute) or `moves_data` of such values."""
+        """`node` is a stored value (placeholder, attribute) or `rearranges_elements` of such values."""
         stored = ("placeholder", "get_attr")
         stack = [(node, False)]
         while stack:  # iterative post-order: a chain of views may be long
             n, inputs_done = stack.pop()
             if n in self._moves_stored or n.op in stored:
                 continue
-            if inputs_done or not moves_data(n):
-                self._moves_stored[n] = moves_data(n) and all(
+            if inputs_done or not rearranges_elements(n):
+                self._moves_stored[n] = rearranges_elements(n) and all(
                     i.op in stored or self._moves_stored[i] for i in n.all_input_nodes)
                 continue
             stack.append((n, True))

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from .torch_internals import side_effectful_functions
+from .torch_internals import registered_effect, side_effectful_functions
 
 try:  # executorch's memory planning op: an allocation, never a value to fold.
     from executorch.exir import memory as _et_memory
@@ -244,11 +244,7 @@ def _returns_nothing(target: Any) -> bool:
 
 
 def _has_registered_effect(overload: torch._ops.OpOverload) -> bool:
-    try:
-        from torch._higher_order_ops.effects import _get_effect
-    except ImportError:  # pragma: no cover
-        return False
-    return _get_effect(overload) is not None
+    return registered_effect(overload) is not None
 
 
 def structural_key(node: torch.fx.Node, canon) -> Optional[tuple]:

@@ -7,7 +7,7 @@ from typing import Optional
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
 
-from .errors import FoldInvariantError
+from .checks import check_folded
 from .fold import fold_constants
 from .policy import FoldPolicy
 from .report import FoldReport
@@ -41,12 +41,6 @@ class FoldConstantsPass(ExportedProgramPassBase):
         return ExportedProgramPassResult(result.program, modified=bool(result.report.folded))
 
     def ensures(self, exported_program: ExportedProgram) -> None:
-        graph = exported_program.graph
-        graph.lint()
-        names = [n.name for n in graph.nodes]
-        if len(names) != len(set(names)):
-            raise FoldInvariantError("node names are not unique after folding")
-        placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
-        specs = [getattr(s.arg, "name", None) for s in exported_program.graph_signature.input_specs]
-        if placeholders != specs:
-            raise FoldInvariantError(f"placeholders {placeholders} do not match InputSpecs {specs}")
+        """`checks.check_folded`: raises `FoldInvariantError` when the result fails graph lint
+        or torch's signature verifier."""
+        check_folded(exported_program)

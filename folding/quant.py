@@ -68,8 +68,9 @@ DATA_MOVEMENT_OPS = frozenset(
 
 
 @_cached
-def moves_data(target: Any) -> bool:
-    """True for view, copy and cast ops (`DATA_MOVEMENT_OPS` plus schema-declared views)."""
+def keeps_dequantized_value(target: Any) -> bool:
+    """True for view, copy and cast ops (`DATA_MOVEMENT_OPS` plus schema-declared views): their
+    result is still a dequantized value when their input is one."""
     if target is operator.getitem:
         return True
     if packet_name(target) in DATA_MOVEMENT_OPS:
@@ -85,7 +86,7 @@ def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
     for n in nodes:
         if is_dequantize(n.target):
             dq.add(n)
-        elif moves_data(n.target) and any(i in dq for i in n.all_input_nodes) and _is_float(n):
+        elif keeps_dequantized_value(n.target) and any(i in dq for i in n.all_input_nodes) and _is_float(n):
             dq.add(n)
     return dq
 

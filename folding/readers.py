@@ -36,8 +36,8 @@ from .hops import copy_uncompiled
 from .names import keep_name, reserve_node_names, unique_name
 from .ops import op_name, packet_name
 from .policy import FoldPolicy
-from .signature import input_specs_by_name, mutated_targets
-from .sizes import STORED_KINDS, nbytes, stored_tensor
+from .signature import unchanging_stored_specs
+from .sizes import nbytes, stored_tensor
 from .torch_internals import program_with
 
 _TRANSPOSES = {"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
@@ -88,13 +88,12 @@ def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
 def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[int]) -> list[tuple]:
     """``(w, transposes, gathers)`` for each stored 2-D matrix read only by transposes and
     row gathers, of both kinds, whose second copy the budget does not fit."""
-    specs = input_specs_by_name(program.graph_signature)
-    mutated = mutated_targets(program.graph_signature)
+    specs = unchanging_stored_specs(program.graph_signature)
     skip = policy.skip_names()
     out = []
     for w in program.graph.find_nodes(op="placeholder"):
         spec = specs.get(w.name)
-        if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated:
+        if spec is None:
             continue
         value = stored_tensor(spec, program.state_dict, program.constants)
         if not isinstance(value, torch.Tensor) or value.dim() != 2:
@@ -115,12 +114,11 @@ def _sole_transposes(program: ExportedProgram) -> set[str]:
     """Names of the transposes of stored matrices that only transposes read (Edge's
     ``permute_copy`` of every ``linear`` weight): folding them replaces the matrix by its
     transpose, bytes for bytes."""
-    specs = input_specs_by_name(program.graph_signature)
-    mutated = mutated_targets(program.graph_signature)
+    specs = unchanging_stored_specs(program.graph_signature)
     out: set[str] = set()
     for w in program.graph.find_nodes(op="placeholder"):
         spec = specs.get(w.name)
-        if spec is None or spec.kind not in STORED_KINDS or spec.target in mutated or not w.users:
+        if spec is None or not w.users:
             continue
         val = w.meta.get("val")
         if isinstance(val, torch.Tensor) and val.dim() == 2 and all(_is_transpose(u, w) for u in w.users):

@@ -1,8 +1,12 @@
-"""Reading a graph signature: the InputSpec of each placeholder, by node name."""
+"""Reading a graph signature: the InputSpec of each placeholder by node name, which stored
+inputs the program writes back, and which never change."""
 
 from __future__ import annotations
 
-from torch.export.graph_signature import ExportGraphSignature, InputSpec, OutputKind
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind
+
+# Inputs whose value the program stores (state_dict or constants), not passed at runtime.
+STORED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 def input_specs_by_name(signature: ExportGraphSignature) -> dict[str, InputSpec]:
@@ -20,3 +24,13 @@ def mutated_targets(signature: ExportGraphSignature) -> set[str]:
     one rule for "this stored tensor is mutated" (torch's ``buffers_to_mutate`` names buffers
     only, and by output node)."""
     return {s.target for s in signature.output_specs if s.kind in _STATE_MUTATIONS and s.target is not None}
+
+
+def unchanging_stored_specs(signature: ExportGraphSignature) -> dict[str, InputSpec]:
+    """{placeholder name: InputSpec} of the parameters, buffers and lifted constants that the
+    program never writes back (`mutated_targets`): the one rule for a stored input whose value
+    is the same at every call. (An in-place op on the placeholder inside the graph is the
+    analysis' to see: `analysis.Analysis.mutators`.)"""
+    mutated = mutated_targets(signature)
+    return {name: s for name, s in input_specs_by_name(signature).items()
+            if s.kind in STORED_KINDS and s.target not in mutated}

@@ -11,12 +11,11 @@ from typing import Iterable, Mapping, Optional
 import torch
 import torch.fx
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, InputSpec
+from torch.export.graph_signature import InputSpec
 
 from .errors import PolicyError
-from .signature import mutated_targets
-
-STORED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+from .signature import STORED_KINDS, mutated_targets
+from .torch_internals import is_wrapper_subclass
 
 
 def stored_tensor(
@@ -33,9 +32,7 @@ def stored_tensor(
 
 def is_subclass(t: torch.Tensor) -> bool:
     """A wrapper tensor subclass (torchao's quantized weights): its bytes are its inner tensors'."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    return is_traceable_wrapper_subclass(t)
+    return is_wrapper_subclass(t)
 
 
 def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:

@@ -18,8 +18,9 @@ import sympy
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
-from torch.utils._sympy.symbol import SymT, symbol_is_type
 from torch.fx.node import map_arg
+
+from .torch_internals import is_unbacked_symbol
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ def bindings(node: torch.fx.Node, value: Any) -> dict[sympy.Symbol, Any]:
     return out
 
 
-_UNBACKED = (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)
 
 
 def _symbols_of(val: Any) -> set:
@@ -50,7 +50,7 @@ def _symbols_of(val: Any) -> set:
 
 
 def _is_unbacked(symbol) -> bool:
-    return symbol_is_type(symbol, _UNBACKED)
+    return is_unbacked_symbol(symbol)
 
 
 def input_symbols(val: Any) -> list[str]:

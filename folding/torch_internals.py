@@ -139,3 +139,41 @@ def lazy_clone(t: torch.Tensor) -> torch.Tensor:
 def is_cow_tensor(t: torch.Tensor) -> bool:
     """True while `t` (a `lazy_clone`) still shares its storage copy-on-write (``torch._C._is_cow_tensor``)."""
     return torch._C._is_cow_tensor(t)
+
+
+def registered_effect(overload: torch._ops.OpOverload):
+    """The side effect registered for `overload` (``torch/_higher_order_ops/effects.py``,
+    ``_get_effect``: ops that torch.export threads effect tokens through), or None."""
+    from torch._higher_order_ops.effects import _get_effect
+
+    return _get_effect(overload)
+
+
+def is_unbacked_symbol(symbol) -> bool:
+    """`symbol` (sympy) is a data-dependent size or value (``u0``): torch's own test
+    (``torch/utils/_sympy/symbol.py``, ``symbol_is_type`` with ``SymT.UNBACKED_INT`` /
+    ``UNBACKED_FLOAT``)."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return symbol_is_type(symbol, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT))
+
+
+def is_wrapper_subclass(t: torch.Tensor) -> bool:
+    """`t` is a traceable wrapper tensor subclass (torchao's quantized weights;
+    ``torch/utils/_python_dispatch.py``, ``is_traceable_wrapper_subclass``)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return is_traceable_wrapper_subclass(t)
+
+
+def is_view(t: torch.Tensor) -> bool:
+    """`t` views another tensor's storage (``Tensor._base`` is set; torch has no public
+    accessor)."""
+    return t._base is not None
+
+
+def replace_contents(target: ExportedProgram, source: ExportedProgram) -> None:
+    """Make `target` hold `source`'s graph module, signature, stored dicts and verifiers: the
+    in-place fold's result replaces the caller's object. ``ExportedProgram`` has no public
+    setter for its graph module or signature, so the instance state is copied whole."""
+    target.__dict__.update(source.__dict__)

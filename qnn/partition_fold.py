@@ -24,12 +24,11 @@ from typing import Iterable, Optional
 import torch
 from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 
 from folding import Decision, FoldReport
 from folding.ops import op_name
 from folding.quant import is_dequantize
-from folding.signature import mutated_targets
+from folding.signature import unchanging_stored_specs
 
 from .errors import EncodingLostError
 from .names import EdgeNameMap
@@ -166,14 +165,7 @@ def encoded_constants(program: ExportedProgram, report: FoldReport) -> frozenset
 def constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
     """Nodes of `ep`'s top graph computed from parameters, non-mutated buffers and lifted
     constants only (one pass over the graph)."""
-    sig = ep.graph_signature
-    mutated = mutated_targets(sig)
-    stored = {
-        s.arg.name
-        for s in sig.input_specs
-        if s.kind in (InputKind.PARAMETER, InputKind.CONSTANT_TENSOR)
-        or (s.kind == InputKind.BUFFER and s.target not in mutated)
-    }
+    stored = unchanging_stored_specs(ep.graph_signature)
     constant: set[torch.fx.Node] = set()
     for n in ep.graph.nodes:
         if n.op == "placeholder":

@@ -152,3 +152,49 @@ def test_re_exported_helpers_behave():
     assert ti.is_fake(fake) and ti.detect_fake_mode([fake]) is mode
     assert torch.ops.aten._assert_async.msg in ti.side_effectful_functions
     ti.verify_signature(_program())  # a valid program passes
+
+
+def test_registered_effect_knows_effectful_ops_only():
+    from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+    assert ti.registered_effect(torch.ops.aten.add.Tensor) is None
+    op = torch.ops.aten._print.default  # torch registers print as effectful
+    if ti.registered_effect(op) is None:
+        _register_effectful_op(op, _EffectType.ORDERED)
+    assert ti.registered_effect(op) is not None
+
+
+def test_is_unbacked_symbol_tells_data_dependent_sizes_from_input_sizes():
+    class Nonzero(nn.Module):
+        def forward(self, x):
+            return x.nonzero()
+
+    ep = torch.export.export(Nonzero(), (torch.randn(3, 4),), dynamic_shapes=({0: torch.export.Dim("n")},))
+    (x,) = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in ep.graph.nodes if n.op == "call_function" and "nonzero" in str(n.target))
+    (input_size,) = x.meta["val"].shape[0].node.expr.free_symbols
+    (data_size,) = out.meta["val"].shape[0].node.expr.free_symbols
+    assert ti.is_unbacked_symbol(data_size) and not ti.is_unbacked_symbol(input_size)
+
+
+def test_is_view_and_is_wrapper_subclass():
+    t = torch.randn(4, 4)
+    assert ti.is_view(t.t()) and ti.is_view(t[1]) and not ti.is_view(t) and not ti.is_view(t.clone())
+    assert not ti.is_wrapper_subclass(t)
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    lin = nn.Linear(32, 16)
+    quantize_(lin, Int8WeightOnlyConfig())
+    assert ti.is_wrapper_subclass(lin.weight)
+
+
+def test_replace_contents_makes_the_target_hold_the_source_program():
+    ep, other = _program(), _program()
+    x = torch.randn(4)
+    with torch.no_grad():
+        other.state_dict["w"].mul_(3)
+        want = other.module()(x)
+    ti.replace_contents(ep, other)
+    assert ep.graph_module is other.graph_module and ep.state_dict is other.state_dict
+    with torch.no_grad():
+        assert torch.equal(ep.module()(x), want)
