@@ -13,7 +13,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .bodies import merge_duplicate_operands
+from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
 from .hops import copy_uncompiled, recompile_shallow

@@ -233,7 +233,7 @@ def _add_distinct_loop_operands(placer: _Placer) -> None:
     output!", torch/_higher_order_ops/utils.py, checked when ``to_edge`` traces the program
     again). Folding makes two values stored tensors, and identical bytes make them one
     (``zeros(())`` as the carry, ``(arange(1) / 1).reshape(())`` read by the body). Repeats
-    among the invariant operands alone are merged instead (`bodies.merge_duplicate_operands`).
+    among the invariant operands alone are merged instead (`operands.merge_duplicate_operands`).
     One node passed twice (a buffer as the carry and read by the body) is the caller's own
     aliasing, which folding did not make, and a reader's private placeholder would replace
     both occurrences: it is left as it is."""

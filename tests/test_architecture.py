@@ -69,3 +69,72 @@ def test_no_function_over_60_lines_and_no_class_over_120(package):
                 for kind, name, lines in _sizes(ast.parse(path.read_text()))
                 if lines > {"function": 60, "class": 120}[kind]]
     assert not too_long, "\n".join(too_long)
+
+
+# Stage entry points, by (module, function), and the step each stands for.
+_ENTRY_POINTS = {
+    ("working", "__call__"): "prepare", ("analysis", "analyze"): "analyze", ("plan", "make_plan"): "plan",
+    ("evaluate", "evaluate"): "evaluate", ("placement", "place"): "place", ("lift", "lift"): "apply",
+    ("sizes", "stored_constant_bytes"): "measure", ("reporting", "fold_report"): "report",
+    ("operands", "merge_duplicate_operands"): "operands", ("inline", "inline_constant_conds"): "inline",
+    ("reporting", "merged"): "merge reports", ("reporting", "body_decisions"): "body decisions",
+}
+_ROUND = ["prepare", "analyze", "plan", "evaluate", "place", "apply", "measure", "report", "operands", "inline"]
+
+
+def _walk(program) -> tuple[list[str], set]:
+    """The stage entry points `fold_constants(program)` calls, in order, from `fold.py`; and the
+    (caller module, step) of those called from anywhere else."""
+    import sys
+
+    import folding
+
+    def module(frame) -> str:
+        name = frame.f_globals.get("__name__", "") if frame is not None else ""
+        return name.split(".", 1)[1] if name.startswith("folding.") else ""
+
+    walk, elsewhere = [], set()
+
+    def profile(frame, event, arg):
+        step = _ENTRY_POINTS.get((module(frame), frame.f_code.co_name)) if event == "call" else None
+        if step is not None:
+            caller = module(frame.f_back)
+            if caller == "fold":
+                walk.append(step)
+            elif caller != module(frame):
+                elsewhere.add((caller, step))
+
+    sys.setprofile(profile)
+    try:
+        folding.fold_constants(program)
+    finally:
+        sys.setprofile(None)
+    return walk, elsewhere
+
+
+@pytest.mark.parametrize("runtime", [True, False], ids=["runtime_predicate", "constant_predicate"])
+def test_the_fold_walks_the_stages_in_order_once_per_round(runtime):
+    """The one-``cond`` program: a round per fold (two when the ``cond`` is inlined), each going
+    through the stages once, in pipeline order, then the report is merged. Only the hoisting of
+    prepare calls a stage entry point itself: `analysis.analyze` on each body, passed in by the
+    driver."""
+    import torch
+
+    from tests.programs import OneCond
+
+    program = torch.export.export(OneCond(runtime), (torch.randn(4, 4),))
+    walk, elsewhere = _walk(program)
+    rounds = 1 if runtime else 2
+    assert walk == ["measure"] + _ROUND * rounds + ["merge reports", "body decisions"], walk
+    assert elsewhere <= {("bodies", "analyze")}, elsewhere
+
+
+def test_no_test_module_imports_another():
+    """Shared programs and checks live in helper modules (`tests/programs.py`,
+    `tests/fold_checks.py`, …), never in another test module."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1].startswith("test_"):
+                found.append(f"{path.relative_to(ROOT)} imports {node.module}")
+    assert not found, "\n".join(found)

@@ -20,6 +20,7 @@ from folding.work_counts import counting
 from tests.control_flow_checks import body_targets, fold_and_compare, fold_checked
 from tests.fold_checks import assert_close_all, assert_same, call_targets, decision, export
 from tests.invariants import outputs
+from tests.programs import OneCond
 
 KEPT_WHOLE = ("aten.linear.default", "aten.rms_norm.default", "aten.scatter.src", "aten.matmul.default")
 
@@ -466,26 +467,12 @@ def test_executorch_control_flow_test_models_fold_and_run(name, dialect):
     assert [d for d in result.report.decisions if "/" in d.node], "body nodes have decisions"
 
 
-class _OneCond(nn.Module):
-    """Three lines, one ``cond``: constant code in both branches; the predicate reads the input
-    (``runtime=True``) or only the weight (then the fold makes it a constant and inlines it)."""
-
-    def __init__(self, runtime: bool):
-        super().__init__()
-        self.runtime = runtime
-        self.w = nn.Parameter(torch.randn(4, 4))
-
-    def forward(self, x):
-        pred = (x.sum() if self.runtime else self.w.sum()) > 0
-        return torch.cond(pred, lambda x: x @ (self.w * 2).t(), lambda x: x - self.w.exp(), (x,))
-
-
 @pytest.mark.parametrize("runtime", [True, False], ids=["runtime_predicate", "constant_predicate"])
 def test_one_cond_folds_without_a_discarded_attempt(runtime):
     """Each round of the fold (one, and one more after a constant ``cond`` is inlined) is one
     attempt: code inlined from a branch is reported under its body path but is not pinned
     back into a body that no longer exists (`folding.node_meta`)."""
-    program = export(_OneCond(runtime), (torch.randn(4, 4),))
+    program = export(OneCond(runtime), (torch.randn(4, 4),))
     with counting() as work:
         result = folding.fold_constants(program)
     assert work["attempts"] == (1 if runtime else 2), work

@@ -20,7 +20,7 @@ from folding.dedup import placeholder_savings
 from folding.report import PHASES
 from folding.sizes import aligned, distinct_bytes
 from tests.invariants import assert_report_bytes_true
-from tests.test_real_programs import SneakyWriter
+from tests.programs import SneakyWriter
 
 
 class Layers(nn.Module):

@@ -22,6 +22,7 @@ from hypothesis import given, settings, strategies as st
 import folding
 from folding import FoldPolicy, Reason
 from folding.signature import input_specs_by_name
+from tests.programs import SneakyWriter
 from tests.fold_checks import (
     assert_close_all,
     decision,
@@ -219,32 +220,6 @@ def test_undeclared_norm_writes_table_matches_the_kernels():
             assert f"aten.{name}" in _UNDECLARED_WRITES, f"aten.{name} writes its running stats: {schema}"
             assert not written[False], name
     assert {"batch_norm", "instance_norm", "native_batch_norm"} <= set(checked)
-
-
-# An op whose schema declares no write but whose kernel writes its first argument: the kind of
-# fault no table can list in advance, caught at fold time by the copy-on-write check.
-_lib = torch.library.Library("fold_test", "DEF")
-_lib.define("sneaky_bump(Tensor state, Tensor x) -> Tensor")
-
-
-def _sneaky_bump(state, x):
-    state.add_(1.0)  # undeclared: the schema says `Tensor state`, not `Tensor(a!) state`
-    return x + state
-
-
-_lib.impl("sneaky_bump", _sneaky_bump, "CompositeExplicitAutograd")
-_lib.impl("sneaky_bump", lambda state, x: torch.empty_like(x), "Meta")
-
-
-class SneakyWriter(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("state", torch.zeros(3))
-        self.register_buffer("c", torch.arange(3.0))
-
-    def forward(self, x):
-        y = torch.ops.fold_test.sneaky_bump(self.state, self.c)  # constant inputs only
-        return x + y, self.state * 10.0
 
 
 def test_a_write_no_rule_knows_is_caught_when_evaluated():
