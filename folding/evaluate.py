@@ -1,4 +1,9 @@
-"""Eager evaluation of the folded nodes, one op at a time, freeing each value after its last use."""
+"""Eager evaluation of the nodes a plan evaluates (`Plan.evaluated`), one op at a time, freeing
+each value after its last use.
+
+What evaluation learns that the analysis missed (an in-place alias class that must stay whole,
+an undeclared write) it returns as data, ``Evaluation.learnt``; the driver (`fold._fold_once`)
+records it in `constraints.Constraints` and redoes the attempt."""
 
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ def evaluate(
     module: torch.fx.GraphModule,
     placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
 ) -> Evaluation:
-    """Run the folded nodes of `plan` eagerly under ``no_grad`` (`FoldInterpreter`).
+    """Run the nodes of ``plan.evaluated`` eagerly under ``no_grad`` (`FoldInterpreter`).
 
     Args:
         plan: from `make_plan`; not changed. When a node planned as folded has to stay (it
@@ -256,9 +261,9 @@ def _metadata_lookup(
 
 
 class _WriteGuard:
-    """Hands an op copy-on-write clones (``torch._lazy_clone``) of the inputs it is not known to
-    write to or alias, so an undeclared write can neither reach the caller's tensors nor go
-    unnoticed: a kernel that writes materialises its clone (even one that, like
+    """Hands an op copy-on-write clones (`torch_internals.lazy_clone`) of the inputs it is not
+    known to write to or alias, so an undeclared write can neither reach the caller's tensors
+    nor go unnoticed: a kernel that writes materialises its clone (even one that, like
     ``batch_norm``'s, writes through the data pointer without bumping the version counter)."""
 
     def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:

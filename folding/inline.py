@@ -55,7 +55,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
             unchanged from its operands (the output spec keeps naming a node of its own).
         reserved: names an inlined node must not take although no node of the graph has them
             now: the caller's node names, which the report uses (a node folded away earlier
-            keeps its decision under its name; invariant 6, docs/DESIGN.md).
+            keeps its decision under its name; invariant 6, docs/design.md).
 
     Returns:
         The `Inlining` (false when no cond was inlined).
@@ -159,7 +159,7 @@ def _erase_unused_get_attrs(graph: torch.fx.Graph) -> None:
     Not ``Graph.eliminate_dead_code``: torch 2.14 (``torch/fx/graph.py``) also runs it, with
     its own side-effect rule, on every GraphModule child a get_attr reads, and recompiles them
     in place, so a body shared with the caller's program (a region whose result is unused)
-    would lose its dead code in the caller's program too (invariant 7)."""
+    would lose its dead code in the caller's program too (docs/design.md invariant 7)."""
     for node in graph.find_nodes(op="get_attr"):
         if not node.users:
             graph.erase_node(node)

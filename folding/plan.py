@@ -1,12 +1,19 @@
 """Which constant nodes are folded away, which stay in the program, which values are stored.
 
-Every constant node is a candidate. Some stay in the program as ops although they read only
-constants (``runtime``), each with a reason:
+Every constant node the analysis left foldable is a candidate. Some stay in the program as ops
+although they read only constants (``Plan.runtime``), each with a reason:
 
+- a copy of a stored constant that only the graph output reads (how a folded program returns
+  a constant), and a scalar the graph output returns;
 - a dequantize whose result a runtime op would read keeps its encoding (`quant`), and so do
   the float ops between it and that reader;
+- a fill shaped like a runtime tensor that only runtime ops read;
 - an op whose value is larger than the policy's cap, or whose region would push the program
-  past its growth budget, stays so that a smaller value is stored instead (`cuts`).
+  past its growth budget, stays so that a smaller value is stored instead (`cuts`);
+- a folded value whose strides a kept op observes (`layout`), and a value that cannot be
+  stored (a multi-output op's tuple) that a kept op reads;
+- every member of an in-place alias class of which one member stays, and a check that reads
+  a value that stays.
 
 A folded value is *materialised* (stored as a lifted constant) when a node that stays in the
 program, or the graph output, reads it. Nodes are *evaluated* at fold time when they are
@@ -215,8 +222,7 @@ def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
     """Leave in the graph a fill shaped like a runtime tensor (``full_like(x)``,
     ``x.new_zeros(...)``, the zero attention bias that SDPA's decomposition builds) whose value
     only runtime ops read. Storing it costs all its bytes and saves one fill at runtime; kept,
-    it reads a runtime input, so it never forms a constant-only partition. Measured: ViT-B/16's
-    Edge program stores 1,862,832 bytes of zeros that way, T5-small's 524,288."""
+    it reads a runtime input, so it never forms a constant-only partition."""
     for n in plan.candidates:
         if (
             plan.folded(n)
@@ -284,8 +290,8 @@ def _keep_until_stable(plan: Plan, analysis: Analysis, rule: Callable[[Plan], No
 
     A node a rule keeps at runtime must not leave its in-place class half folded: a view
     updated in place (``conv(w).narrow(...).add_(1)``) kept because a random op reads it would
-    otherwise write into its stored base on every call (fuzz case 13001881), and a kept
-    ``chunk`` is a view too. Each round keeps at least one more node; one or two in practice."""
+    otherwise write into its stored base on every call, and a kept ``chunk`` is a view too.
+    Each round but the last keeps at least one more node, so the loop ends."""
     while True:
         before = len(plan.runtime)
         rule(plan)
@@ -303,10 +309,9 @@ def _keep_unstorable_inputs(plan: Plan) -> None:
     """A node that stays at runtime reads each folded input as a stored constant; a value that
     cannot be stored (the tuple of a multi-output op such as ``chunk``, ``split``, ``unbind``,
     which its ``getitem`` nodes read) stays at runtime with its reader, and so, in turn, does
-    each unstorable value it reads. Any rule that keeps a ``getitem`` needs this: a runtime op
-    observing the strides of ``chunk(buffer)[0]`` kept the ``getitem`` and left its ``chunk``
-    folded (timm ``eva02_tiny_patch14_224``'s rotary embedding: ``KeyError: chunk`` in `lift`).
-    The readers are every node that is not folded: those the plan keeps, and those the analysis
+    each unstorable value it reads. Any rule that keeps a ``getitem`` needs this: when a runtime
+    op observes the strides of ``chunk(buffer)[0]``, the ``getitem`` stays, and its ``chunk``
+    must stay with it, since `lift` has no tensor to store for a tuple. The readers are every node that is not folded: those the plan keeps, and those the analysis
     keeps (a ``getitem`` of a control-flow call's tuple that an in-place op of runtime values
     writes into). Size limits need it not (`cuts` stores only storable values). O(nodes + edges)."""
     work = list(plan.runtime)

@@ -26,21 +26,12 @@ class FoldPolicy:
         max_tensor_bytes: no single stored (materialised) tensor is larger than this, in bytes,
             except the transpose of a stored matrix that only transposes read, which replaces
             it (`folding.readers`: it stores no byte more than the program did).
-            Default 16 MiB: the largest value folding stores in the benchmark models is T5's
-            relative-position bias (1x8x128x128 fp32, 512 KiB) and swin_v2_t's first shifted-window
-            mask (64x49x49 fp32, 600 KiB), so 16 MiB never blocks a useful fold, while a folded
-            ``expand``/``full`` to [4096, 4096] fp32 (64 MiB) stays an op. Grappler uses 10 MiB,
-            ONNX Runtime 1 GiB. None: no cap.
+            Default 16 MiB; None: no cap.
         max_growth_bytes, max_growth_fraction: the program's stored constant bytes may grow by at
             most ``max(max_growth_bytes, max_growth_fraction * bytes_before)``. Defaults 1 MiB and
-            5 %. Measured (ATen programs of the benchmark models, everything folded): swin_v2_t
-            +2.27 % (its position-bias tables and shifted-window masks, 2.58 MB), T5 encoder
-            +0.37 %, Llama +0.09 %, ViT-B/16 -0.89 %, MobileNet-V3 0 %; executorch's
-            ``constant_prop_pass`` grows swin_v2_t by 1.6 % unconditionally. So 5 % folds every
-            benchmark model completely, while a transposed copy of a tied embedding (+83 % on
-            the benchmark Llama after ``linear`` is decomposed) never fits; the 1 MiB floor
-            lets small programs fold their masks.
-            Both None: no budget.
+            5 %; both None: no budget.
+
+    The defaults and the programs they were chosen on: docs/design.md, "Size limits".
 
     Raises:
         PolicyError: on a field of the wrong type or a negative size.

@@ -1,11 +1,14 @@
-"""Quantize/dequantize vocabulary and the rule that keeps encodings.
+"""Quantize/dequantize vocabulary: which ops quantize or dequantize, and which values are still
+a dequantized constant (`dequantized_values`); read by the rule that keeps encodings
+(`plan._keep_encodings`), the report (`describe_encoding`) and `qnn.QnnPartitioner`.
 
 QNN reads a constant's encoding from the dequantize node that reads it
 (executorch/backends/qualcomm/_passes/annotate_quant_attrs.py and fold_qdq.py mark it
 ``QCOM_BYPASS_NODE``); XNNPACK's partitioner likewise fuses a dequantize of a static weight
 into the quantized op. So a dequantize of a constant is never replaced by a float constant
 that a runtime op reads: the dequantize node stays with all its encoding arguments and its
-integer input is what gets stored.
+integer input is what gets stored. A dequantize that only the graph output reads carries no
+encoding for any op and folds to its float value.
 """
 
 from __future__ import annotations

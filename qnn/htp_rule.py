@@ -2,11 +2,13 @@
 
 QNN's HTP backend finalizes a graph only when at least one of its inputs is written by the
 application at run time (a ``QNN_TENSOR_TYPE_APP_WRITE`` tensor); a graph fed only by
-``QNN_TENSOR_TYPE_STATIC`` tensors (weights, buffers, lifted constants) is refused. The check
-lives in the SDK (libQnnHtp.so), not in executorch's Python, so executorch's
-``QnnPartitioner`` (executorch/backends/qualcomm/partition/qnn_partitioner.py) happily emits
-such partitions. We mirror the refusal at partition time: the partition stays on the CPU, as it
-would have to on a device.
+``QNN_TENSOR_TYPE_STATIC`` tensors (weights, buffers, lifted constants) is refused: its context
+compile fails with ``No graph inputs present for graph [0]`` (error 0x7532). The check lives in
+the SDK (libQnnHtp.so), not in executorch's Python, so executorch 1.5.1's ``QnnPartitioner``
+(executorch/backends/qualcomm/partition/qnn_partitioner.py) emits such partitions. This module
+mirrors the SDK's refusal at partition time: the partition stays on the CPU, as it would have
+to on a device. tests/qnn/test_htp_premise.py lowers such a program through executorch's stock
+partitioner on the real HTP libraries and checks the refusal.
 
 Static vs. runtime follows QNN's own tensor classification in
 executorch/backends/qualcomm/builders/utils.py (``is_parameter``, ``is_graph_input``,
@@ -15,14 +17,8 @@ turns into ``STATIC`` or ``APP_WRITE``: a parameter, a buffer the program does n
 lifted tensor constant and a ``get_attr`` are static; a user input, a mutated buffer, and any
 value computed outside the partition are written at run time.
 
-GPU and LPAI accept graphs without runtime inputs; the rule applies to HTP only.
-
-Source of the rule: the review of executorch PR 24429 (the upstream estimator) quotes it as
-``QnnPartitioner._drop_partitions_without_runtime_inputs``, called from ``generate_partitions``
-on HTP only. executorch 1.5.1 has no such code (backends/qualcomm/partition/qnn_partitioner.py),
-so this module is our mirror of the SDK's refusal, not a copy of upstream code. The real-HTP
-tests (tests/qnn/test_htp_premise.py) lower through executorch's stock partitioner and show
-what HTP itself does with such a graph.
+GPU and LPAI accept graphs without runtime inputs; the rule applies to HTP only
+(`refuses_static_graphs`).
 """
 
 from __future__ import annotations
