@@ -311,9 +311,10 @@ def _keep_unstorable_inputs(plan: Plan) -> None:
     which its ``getitem`` nodes read) stays at runtime with its reader, and so, in turn, does
     each unstorable value it reads. Any rule that keeps a ``getitem`` needs this: when a runtime
     op observes the strides of ``chunk(buffer)[0]``, the ``getitem`` stays, and its ``chunk``
-    must stay with it, since `lift` has no tensor to store for a tuple. The readers are every node that is not folded: those the plan keeps, and those the analysis
-    keeps (a ``getitem`` of a control-flow call's tuple that an in-place op of runtime values
-    writes into). Size limits need it not (`cuts` stores only storable values). O(nodes + edges)."""
+    must stay with it, since `lift` has no tensor to store for a tuple. The readers are every
+    node that is not folded: those the plan keeps, and those the analysis keeps (a ``getitem``
+    of a control-flow call's tuple that an in-place op of runtime values writes into). Size
+    limits need it not (`cuts` stores only storable values). O(nodes + edges)."""
     work = list(plan.runtime)
     work += [r for n in plan.candidates if plan.folded(n) and not _storable(n.meta.get("val"))
              for r in n.users if r.op != "output" and not plan.folded(r)]
