@@ -1,4 +1,6 @@
-"""`fold_constants`: the constant-propagation stage (analysis → plan → evaluate → lift → report)."""
+"""`fold_constants`: the constant-propagation stage, the driver and the only caller of its
+steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
+then operands and inline between rounds (docs/design.md, "Pipeline inside `fold_constants`")."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
 Mirrors ``to_edge_transform_and_lower_to_qnn`` in executorch/backends/qualcomm/utils/utils.py
 step by step, with `qnn.QnnPartitioner` as the partitioner; the fold stage runs in its
 pre-decomposition hook, in place on the same program object QNN's to-edge passes were built
-from (docs/design.md, "Where the stage runs")::
+from, and, for a program that calls control flow, once more before QNN's export pipeline
+(`qnn.control_flow.fold_control_flow_first`; docs/design.md, "Where the stage runs")::
 
     export -> transform_for_export_pipeline -> get_to_edge_transform_passes(ep)
            -> to_edge_transform_and_lower(ep, passes, [qnn.QnnPartitioner])
