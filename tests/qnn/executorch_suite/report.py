@@ -38,7 +38,18 @@ def _cell(text) -> str:
     return str(text or "").replace("|", "\\|").replace("\n", " ")[:240]
 
 
+def _summarized(record: Dict) -> bool:
+    """A record restored from a summary JSON (`summarize`): status and first error, no entries."""
+    return "entries" not in record and "status" in record
+
+
+def _status(record: Dict) -> str:
+    return record["status"] if _summarized(record) else side_status(record)
+
+
 def _error(record: Dict) -> str:
+    if _summarized(record):
+        return record.get("first_error", "")
     failure = first_failure(record)
     if failure is None:
         return ""
@@ -96,7 +107,7 @@ def to_markdown(meta: Dict, results: List[Dict]) -> str:
             return
         lines.extend(["| test | stock | fold | stock: first error | fold: first error |", "|---|---|---|---|---|"])
         for r in rows:
-            lines.append(f"| {_name(r['test'])} | {side_status(r['stock'])} | {side_status(r['fold'])} | "
+            lines.append(f"| {_name(r['test'])} | {_status(r['stock'])} | {_status(r['fold'])} | "
                          f"{_cell(_error(r['stock']))} | {_cell(_error(r['fold']))} |")
         lines.append("")
 
@@ -125,9 +136,9 @@ def summarize(results: List[Dict]) -> List[Dict]:
             row["regressed_subtests"] = r["regressed_subtests"]
         for variant in ("stock", "fold"):
             record = r[variant]
-            row[variant] = {"status": side_status(record), "seconds": record.get("seconds"),
+            row[variant] = {"status": _status(record), "seconds": record.get("seconds"),
                             "lowerings": record.get("lowerings")}
-            if first_failure(record):
+            if _error(record):
                 row[variant]["first_error"] = _error(record)
         out.append(row)
     return out
