@@ -33,7 +33,7 @@ from .placement import place
 from .plan import make_plan
 from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
-from .reporting import body_decisions, fold_report, merged
+from .report_builder import body_decisions, fold_report, merged
 from .sizes import stored_constant_bytes, stored_tensor
 from .torch_internals import program_with, replace_contents
 from .working import Preparation, Working
@@ -162,7 +162,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
 
 
 @dataclass(frozen=True)
-class _Once:
+class _Round:
     """One fold of the top-level graph: the folded program, its report, and the working program
     it folded (`working.Working`)."""
 
@@ -172,7 +172,7 @@ class _Once:
 
 
 def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer,
-               pins: dict[str, tuple[Reason, str]]) -> _Once:
+               pins: dict[str, tuple[Reason, str]]) -> _Round:
     """One fold of the top-level graph of the program `prepare` makes. `bytes_before`: the
     stored constant bytes of the caller's program (the growth budget's reference). An
     attempt that learns a new constraint (an in-place class kept whole, an undeclared write,
@@ -221,7 +221,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
             attempt.discard()
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
-    return _Once(new_program, report, working)
+    return _Round(new_program, report, working)
 
 
 def _stored_value(program: ExportedProgram, analysis):

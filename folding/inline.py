@@ -27,7 +27,7 @@ from .sizes import stored_tensor
 @dataclass
 class Inlining:
     """What `inline_constant_conds` did, by report name (body paths for code that came out of
-    a body); `reporting.inlining_decisions` turns it into decisions.
+    a body); `report_builder.inlining_decisions` turns it into decisions.
 
     Attributes:
         conds: (name, predicate, branch taken) of each inlined cond.

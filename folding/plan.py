@@ -83,7 +83,7 @@ def make_plan(
         budget_cut: bytes taken off the policy's growth budget (after a plan whose measured
             growth exceeded it).
         cap_exempt: names of nodes `max_tensor_bytes` does not apply to: each replaces a stored
-            tensor of its own size (`readers`: the transpose of a matrix it alone reads).
+            tensor of its own size (`transposed_gathers`: the transpose of a matrix it alone reads).
 
     A rule that keeps a value at runtime after the size limits chose what to store (a value
     whose strides a kept op observes; an unstorable tuple) makes its folded inputs stored

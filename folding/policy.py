@@ -25,7 +25,7 @@ class FoldPolicy:
             and stored. A failing check is kept with its exception text.
         max_tensor_bytes: no single stored (materialised) tensor is larger than this, in bytes,
             except the transpose of a stored matrix that only transposes read, which replaces
-            it (`folding.readers`: it stores no byte more than the program did).
+            it (`folding.transposed_gathers`: it stores no byte more than the program did).
             Default 16 MiB; None: no cap.
         max_growth_bytes, max_growth_fraction: the program's stored constant bytes may grow by at
             most ``max(max_growth_bytes, max_growth_fraction * bytes_before)``. Defaults 1 MiB and

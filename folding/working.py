@@ -1,5 +1,5 @@
 """The program one fold attempt analyses and lifts: the program being folded after the
-rewrites that come before analysis (`readers.read_through_transposes`, then
+rewrites that come before analysis (`transposed_gathers.read_through_transposes`, then
 `bodies.hoist_body_constants`).
 
 The program being folded is never edited. The first of these rewrites that applies copies
@@ -19,7 +19,7 @@ from torch.export import ExportedProgram
 
 from .bodies import hoist_body_constants
 from .policy import FoldPolicy
-from .readers import Rewrite, read_through_transposes
+from .transposed_gathers import Rewrite, read_through_transposes
 from .report import PhaseTimer
 
 
@@ -31,7 +31,7 @@ class Working:
             edits (False: it is the program being folded, and `fold._lift` copies it first).
         owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
         transposes: names of the transposes that replace their matrix when folded
-            (`readers.Rewrite.transposes`).
+            (`transposed_gathers.Rewrite.transposes`).
         notes: one line per rewritten gather (`FoldReport.rewrites`).
         body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
     """

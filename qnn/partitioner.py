@@ -134,10 +134,8 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
         passes (``get_to_edge_transform_passes(ep)`` in _passes/qnn_pass_manager.py) keep the
         program object they were built from and look constants up in it by name, so the folded
         constants have to appear in that same object, or they would lose their encodings. A
-        program this partitioner already folded is returned as is. This hook folds every program
-        lowered with this partitioner; `qnn.to_edge_transform_and_lower_to_qnn` also folds a
-        program that calls control flow once before QNN's export pipeline
-        (`qnn.control_flow.fold_control_flow_first`), and this hook then folds what is left."""
+        program this partitioner already folded is returned as is. (A program that calls control
+        flow is also folded before QNN's export pipeline: `control_flow.fold_control_flow_first`.)"""
         if self.fold_spec is None or any(f.program is exported_program for f in self._folds):
             self._aten_graph_id = id(exported_program.graph)
             return exported_program

@@ -7,7 +7,7 @@ import torch.nn as nn
 
 
 class RewrittenAndHoisted(nn.Module):
-    """A tied embedding read through its transpose (`folding.readers` rewrites the gather), and
+    """A tied embedding read through its transpose (`folding.transposed_gathers` rewrites the gather), and
     a ``cond`` whose branches compute the same bytes from the same weight in two ways (moved
     out, lifted as one constant, then passed once: `operands.merge_duplicate_operands`)."""
 

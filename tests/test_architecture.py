@@ -2,8 +2,8 @@
 imports another, and no function or class grows past what a reader takes in at once.
 
 The stages, in the order `fold.py` runs them: prepare (`working`, which composes the rewrites
-before analysis: `readers`, `bodies`), `analysis`, `plan`, `evaluate`, `placement`, `lift`,
-`reporting`, and `inline` between rounds. A stage may name another stage's record in a type
+before analysis: `transposed_gathers`, `bodies`), `analysis`, `plan`, `evaluate`, `placement`, `lift`,
+`report_builder`, and `inline` between rounds. A stage may name another stage's record in a type
 annotation (an ``if TYPE_CHECKING:`` import); it never imports one at runtime."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STAGES = {"working", "analysis", "plan", "evaluate", "placement", "lift", "reporting", "inline"}
-PREPARE_REWRITES = {"readers", "bodies"}  # run by `working` (prepare) only
+STAGES = {"working", "analysis", "plan", "evaluate", "placement", "lift", "report_builder", "inline"}
+PREPARE_REWRITES = {"transposed_gathers", "bodies"}  # run by `working` (prepare) only
 DRIVER = "fold"
 
 
@@ -75,9 +75,9 @@ def test_no_function_over_60_lines_and_no_class_over_120(package):
 _ENTRY_POINTS = {
     ("working", "__call__"): "prepare", ("analysis", "analyze"): "analyze", ("plan", "make_plan"): "plan",
     ("evaluate", "evaluate"): "evaluate", ("placement", "place"): "place", ("lift", "lift"): "apply",
-    ("sizes", "stored_constant_bytes"): "measure", ("reporting", "fold_report"): "report",
+    ("sizes", "stored_constant_bytes"): "measure", ("report_builder", "fold_report"): "report",
     ("operands", "merge_duplicate_operands"): "operands", ("inline", "inline_constant_conds"): "inline",
-    ("reporting", "merged"): "merge reports", ("reporting", "body_decisions"): "body decisions",
+    ("report_builder", "merged"): "merge reports", ("report_builder", "body_decisions"): "body decisions",
 }
 _ROUND = ["prepare", "analyze", "plan", "evaluate", "place", "apply", "measure", "report", "operands", "inline"]
 

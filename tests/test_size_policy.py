@@ -75,7 +75,7 @@ def test_tied_embedding_matrix_is_stored_once_in_edge_program():
     result = fold_constants(edge)
     assert_report_bytes_true(result)
     assert stored_constant_bytes(result.program) <= stored_constant_bytes(edge)
-    # The embedding reads the transpose (folding.readers), so the transpose is stored instead
+    # The embedding reads the transpose (folding.transposed_gathers), so the transpose is stored instead
     # of the matrix, not beside it, and no call copies the matrix.
     big = [c for c in result.report.lifted if c.nbytes >= 8000 * 128 * 4]
     assert len(big) == 1 and big[0].shape == (128, 8000), big

@@ -254,9 +254,9 @@ def verifier_problem(ep) -> Optional[str]:
 
 def replaces_its_matrix(lifted, unfolded, report) -> bool:
     """`lifted` holds the transpose of a stored matrix of its own size that the fold removed
-    (`folding.readers`: exempt from ``max_tensor_bytes``, it stores no byte more)."""
+    (`folding.transposed_gathers`: exempt from ``max_tensor_bytes``, it stores no byte more)."""
     from folding.ops import op_name
-    from folding.readers import _TRANSPOSES
+    from folding.transposed_gathers import _TRANSPOSES
 
     nodes = {n.name: n for n in unfolded.graph.nodes}
     for name in lifted.replaces:

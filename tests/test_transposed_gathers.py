@@ -1,4 +1,4 @@
-"""`folding.readers`: row gathers of a stored matrix read its transpose, so a tied embedding is
+"""`folding.transposed_gathers`: row gathers of a stored matrix read its transpose, so a tied embedding is
 stored once (as its transpose) and no call copies it. Each program is compared with the
 unfolded one on random indices, eagerly and as a .pte, relative to the output's scale."""
 
