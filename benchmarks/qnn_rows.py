@@ -78,6 +78,8 @@ class QnnRow:
         peak_rss_bytes: peak resident set size of the process while this row was lowered,
             serialised and run (bytes; the kernel's mark is reset at the row's start).
         fold_report: ``FoldReport.to_dict()`` of the fold stage's last fold (mode ``on``).
+        folds_changed_program: some fold of the lowering (the early control-flow fold included)
+            lifted a constant or removed a placeholder (mode ``on``).
     """
 
     model: str
@@ -105,6 +107,7 @@ class QnnRow:
     context_binary_bytes: Optional[int] = None
     peak_rss_bytes: Optional[int] = None
     fold_report: Optional[Dict[str, Any]] = None
+    folds_changed_program: Optional[bool] = None  # any fold (the early control-flow one included) lifted or removed
     traceback: Optional[str] = None
 
     @property
@@ -348,6 +351,7 @@ def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: boo
         row.cpu_op_reasons = _cpu_op_reasons(manager, decisions)
     if partitioner.fold_reports:
         row.fold_report = partitioner.fold_reports[-1].to_dict()
+        row.folds_changed_program = any(r.lifted or r.removed_placeholders for r in partitioner.fold_reports)
     row.context_binary_bytes = context_binary_bytes(manager)
     stage = "to_executorch"
     try:

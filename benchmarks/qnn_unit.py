@@ -125,7 +125,7 @@ def fill_row(row: Row, q: Any) -> None:
     if q.fold_report is not None:
         row.fold_bytes_before = q.fold_report.get("constant_bytes_before")
         row.fold_bytes_after = q.fold_report.get("constant_bytes_after")
-        if not q.fold_report.get("lifted") and not q.fold_report.get("removed_placeholders"):
+        if not q.folds_changed_program:
             row.note = "the fold had nothing to do: no constant-only op left after QNN's export passes"
 
 

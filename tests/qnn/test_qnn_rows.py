@@ -124,3 +124,25 @@ def test_a_fold_with_nothing_to_do_says_so_in_the_row():
     assert rows["fold_constants"].note.startswith("the fold had nothing to do")
     assert rows["none"].note is None and rows["fold_constants"].pte_bytes == rows["none"].pte_bytes
     assert 0 < rows["none"].context_binary_bytes < rows["none"].pte_bytes
+
+
+class _FlagCond(torch.nn.Module):
+    """A ``cond`` on a buffer flag: folded before QNN's export passes (the early control-flow
+    fold), so the hook's own fold finds nothing left."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("flag", torch.ones(1))
+        self.w = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        return torch.cond(self.flag.sum() > 0, lambda x: x @ (self.w * 2).t(), lambda x: x + self.w.exp().sum(0), (x,))
+
+
+def test_a_row_folded_before_the_export_passes_is_not_called_a_fold_with_nothing_to_do():
+    module, inputs = _FlagCond().eval(), _x(4, 16)
+    (on,) = qnn_rows.lower_rows("flag_cond", module, inputs, "fp16", modes=("on",))
+    row = Row("flag_cond", "fold_constants", "qnn", precision="fp16")
+    qnn_unit.fill_row(row, on)
+    assert row.status == "ok", row.traceback
+    assert on.folds_changed_program and row.note is None, (on.folds_changed_program, row.note)
