@@ -152,7 +152,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     with timer.phase("report"):
         report = merged(steps, folded)
         report.rewrites = list(once.working.notes)
-    report.decisions.extend(body_decisions(folded, once.working.body_decisions))
+        report.decisions.extend(body_decisions(folded, once.working.body_decisions))
     report.timings = timer.timings()
     logger.info(
         "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
