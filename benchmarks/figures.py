@@ -49,6 +49,13 @@ def _pct_label(value: float) -> str:
     return f"{value:+.3g}"
 
 
+def verdict_mark(row: Optional[Dict[str, Any]]) -> str:
+    """What a bar's label adds for a row whose output was not judged ``ok``: `` mismatch`` or
+    `` unverified`` (`benchmarks.verdict`); empty otherwise."""
+    status = str((row or {}).get("status", ""))
+    return next((f" {word}" for word in ("mismatch", "unverified") if status.startswith(word)), "")
+
+
 def pte_change_panel(rows: Sequence[Dict[str, Any]], backend: str,
                      variants: Sequence[str]) -> List[Tuple[str, str, Any]]:
     """The bars of `backend`'s size panel: (group label, variant, % change against ``none``), or
@@ -109,7 +116,8 @@ def _draw(ax, bars, labels: List[str], variants: Sequence[str], legend, text=Non
 def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
     """Bar chart of ``.pte`` size change (%) against ``none``, one panel per backend (portable,
     XNNPACK, QNN; QNN bars per model and precision). A row without a ``.pte`` is marked
-    ``failed`` (or ``skipped``) in red (grey) at 0, not drawn as a 0 % bar.
+    ``failed`` (or ``skipped``) in red (grey) at 0, not drawn as a 0 % bar; a row whose output is
+    not ``ok`` has ``mismatch`` (or ``unverified``) after its percentage.
 
     Returns the written path, or ``None`` when there is nothing to plot."""
     import matplotlib
@@ -134,7 +142,10 @@ def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
     for ax, backend in zip(axes, backends):
         bars = pte_change_panel(rows, backend, variants)
         labels = list(dict.fromkeys(label for label, _, _ in bars))
-        _draw(ax, bars, labels, variants, lambda v: v)
+        marks = {(_label(backend, g), v): verdict_mark(_find(rows, backend, g, v))
+                 for g in _groups(rows, backend) for v in variants}
+        _draw(ax, bars, labels, variants, lambda v: v,
+              text=lambda label, variant, y: _pct_label(y) + marks.get((label, variant), ""))
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_title(f"{backend}: .pte change vs none", fontsize=10)
         ax.set_ylabel("% change (lower is smaller)")

@@ -6,7 +6,14 @@ One `QnnRow` per (model, precision, mode): QNN partitions (and those the HTP rul
 left on the CPU, constant bytes entering QNN partitions and left on the CPU
 (`qnn.describe_partitions`), the bytes of the HTP context binaries, the real ``.pte`` size, the
 emulated HTP's output against eager (`qnn.run_pte`; max abs difference and the output's scale,
-max |eager output|; quantized rows against the converted q/dq program), times and peak RSS.
+max |eager output|; quantized rows against the converted q/dq program) judged at the
+precision's tolerance (`benchmarks.verdict`), the fold-on and ``constant_prop_pass`` rows' HTP
+output against the fold-off row's on the same inputs, times and peak RSS.
+
+A row that lowers and runs is ``ok`` only when its HTP output is within the tolerance of eager
+and, for a row that folds, of the fold-off row's HTP output: by the triangle inequality a
+fold-on row that passes the second check is never farther from eager than the fold-off row by
+more than the tolerance.
 
 Modes:
 - ``off``: `qnn.to_edge_transform_and_lower_to_qnn` without the ``fold_constants`` spec;
@@ -49,7 +56,8 @@ class QnnRow:
 
     Attributes:
         mode: ``off``, ``constant_prop_pass`` or ``on`` (module docstring).
-        status: "ok", or ``error (<stage>): <exception type>: <first line>``.
+        status: "ok"; ``mismatch: ...`` or ``unverified: ...`` (`benchmarks.verdict.judge`, against
+            eager, then against the fold-off row); or ``error (<stage>): <exception type>: <first line>``.
         partitions: QNN delegate calls in the lowered program.
         refused_partitions: partitions QNN's op support found but the HTP rule kept on the CPU
             (no runtime input, `qnn.htp_rule`).
@@ -70,6 +78,10 @@ class QnnRow:
         htp_max_abs_diff: max |emulated HTP output - eager output| over the float outputs.
         output_scale: max |eager output| over the same outputs.
         htp_integer_mismatch: fraction of integer output elements that differ from eager.
+        tolerance: the largest ``htp_max_abs_diff`` still ``ok`` (`benchmarks.verdict.tolerance`).
+        htp_vs_off_max_abs_diff: max |this row's HTP output - the fold-off row's HTP output| over
+            the float outputs, on the same inputs (None for ``off``, or when ``off`` did not run).
+        htp_vs_off_integer_mismatch: fraction of integer output elements that differ from ``off``'s.
         qnn_error: a failed lowering: the first error QNN's libraries printed (e.g. HTP's graph
             prepare naming the op), which executorch's exception does not carry.
         htp_run_ms: one run of the ``.pte`` on the emulated HTP (first call, loading excluded).
@@ -103,6 +115,9 @@ class QnnRow:
     cpu_op_reasons: Optional[Dict[str, str]] = None
     qnn_error: Optional[str] = None
     htp_integer_mismatch: Optional[float] = None
+    tolerance: Optional[float] = None
+    htp_vs_off_max_abs_diff: Optional[float] = None
+    htp_vs_off_integer_mismatch: Optional[float] = None
     htp_run_ms: Optional[float] = None
     context_binary_bytes: Optional[int] = None
     peak_rss_bytes: Optional[int] = None
@@ -281,23 +296,47 @@ def _tensors(outputs) -> List[torch.Tensor]:
     return [o for o in outputs if isinstance(o, torch.Tensor)]
 
 
-def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor]) -> None:
-    """Run the ``.pte`` on the emulated HTP; float outputs give `htp_max_abs_diff` and
-    `output_scale`, integer outputs `htp_integer_mismatch` (fraction of elements that differ)."""
+def _differences(got: List[torch.Tensor], want: List[torch.Tensor]) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+    """(max abs diff over the float outputs, max |want| over them, fraction of integer elements that
+    differ); None where there is no output of that kind.
+
+    Raises:
+        ValueError: the outputs' count or shapes differ."""
+    if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+        raise ValueError(f"HTP outputs {[tuple(g.shape) for g in got]} != {[tuple(w.shape) for w in want]}")
+    floats = [(g, w) for g, w in zip(got, want) if w.dtype.is_floating_point]
+    ints = [(g, w) for g, w in zip(got, want) if not w.dtype.is_floating_point]
+    diff = max((float((g.float() - w.float()).abs().max()) for g, w in floats), default=None)
+    scale = max((float(w.float().abs().max()) for _, w in floats), default=None)
+    mismatch = sum(int((g != w).sum()) for g, w in ints) / sum(w.numel() for _, w in ints) if ints else None
+    return diff, scale, mismatch
+
+
+def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor],
+                fold_off: Optional[List[torch.Tensor]]) -> List[torch.Tensor]:
+    """Run the ``.pte`` on the emulated HTP and judge it (`benchmarks.verdict`): against eager
+    (`htp_max_abs_diff`, `output_scale`, `htp_integer_mismatch`), then against the fold-off
+    row's HTP outputs `fold_off` when given. Returns the HTP outputs."""
+    from . import verdict
+
     import qnn
 
     start = time.perf_counter()
     got = _tensors(qnn.run_pte(buffer, inputs))
     row.htp_run_ms = (time.perf_counter() - start) * 1e3
-    if len(got) != len(expected) or any(g.shape != w.shape for g, w in zip(got, expected)):
-        raise ValueError(f"HTP outputs {[tuple(g.shape) for g in got]} != eager {[tuple(w.shape) for w in expected]}")
-    floats = [(g, w) for g, w in zip(got, expected) if w.dtype.is_floating_point]
-    ints = [(g, w) for g, w in zip(got, expected) if not w.dtype.is_floating_point]
-    if floats:
-        row.htp_max_abs_diff = max(float((g.float() - w.float()).abs().max()) for g, w in floats)
-        row.output_scale = max(float(w.float().abs().max()) for _, w in floats)
-    if ints:
-        row.htp_integer_mismatch = sum(int((g != w).sum()) for g, w in ints) / sum(w.numel() for _, w in ints)
+    row.htp_max_abs_diff, row.output_scale, row.htp_integer_mismatch = _differences(got, expected)
+    if row.output_scale is not None:
+        row.tolerance = verdict.tolerance(row.precision, row.output_scale)
+    row.status = verdict.judge(row.precision, row.htp_max_abs_diff, row.output_scale, row.htp_integer_mismatch)
+    if fold_off is not None:
+        row.htp_vs_off_max_abs_diff, _, row.htp_vs_off_integer_mismatch = _differences(got, fold_off)
+        vs_off = verdict.judge(row.precision, row.htp_vs_off_max_abs_diff, row.output_scale,
+                               row.htp_vs_off_integer_mismatch, what="fold off on HTP")
+        if row.status == "ok" and vs_off != "ok":
+            row.status = vs_off
+    if row.status != "ok":
+        logger.warning("%s/%s/%s: %s", row.model, row.precision, row.mode, row.status)
+    return got
 
 
 def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str,
@@ -310,20 +349,23 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
     recorded in the rows."""
     with torch.no_grad():
         expected = _tensors(module(*inputs))
-    rows = []
-    for mode in modes:
+    rows, fold_off = [], None
+    for mode in sorted(modes, key=lambda m: m != "off"):  # off first: the others are compared with it
         on_start(mode)
         row = QnnRow(model, precision, mode, quantize_time_s=quantize_time_s)
         rows.append(row)
         _reset_peak_rss()
         start = time.perf_counter()
-        _lower_one(row, module, inputs, expected, skip_node_op_set, run, start)
+        outputs = _lower_one(row, module, inputs, expected, skip_node_op_set, run, start, fold_off)
+        if mode == "off":
+            fold_off = outputs
         row.peak_rss_bytes = _peak_rss_bytes()
-    return rows
+    return sorted(rows, key=lambda r: list(modes).index(r.mode))
 
 
-def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: bool, start: float) -> None:
-    """One mode of `lower_rows`, filling `row`."""
+def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: bool, start: float,
+               fold_off: Optional[List[torch.Tensor]]) -> Optional[List[torch.Tensor]]:
+    """One mode of `lower_rows`, filling `row`; returns its HTP outputs (None if it did not run)."""
     mode = row.mode
     try:
         with _qnn_messages() as messages:
@@ -333,7 +375,7 @@ def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: boo
         _error(row, "lower", exc)
         if messages:
             row.qnn_error = messages[0]
-        return
+        return None
     import qnn
 
     row.lower_time_s = time.perf_counter() - start - (row.fold_time_s or 0.0)
@@ -353,17 +395,18 @@ def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: boo
         row.fold_report = partitioner.fold_reports[-1].to_dict()
         row.folds_changed_program = any(r.lifted or r.removed_placeholders for r in partitioner.fold_reports)
     row.context_binary_bytes = context_binary_bytes(manager)
-    stage = "to_executorch"
+    stage, outputs = "to_executorch", None
     try:
         buffer = manager.to_executorch().buffer
         row.pte_bytes = len(buffer)
         del manager
         stage = "run on HTP"
         if run:
-            _run_on_htp(row, buffer, inputs, expected)
+            outputs = _run_on_htp(row, buffer, inputs, expected, fold_off)
     except Exception as exc:  # noqa: BLE001
         _error(row, stage, exc)
     row.wall_time_s = time.perf_counter() - start
+    return outputs
 
 
 def context_binary_bytes(manager) -> int:

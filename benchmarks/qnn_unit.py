@@ -107,14 +107,16 @@ def _build_unit(model: str, variants: List[str], precision: str, quick: bool) ->
 
 def fill_row(row: Row, q: Any) -> None:
     """Copy a `benchmarks.qnn_rows.QnnRow` into `row`: the shared meanings (``.pte`` bytes, fold
-    and lowering seconds, max abs diff against eager and the output's scale, the fold report, the
-    first HTP run as the cold run) and QNN's own columns."""
+    and lowering seconds, max abs diff against eager, the output's scale and the tolerance, the
+    fold report, the first HTP run as the cold run) and QNN's own columns (the difference from
+    the fold-off row's HTP output among them)."""
     row.status, row.traceback, row.qnn_error = q.status, q.traceback, q.qnn_error
     row.pte_bytes = q.pte_bytes
     row.fold_time_s = q.fold_time_s if q.fold_time_s is not None else (0.0 if q.mode == "off" else None)
     row.lower_time_s = q.lower_time_s
     row.quantize_time_s = q.quantize_time_s
-    row.max_abs_diff, row.eager_max_abs = q.htp_max_abs_diff, q.output_scale
+    row.max_abs_diff, row.eager_max_abs, row.tolerance = q.htp_max_abs_diff, q.output_scale, q.tolerance
+    row.vs_off_max_abs_diff = q.htp_vs_off_max_abs_diff
     row.cold_run_ms = q.htp_run_ms
     row.partitions, row.refused_partitions, row.static_partitions = q.partitions, q.refused_partitions, q.static_partitions
     row.cpu_ops, row.cpu_op_reasons = q.cpu_ops, q.cpu_op_reasons

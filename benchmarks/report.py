@@ -9,7 +9,7 @@ import os
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import figures
+from . import figures, verdict
 from .figures import plot_pte_change, plot_qnn_cpu_ops, pte_change_pct  # noqa: F401  (public names)
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ COLUMNS = [
     ("lower_time_s", "lower s"),
     ("latency_ms", "latency ms"),
     ("max_abs_diff", "max abs diff"),
+    ("vs_off_max_abs_diff", "HTP vs fold off"),
 ]
 
 
@@ -50,7 +51,8 @@ COLUMN_LEGEND = {
                "QNN backend, the `.pte` run once on its x86-64 emulation",
     "precision": "`fp32` (CPU rows of float models), `8a8w` (the `*_q8` models; QNN's own quantization of "
                  "the float model), `fp16`, `16a4w` (QNN)",
-    "status": "`ok`, `mismatch` (.pte output differs from eager beyond the tolerance; CPU rows), "
+    "status": "`ok`, `mismatch` (.pte output differs from eager, or a QNN row's HTP output from the "
+              "fold-off row's, beyond the tolerance), `unverified` (the eager output is too small to compare), "
               "`error (<stage>)` (tracebacks under Errors) or `skipped: <why>` (e.g. no QNN libraries); "
               "a note in parentheses, e.g. when the fold had nothing to do",
     "pte_bytes": "size of the serialized `.pte`",
@@ -71,7 +73,11 @@ COLUMN_LEGEND = {
     "latency_ms": "median of the timed `forward` calls, after one warm-up, in the serial time phase "
                   "(CPU rows; none for the emulated HTP)",
     "max_abs_diff": "max |ExecuTorch output - eager output|; QNN rows: of the emulated HTP, with the "
-                    "output's scale (max |eager output|); quantized QNN rows against the converted q/dq program",
+                    "output's scale (max |eager output|); quantized QNN rows against the converted q/dq program. "
+                    "Judged at the precision's tolerance, a fraction of the scale (`benchmarks/verdict.py`: "
+                    + ", ".join(f"{p} {rtol:g}" for p, rtol in verdict.RTOL.items()) + ")",
+    "vs_off_max_abs_diff": "QNN rows that fold: max |HTP output - the fold-off row's HTP output| on the same "
+                           "inputs, judged at the same tolerance (folding must not move HTP's output)",
 }
 
 
@@ -147,6 +153,8 @@ def _cell(rows: Sequence[Dict[str, Any]], row: Dict[str, Any], key: str) -> str:
         cold = row.get(key) is not None and not row.get("latency_runs")
         noisy = f" noisy ×{latency_spread(row):.1f}" if is_noisy(row) else ""
         return _float(row.get(key), ".1f") + ("*" if cold else "") + noisy
+    if key == "vs_off_max_abs_diff":
+        return _float(row.get(key), ".2e")
     if key == "max_abs_diff":
         scale = row.get("eager_max_abs")
         of_scale = f" (scale {scale:.3g})" if row.get("backend") == "qnn" and scale is not None and row.get(key) is not None else ""

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.export import ExportedProgram
 
-from . import _worker, graph_stats, models, variants
+from . import _worker, graph_stats, models, variants, verdict
 from .quantized import SUFFIX as QUANTIZED_SUFFIX
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class Row:
     variant: str
     backend: str
     precision: Optional[str] = None          # fp32 / 8a8w (CPU rows); fp16 / 8a8w / 16a4w (QNN)
-    status: str = "ok"                       # ok, mismatch: ..., error (<stage>): ..., skipped: <why>
+    status: str = "ok"                       # ok, mismatch: ..., unverified: ..., error (<stage>): ..., skipped: <why>
     pte_bytes: Optional[int] = None
     const_bytes: Optional[int] = None        # Edge program right before partitioning
     aten_const_bytes: Optional[int] = None   # ATen program handed to lowering
@@ -82,6 +82,8 @@ class Row:
     load_average: Optional[float] = None     # 1-minute load average when the row was timed
     max_abs_diff: Optional[float] = None
     eager_max_abs: Optional[float] = None    # scale of the eager output
+    tolerance: Optional[float] = None        # largest max_abs_diff still ok (benchmarks.verdict)
+    vs_off_max_abs_diff: Optional[float] = None  # QNN: max |HTP output - the fold-off row's HTP output|
     fold_report: Optional[Dict[str, Any]] = None
     note: Optional[str] = None               # e.g. the fold had nothing to do
     # QNN's own columns (`benchmarks.qnn_rows.QnnRow` has their long form)
@@ -272,36 +274,18 @@ def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSp
     except Exception as exc:  # noqa: BLE001
         _fail(row, "run", exc)
         return
-    limit = tolerance(row.model, expected)
-    if expected.dtype.is_floating_point and float(expected.float().abs().max()) < MIN_SCALE:
-        row.status = f"mismatch: eager output scale {float(expected.float().abs().max()):.3g} < {MIN_SCALE}: nothing to compare"
-        logger.warning("%s/%s/%s: %s", row.model, row.variant, row.backend, row.status)
-    elif row.max_abs_diff > limit:
-        row.status = f"mismatch: max abs diff {row.max_abs_diff:.3g} > tolerance {limit:.3g}"
+    row.tolerance = verdict.tolerance(row.precision or cpu_precision(row.model), float(expected.float().abs().max()))
+    row.status = judge_cpu_row(row, expected)
+    if row.status != "ok":
         logger.warning("%s/%s/%s: %s", row.model, row.variant, row.backend, row.status)
 
 
-# Float outputs: 1e-4 of the output's scale, max |eager output| (fp32 kernels of the portable
-# runtime and XNNPACK reorder sums; measured <= 1.1e-5 on the benchmark models). Integer
-# outputs: exact. Quantized models: 0.15 of the scale. Eager runs the q/dq program in fp32
-# while the .pte runs integer kernels that requantize at every op; measured on
-# mobilenet_v3_small_q8 as 5.9 % (portable) and 8.3 % (XNNPACK) of the scale, and the same for
-# every variant. An earlier "exact" figure came from logits that were all zero.
-FLOAT_RTOL = 1e-4
-QUANTIZED_RTOL = 0.15
-# A float output smaller than this proves nothing by matching (a randomly initialised model can
-# output ~1e-9); such a model is initialised to outputs of order 1 (models.order_one_outputs).
-MIN_SCALE = 1e-3
-
-
-def tolerance(model: str, expected: torch.Tensor) -> float:
-    """Largest max-abs difference between a row's .pte output and eager that is still ``ok``."""
-    from .quantized import SUFFIX
-
+def judge_cpu_row(row: Row, expected: torch.Tensor) -> str:
+    """The status of a CPU row whose ``.pte`` ran: its max abs diff against eager judged by
+    `benchmarks.verdict` at the row's precision (an integer output must match exactly)."""
     if not expected.dtype.is_floating_point:
-        return 0.0
-    scale = float(expected.float().abs().max())
-    return (QUANTIZED_RTOL if model.endswith(SUFFIX) else FLOAT_RTOL) * scale
+        return "ok" if row.max_abs_diff == 0 else f"mismatch: integer output differs from eager by {row.max_abs_diff:.3g}"
+    return verdict.judge(row.precision or cpu_precision(row.model), row.max_abs_diff, float(expected.float().abs().max()))
 
 
 def build_unit(unit: Unit) -> List[Row]:

@@ -86,6 +86,13 @@ def test_rows_agree_with_describe_partitions():
     assert off.cpu_ops == on.cpu_ops == {}
     assert off.fold_time_s is None and on.fold_time_s > 0
     assert on.pte_bytes < off.pte_bytes  # the 16x16 weight is no longer stored
+    # judged: against eager at fp16's tolerance, and the folding rows against fold off on HTP
+    assert off.tolerance == on.tolerance == 1e-2 * on.output_scale
+    assert off.htp_vs_off_max_abs_diff is None
+    for row in (cpp, on):
+        assert row.status == "ok" and row.htp_vs_off_max_abs_diff is not None
+        assert row.htp_vs_off_max_abs_diff <= row.tolerance
+        assert row.htp_max_abs_diff <= off.htp_max_abs_diff + row.htp_vs_off_max_abs_diff
 
 
 def test_a_fold_on_failure_is_a_regression_only_where_fold_off_got_further():
@@ -146,3 +153,55 @@ def test_a_row_folded_before_the_export_passes_is_not_called_a_fold_with_nothing
     qnn_unit.fill_row(row, on)
     assert row.status == "ok", row.traceback
     assert on.folds_changed_program and row.note is None, (on.folds_changed_program, row.note)
+
+
+class _ExportsOtherCode(torch.nn.Module):
+    """Eager computes ``relu(proj(x) + proj(table)) * 1.1``; the exported program, and so the
+    ``.pte``, leaves out the ``* 1.1`` (`torch.compiler.is_exporting`): a deliberately wrong HTP
+    output, 10 % of the scale away from eager, on the real backend."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.register_buffer("table", torch.randn(4, 16, generator=torch.Generator().manual_seed(3)))
+
+    def forward(self, x):
+        y = torch.relu(self.proj(x) + self.proj(self.table))
+        return y if torch.compiler.is_exporting() else y * 1.1
+
+
+def test_a_wrong_htp_output_is_a_mismatch_in_the_row_the_table_and_the_json(tmp_path):
+    module, inputs = _ExportsOtherCode().eval(), _x(4, 16)
+    rows = qnn_rows.lower_rows("exports_other_code", module, inputs, "fp16", modes=("off", "on"))
+    dicts = []
+    for variant, q in zip(("none", "fold_constants"), rows):
+        assert q.pte_bytes and q.htp_run_ms > 0, q.traceback  # it lowered and ran
+        assert q.htp_max_abs_diff > 0.05 * q.output_scale  # the missing * 1.1
+        assert q.status.startswith("mismatch: max abs diff vs eager"), q.status
+        row = Row("exports_other_code", variant, "qnn", precision="fp16")
+        qnn_unit.fill_row(row, q)
+        dicts.append(row.to_dict())
+    # both are equally wrong: the fold-on row is within fp16's tolerance of the fold-off row
+    assert rows[1].htp_vs_off_max_abs_diff <= rows[1].tolerance
+    paths = report.write_all(dicts, str(tmp_path), {"command": "test"})
+    assert all(r["status"].startswith("mismatch") for r in json.loads(open(paths["json"]).read())["rows"])
+    assert "| exports_other_code | fold_constants | qnn | fp16 | mismatch: max abs diff vs eager" in open(paths["md"]).read()
+
+
+def test_a_fold_on_output_away_from_fold_off_is_a_mismatch():
+    """The fold-on ``.pte`` run on the real HTP, compared with its true fold-off output and with
+    one moved by 5 % of the scale (fp16's tolerance is 1 %)."""
+    module, inputs = SkipIdShift().eval(), _x(4, 16)
+    with torch.no_grad():
+        expected = [module(*inputs)]
+    buffers = {fold: lower_with_wrapper(module, inputs, compiler_specs(fold)).to_executorch().buffer
+               for fold in (False, True)}
+    (off_out,) = qnn.run_pte(buffers[False], inputs)
+    row = qnn_rows.QnnRow("skip_id_shift", "fp16", "on")
+    qnn_rows._run_on_htp(row, buffers[True], inputs, expected, [off_out])
+    assert row.status == "ok" and row.htp_vs_off_max_abs_diff <= row.tolerance
+    moved = off_out + 0.05 * row.output_scale
+    row = qnn_rows.QnnRow("skip_id_shift", "fp16", "on")
+    qnn_rows._run_on_htp(row, buffers[True], inputs, expected, [moved])
+    assert row.status.startswith("mismatch: max abs diff vs fold off on HTP"), row.status
+    assert row.htp_vs_off_max_abs_diff > row.tolerance >= row.htp_max_abs_diff
