@@ -86,7 +86,7 @@ class FoldReport:
     timings: dict[str, float] = field(default_factory=dict)
     peak_intermediate_bytes: int = 0
     evaluated_nodes: int = 0
-    rewrites: list[str] = field(default_factory=list)  # readers rewritten before folding (`transposed_gathers`)
+    rewrites: list[str] = field(default_factory=list)  # rewrites before folding (`transposed_gathers`, `returned_dequantizes`)
     repairs: list[str] = field(default_factory=list)  # stale OutputSpec names renamed (`checks`)
     notes: list[str] = field(default_factory=list)  # what lowering the folded program needs (`lowering.lowering_note`)
 
@@ -178,7 +178,7 @@ class FoldReport:
 PHASES = (
     "checks",  # the input program's signature and stored tensors
     "bytes",  # byte accounting: what the serializer stores, before and after
-    "rewrites",  # readers of stored matrices rewritten to read their transpose (`transposed_gathers`)
+    "rewrites",  # readers of stored matrices rewritten to read their transpose (`transposed_gathers`); outputs given their own copy of a dequantize an op reads (`returned_dequantizes`)
     "bodies",  # control-flow bodies: hoisting, merging operands, their decisions
     "analysis",
     "planning",

@@ -1,6 +1,6 @@
 """The program one fold attempt analyses and lifts: the program being folded after the
-rewrites that come before analysis (`transposed_gathers.read_through_transposes`, then
-`bodies.hoist_body_constants`).
+rewrites that come before analysis (`transposed_gathers.read_through_transposes`,
+`returned_dequantizes.split_returned_dequantizes`, then `bodies.hoist_body_constants`).
 
 The program being folded is never edited. The first of these rewrites that applies copies
 its top-level graph; the ones after it edit that copy, and so does `lift`. When none applies,
@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 from torch.export import ExportedProgram
 
 from .bodies import hoist_body_constants
+from .returned_dequantizes import split_returned_dequantizes
 from .policy import FoldPolicy
 from .transposed_gathers import Rewrite, read_through_transposes
 from .report import PhaseTimer
@@ -32,7 +33,8 @@ class Working:
         owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
         transposes: names of the transposes that replace their matrix when folded
             (`transposed_gathers.Rewrite.transposes`).
-        notes: one line per rewritten gather (`FoldReport.rewrites`).
+        notes: one line per rewritten gather and per dequantize copied for the output
+            (`FoldReport.rewrites`).
         body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
     """
 
@@ -79,12 +81,13 @@ class Preparation:
                 rewrite = read_through_transposes(self.base, self.policy, self.bytes_before)
             else:
                 rewrite = Rewrite(self.base, self.notes, self.transposes)
-        copied = rewrite.program is not self.base
+            program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
+        copied = program is not self.base
         with self.timer.phase("bodies"):
-            hoisting = hoist_body_constants(rewrite.program, self.policy, self.clone_op, self.pins,
+            hoisting = hoist_body_constants(program, self.policy, self.clone_op, self.pins,
                                             analyze=self.analyze, inplace=copied)
         return Working(hoisting.program, hoisting.program is not self.base, hoisting.owned,
-                       rewrite.transposes, rewrite.notes, hoisting.decisions)
+                       rewrite.transposes, rewrite.notes + split, hoisting.decisions)
 
     def after_inlining(self, folded: ExportedProgram, last: Working) -> "Preparation":
         """The preparation of the next round, which folds `folded` (the result of the round

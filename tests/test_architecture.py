@@ -2,7 +2,7 @@
 imports another, and no function or class grows past what a reader takes in at once.
 
 The stages, in the order `fold.py` runs them: prepare (`working`, which composes the rewrites
-before analysis: `transposed_gathers`, `bodies`), `analysis`, `plan`, `evaluate`, `placement`, `lift`,
+before analysis: `transposed_gathers`, `returned_dequantizes`, `bodies`), `analysis`, `plan`, `evaluate`, `placement`, `lift`,
 `report_builder`, and `inline` between rounds. A stage may name another stage's record in a type
 annotation (an ``if TYPE_CHECKING:`` import); it never imports one at runtime."""
 
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAGES = {"working", "analysis", "plan", "evaluate", "placement", "lift", "report_builder", "inline"}
-PREPARE_REWRITES = {"transposed_gathers", "bodies"}  # run by `working` (prepare) only
+PREPARE_REWRITES = {"transposed_gathers", "returned_dequantizes", "bodies"}  # run by `working` (prepare) only
 DRIVER = "fold"
 
 

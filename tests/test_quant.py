@@ -264,37 +264,67 @@ def test_torchao_weight_only_program_folds_constant_linear_and_keeps_runtime_deq
 
 class _ReturnsDequantizedWeight(nn.Module):
     """A program that returns a stored int8 tensor's dequantize (executorch issues 17732 and
-    18622), beside a runtime op that reads the same dequantize when `shared`."""
+    18622) (``output_only``), or returns the very node a runtime op reads: the dequantize
+    (``output_and_linear``), its transpose (``output_and_matmul_of_transpose``), or a
+    per-channel dequantize (``output_and_linear_per_channel``)."""
 
-    def __init__(self, shared: bool):
+    def __init__(self, case: str):
         super().__init__()
-        self.shared = shared
+        self.case = case
         self.register_buffer("w_int8", torch.randint(-128, 127, (8, 8), dtype=torch.int8,
                                                      generator=torch.Generator().manual_seed(5)))
+        self.register_buffer("scales", torch.rand(8, generator=torch.Generator().manual_seed(6)) / 10 + 0.01)
+        self.register_buffer("zero_points", torch.zeros(8, dtype=torch.int64))
 
     def forward(self, x):
-        w = torch.ops.quantized_decomposed.dequantize_per_tensor(self.w_int8, 0.05, 0, -128, 127, torch.int8)
-        return (F.linear(x, w) if self.shared else x.relu()), w
+        if self.case == "output_and_linear_per_channel":
+            w = torch.ops.quantized_decomposed.dequantize_per_channel(
+                self.w_int8, self.scales, self.zero_points, 0, -128, 127, torch.int8)
+        else:
+            w = torch.ops.quantized_decomposed.dequantize_per_tensor(self.w_int8, 0.05, 0, -128, 127, torch.int8)
+        if self.case == "output_only":
+            return x.relu(), w
+        if self.case == "output_and_matmul_of_transpose":
+            wt = w.t()
+            return x @ wt, wt
+        return F.linear(x, w), w
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["output_only", "output_and_linear"])
-def test_dequantize_the_output_alone_reads_folds_to_its_float_value(shared):
+@pytest.mark.parametrize("case", ["output_only", "output_and_linear", "output_and_matmul_of_transpose",
+                                  "output_and_linear_per_channel"])
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_the_output_reads_a_dequantized_weight_as_floats_and_an_op_keeps_its_encoding(case, dialect):
     """The output is not an op that reads an encoding: a dequantize only the output reads is
-    folded (its float value stored and returned); one a runtime op also reads keeps its
-    encoding, and its integer input stays what is stored."""
+    folded (its float value stored and returned). One node that a runtime op and the output
+    both read is split: the op keeps the dequantize (its integer input stays what is stored),
+    the output reads a copy that folds to floats (HTP cannot build a dequantize for the output
+    alone: `tests/qnn/test_dropin.py`)."""
     import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed ops)
 
     x = torch.randn(2, 8)
-    ep = torch.export.export(_ReturnsDequantizedWeight(shared).eval(), (x,))
+    ep = torch.export.export(_ReturnsDequantizedWeight(case).eval(), (x,))
+    if dialect == "edge":
+        from executorch.exir import EdgeCompileConfig, to_edge
+
+        ep = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).exported_program()
     result = fold_constants(ep)
     assert_valid_program(result.program)
-    for want, got in zip(ep.module()(x), result.program.module()(x)):
-        assert torch.equal(want, got)
-    dq = [n for n in result.program.graph.nodes if _is_dq(n)]
+    for want, got in zip(ep.module()(x), result.program.module()(x), strict=True):
+        assert torch.equal(want, got) and want.abs().max() > 0.1
+    returned = result.program.graph.output_node().args[0][1]
+    while returned.op == "call_function" and "clone" in str(returned.target):  # how a stored value is returned
+        returned = returned.args[0]
+    assert returned.op == "placeholder" and _stored(result.program, returned).dtype == torch.float32
+    assert [(c.dtype, c.nbytes) for c in result.report.lifted if not c.reused] == [("float32", 8 * 8 * 4)]
+    dq = [n for n in result.program.graph.nodes if n.op == "call_function" and "dequantize" in str(n.target)]
     by_node = {d.node: d for d in result.report.decisions}
-    if shared:
-        assert len(dq) == 1 and by_node[dq[0].name].reason is Reason.KEEPS_ENCODING
-        assert [c.dtype for c in result.report.lifted] == []
-    else:
-        assert dq == []
-        assert [(c.dtype, c.nbytes) for c in result.report.lifted] == [("float32", 8 * 8 * 4)]
+    if case == "output_only":
+        assert dq == [] and result.report.rewrites == []
+        return
+    assert len(dq) == 1 and by_node[dq[0].name].reason is Reason.KEEPS_ENCODING
+    assert _stored(result.program, dq[0].args[0]).dtype == torch.int8
+    (note,) = result.report.rewrites
+    assert note.startswith("the output reads ") and "which an op reads for its encoding" in note
+    import executorch.kernels.quantized  # noqa: F401  (the dequantize out variants the .pte calls)
+
+    assert_pte_matches(result.program, (x,), "portable", expected=list(ep.module()(x)))

@@ -37,10 +37,11 @@ def compiler_specs(fold: bool, *, quantized: bool = False, backend: str = "htp",
 
 
 def quantize(module: torch.nn.Module, inputs: tuple, quant_dtype: QuantDtype,
-             block_size_map: Optional[dict] = None) -> torch.fx.GraphModule:
-    """PT2E with executorch's QnnQuantizer: export, prepare, calibrate on `inputs`, convert."""
+             block_size_map: Optional[dict] = None, *, per_channel: bool = True) -> torch.fx.GraphModule:
+    """PT2E with executorch's QnnQuantizer: export, prepare, calibrate on `inputs`, convert
+    (conv and linear weights per channel unless `per_channel` is False)."""
     quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=SOC)
-    quantizer.set_default_quant_config(quant_dtype, is_conv_per_channel=True, is_linear_per_channel=True)
+    quantizer.set_default_quant_config(quant_dtype, is_conv_per_channel=per_channel, is_linear_per_channel=per_channel)
     if block_size_map:
         quantizer.set_block_size_map(block_size_map)
     graph_module = torch.export.export(module.eval(), inputs, strict=True).module()

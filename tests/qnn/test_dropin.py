@@ -252,3 +252,38 @@ def test_returned_dequantize_of_a_weight_lowers_with_folding_and_matches():
     manager = lower_with_wrapper(module, inputs, compiler_specs(True, quantized=True))
     assert qnn.describe_partitions(manager).partitions == 1
     assert_runs_on_htp(manager, module, inputs, quantized=True)
+
+
+def _also_return_the_weights_dequantize(converted: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`converted` (a q/dq program whose linear reads its weight's dequantize) changed to return
+    that dequantize node too: one node, two readers (the linear and the graph output)."""
+    linear = next(n for n in converted.graph.nodes if n.target == torch.ops.aten.linear.default)
+    output = converted.graph.output_node()
+    (result,) = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    output.args = ((result, linear.args[1]),)
+    converted.graph._codegen = torch.fx.graph.CodeGen()  # plain tuple in, tuple out
+    converted.recompile()
+    return converted
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "per_tensor"])
+def test_a_weights_dequantize_an_op_reads_and_the_output_returns_lowers_with_folding_and_matches(per_channel):
+    """The sibling of the returned dequantize above: HTP cannot build the weight's dequantize for
+    the output ("Op Dequantize does not support per-channel quant tensor", per tensor "could not
+    create op"), with or without folding in executorch's flow. With folding the output reads a
+    float copy of the dequantized weight (`folding/returned_dequantizes.py`), the linear keeps
+    the encoded weight, and both outputs match."""
+    inputs = (_rand(2, 8),)
+    module = quantize(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), inputs, QuantDtype.use_8a8w,
+                      per_channel=per_channel)
+    module = _also_return_the_weights_dequantize(module)
+    with pytest.raises(AssertionError, match="Failed to generate Qnn context binary"):
+        lower_with_wrapper(module, inputs, compiler_specs(False, quantized=True))
+    manager = lower_with_wrapper(module, inputs, compiler_specs(True, quantized=True))
+    assert qnn.describe_partitions(manager).partitions == 1
+    report = qnn.qnn_partitioners(manager)["forward"].fold_reports[-1]
+    assert any("which an op reads for its encoding" in line for line in report.rewrites), report.rewrites
+    assert_runs_on_htp(manager, module, inputs, quantized=True)
+    # executorch's stock flow with our partitioner folds in its pre-decomposition hook
+    stock, _ = lower_stock(export_for_qnn(module, inputs), compiler_specs(True, quantized=True))
+    assert_runs_on_htp(stock, module, inputs, quantized=True)
