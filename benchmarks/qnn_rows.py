@@ -82,6 +82,8 @@ class QnnRow:
         htp_vs_off_max_abs_diff: max |this row's HTP output - the fold-off row's HTP output| over
             the float outputs, on the same inputs (None for ``off``, or when ``off`` did not run).
         htp_vs_off_integer_mismatch: fraction of integer output elements that differ from ``off``'s.
+        mismatch_cause: for a row that missed eager, the known fault outside this project whose
+            model the HTP output matches (`benchmarks.htp_faults.attribute`), else None.
         qnn_error: a failed lowering: the first error QNN's libraries printed (e.g. HTP's graph
             prepare naming the op), which executorch's exception does not carry.
         htp_run_ms: one run of the ``.pte`` on the emulated HTP (first call, loading excluded).
@@ -118,6 +120,7 @@ class QnnRow:
     tolerance: Optional[float] = None
     htp_vs_off_max_abs_diff: Optional[float] = None
     htp_vs_off_integer_mismatch: Optional[float] = None
+    mismatch_cause: Optional[str] = None
     htp_run_ms: Optional[float] = None
     context_binary_bytes: Optional[int] = None
     peak_rss_bytes: Optional[int] = None
@@ -313,11 +316,13 @@ def _differences(got: List[torch.Tensor], want: List[torch.Tensor]) -> Tuple[Opt
 
 
 def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor],
-                fold_off: Optional[List[torch.Tensor]]) -> List[torch.Tensor]:
+                fold_off: Optional[List[torch.Tensor]], module: Optional[torch.nn.Module] = None) -> List[torch.Tensor]:
     """Run the ``.pte`` on the emulated HTP and judge it (`benchmarks.verdict`): against eager
     (`htp_max_abs_diff`, `output_scale`, `htp_integer_mismatch`), then against the fold-off
-    row's HTP outputs `fold_off` when given. Returns the HTP outputs."""
-    from . import verdict
+    row's HTP outputs `fold_off` when given. A miss of eager is attributed to a known fault
+    (`benchmarks.htp_faults`) when `module`, the eager reference, is given. Returns the HTP
+    outputs."""
+    from . import htp_faults, verdict
 
     import qnn
 
@@ -328,6 +333,8 @@ def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor]
     if row.output_scale is not None:
         row.tolerance = verdict.tolerance(row.precision, row.output_scale)
     row.status = verdict.judge(row.precision, row.htp_max_abs_diff, row.output_scale, row.htp_integer_mismatch)
+    if row.status.startswith("mismatch") and module is not None:
+        row.mismatch_cause = htp_faults.attribute(module, inputs, got, row.precision)
     if fold_off is not None:
         row.htp_vs_off_max_abs_diff, _, row.htp_vs_off_integer_mismatch = _differences(got, fold_off)
         vs_off = verdict.judge(row.precision, row.htp_vs_off_max_abs_diff, row.output_scale,
@@ -402,7 +409,7 @@ def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: boo
         del manager
         stage = "run on HTP"
         if run:
-            outputs = _run_on_htp(row, buffer, inputs, expected, fold_off)
+            outputs = _run_on_htp(row, buffer, inputs, expected, fold_off, module)
     except Exception as exc:  # noqa: BLE001
         _error(row, stage, exc)
     row.wall_time_s = time.perf_counter() - start

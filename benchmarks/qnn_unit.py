@@ -129,6 +129,8 @@ def fill_row(row: Row, q: Any) -> None:
         row.fold_bytes_after = q.fold_report.get("constant_bytes_after")
         if not q.folds_changed_program:
             row.note = "the fold had nothing to do: no constant-only op left after QNN's export passes"
+    if q.mismatch_cause:
+        row.note = "; ".join(filter(None, [row.note, q.mismatch_cause]))
 
 
 def regressions(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:

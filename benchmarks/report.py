@@ -270,7 +270,8 @@ def plot_sweep(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
 
 def qnn_notes_md(rows: Sequence[Dict[str, Any]]) -> str:
     """Below the table, for QNN rows: which QNN build compiled, what QNN printed when a lowering
-    failed, and why each op left on the CPU with folding on is there. Empty without QNN rows."""
+    failed, each row not ``ok`` against eager or fold off with its cause, and why each op left on
+    the CPU with folding on is there. Empty without QNN rows."""
     qnn = [r for r in rows if r.get("backend") == "qnn"]
     if not qnn:
         return ""
@@ -281,6 +282,14 @@ def qnn_notes_md(rows: Sequence[Dict[str, Any]]) -> str:
     if said:
         lines += ["What QNN said when a lowering failed:", ""]
         lines += [f"- {r['model']} {r.get('precision')} {r['variant']}: {r['qnn_error']}" for r in said]
+        lines.append("")
+    judged = [r for r in qnn if str(r.get("status", "")).startswith(("mismatch", "unverified"))]
+    if judged:
+        lines += ["HTP rows not `ok` against eager or fold off, and their cause where a known fault "
+                  "outside this project explains them (`benchmarks/htp_faults.py`):", ""]
+        lines += [f"- {r['model']} {r.get('precision')} {r['variant']}: {r['status']}. "
+                  f"{'Cause: ' + r['note'] if r.get('note') else 'Not attributed by the harness: see docs/benchmarks.md.'}"
+                  for r in judged]
         lines.append("")
     why = [r for r in qnn if r["variant"] == "fold_constants" and r.get("cpu_op_reasons")]
     if why:
