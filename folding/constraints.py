@@ -97,10 +97,10 @@ class Constraints:
         self.forced = {by_name[n.name]: why for n, why in self.forced.items()}
         self.writes = {by_name[n.name]: {by_name[w.name] for w in ws} for n, ws in self.writes.items()}
 
-    def over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
-        """True (and the budget tightened) when the lifted program's stored bytes exceed what
-        planning was allowed: `budget` (None: no limit) less ``budget_cut``. A plan with no
-        budget left at all is final."""
+    def tighten_if_over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
+        """When the lifted program's stored bytes exceed what planning was allowed (`budget`,
+        None: no limit, less ``budget_cut``), raise ``budget_cut`` by the excess and return True
+        (the attempt is redone); else False. A plan with no budget left at all is final."""
         if budget is None or budget - self.budget_cut < 0:
             return False
         excess = bytes_after - bytes_before - (budget - self.budget_cut)

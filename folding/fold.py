@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import operator
 from dataclasses import dataclass
 
 import torch
@@ -18,24 +17,22 @@ from .analysis import analyze
 from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
-from .hops import copy_uncompiled, recompile_shallow
+from .hops import recompile_shallow
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .constraints import Constraints
 from .evaluate import evaluate
-from .layout import owned_canonical
 from .clones import clone_op_of
 from .lift import lift
-from .names import reserve_program_names
 from .nonfinite import NonfiniteScan
-from .outcome import hoisted_and_kept
+from .outcome import folded_and_kept, hoisted_and_kept
 from .placement import place
 from .plan import make_plan
 from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
 from .report_builder import body_decisions, fold_report, merged
 from .sizes import stored_constant_bytes, stored_tensor
-from .torch_internals import program_with, replace_contents
+from .torch_internals import replace_contents
 from .working import Preparation, Working
 from .work_counts import count
 
@@ -184,7 +181,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     while True:  # a fixpoint: each repeat adds a constraint or a pin (bound: `folding/constraints.py`)
         with timer.attempt() as attempt:
             count("attempts")
-            if working is None:  # the first attempt, or the last one's was lifted in place
+            if working is None:  # the first attempt, or the last one's graph was lifted
                 working = prepare()
                 program, gm = working.program, working.program.graph_module
                 constraints.rebound(gm.graph)
@@ -210,14 +207,16 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 attempt.discard()
                 continue
             with timer.phase("lift"):
-                new_program, lifting = _lift(program, analysis, plan, evaluation, owned=working.owned)
+                folded, kept_constant_only = folded_and_kept(plan, evaluation)
+                nonfinite = NonfiniteScan()
+                placement = place(program, folded, evaluation.values, analysis.is_constant, kept_constant_only, nonfinite)
+                new_program, lifting = lift(program, placement, nonfinite, bound=evaluation.symbols)
             with timer.phase("bytes"):
                 bytes_after = stored_constant_bytes(new_program)
-            if not constraints.over_budget(budget, bytes_before, bytes_after):
+            if not constraints.tighten_if_over_budget(budget, bytes_before, bytes_after):
                 break
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
-            if working.owned:
-                working = None
+            working = None  # its graph was lifted
             attempt.discard()
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
@@ -228,39 +227,3 @@ def _stored_value(program: ExportedProgram, analysis):
     """The stored tensor of a constant placeholder of `program` (read, never written)."""
     state_dict, constants = program.state_dict, program.constants
     return lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants)
-
-
-def _lift(program: ExportedProgram, analysis, plan, evaluation, owned: bool):
-    """`lift` of the folded nodes and of the top-level tensor attributes (``get_attr``
-    constants a transform pass inserted: lifted like folded values, so that no get_attr
-    tensor is left in the program). `lift` edits the top-level graph it is given: the
-    attempt's own copy when `owned` (`Working.owned`), else a copy of `program`'s made here
-    (`copy_uncompiled`: the graph copied, tensors and bodies shared), the nodes mapped to it."""
-    gm = program.graph_module
-    folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
-    attributes = _attribute_tensors(gm)
-    folded |= attributes.keys()
-    values = {**evaluation.values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
-    constant_placeholders = {n for n in gm.graph.nodes if n.op == "placeholder" and analysis.is_constant(n)}
-    kept_constant_only = frozenset(plan.runtime) | frozenset(evaluation.kept)
-    if not owned:
-        copied, env = copy_uncompiled(gm)
-        program = program_with(program, graph_module=copied)
-        folded, constant_placeholders = {env[n] for n in folded}, {env[n] for n in constant_placeholders}
-        values = {env[n]: t for n, t in values.items()}
-        kept_constant_only = frozenset(env[n] for n in kept_constant_only)
-    taken = reserve_program_names(program)  # before anything is created: a new node never takes one
-    nonfinite = NonfiniteScan()
-    placement = place(program, folded, values, constant_placeholders, kept_constant_only, taken, nonfinite)
-    return lift(program, folded, placement, nonfinite, bound=evaluation.symbols)
-
-
-def _attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
-    """The top-level ``get_attr`` nodes that read a plain tensor (not a submodule or a
-    control-flow body), each with its tensor: detached, canonical layout (`layout`)."""
-    out = {}
-    for n in gm.graph.find_nodes(op="get_attr"):
-        value = operator.attrgetter(n.target)(gm)
-        if isinstance(value, torch.Tensor):
-            out[n] = owned_canonical(value)
-    return out

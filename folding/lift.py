@@ -1,7 +1,7 @@
 """Rewrite a program so that folded values become lifted constants.
 
 `lift` edits the top-level graph of the program it is given, which the fold owns (a copy of
-the caller's, `fold._lift`): surviving nodes stay, with their names; each stored value becomes
+the caller's, made by `working.Preparation`): surviving nodes stay, with their names; each stored value becomes
 a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its tensor in
 ``ExportedProgram.constants`` (or reuses a byte-identical stored tensor); folded nodes go; and
 parameters, buffers and constants left without users are dropped from the graph, the
@@ -62,7 +62,6 @@ class Lifting:
 
 def lift(
     program: ExportedProgram,
-    folded: set[torch.fx.Node],
     placement: Placement,
     nonfinite: NonfiniteScan,
     *,
@@ -73,11 +72,11 @@ def lift(
     Args:
         program: the program to fold. Its top-level graph becomes the folded program's (the
             folded nodes are erased from it): it must be the caller's own copy, not read again
-            (`hops.copy_uncompiled`; `fold._lift`). Its signature and stored dicts are never
+            (`hops.copy_uncompiled`; `working.Preparation`). Its signature and stored dicts are never
             modified: the folded program gets new ones.
-        folded: nodes of ``program.graph`` that are folded away.
-        placement: where each folded value goes (`placement.place` on `program`, whose names
-            it reserved with `names.reserve_program_names`).
+        placement: where each folded value goes, and which nodes of ``program.graph`` are
+            removed (`Placement.folded`): `placement.place` on `program`, whose names it
+            reserved with `names.reserve_program_names`.
         nonfinite: the `NonfiniteScan` `placement` was made with (the report rows).
         bound: data-dependent symbols that evaluation fixed (``u0`` -> 2): substituted in the
             metadata of the nodes left in the program, their range constraints dropped.
@@ -90,7 +89,7 @@ def lift(
     Raises:
         FoldInvariantError: the rewritten program fails lint or the signature verifier.
     """
-    edit = _Edit(program, folded, placement)
+    edit = _Edit(program, placement.folded, placement)
     edit.placeholders()
     edit.redirect_ops()
     output_specs = _clone_outputs(program, placement, edit.inputs_of)

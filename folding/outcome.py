@@ -5,7 +5,8 @@ runtime input, a mutated buffer, …, or a constraint forced it), the plan (`Pla
 size limit, a kept encoding) and the evaluation (`Evaluation.kept`: the op raised, or its
 value cannot be stored). `outcome` is the one place their verdicts are merged, in that order
 of precedence (the latest stage that kept a node knows best why); the report and the pins of
-control-flow bodies both read it.
+control-flow bodies both read it, and `folded_and_kept` says what `placement` and `lift` remove
+and keep.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ def outcome(node: torch.fx.Node, analysis, plan, evaluation) -> tuple[Reason, st
     if reason is None:
         return (Reason.CHECKED if analysis.is_check(node) else Reason.FOLDED), ""
     return reason, analysis.detail.get(node, "")
+
+
+def folded_and_kept(plan, evaluation) -> tuple[set[torch.fx.Node], frozenset]:
+    """The plan's folded nodes that evaluation did not keep (what `lift` removes), and every
+    constant-only node kept at runtime by the plan or the evaluation."""
+    folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
+    return folded, frozenset(plan.runtime) | frozenset(evaluation.kept)
 
 
 def stays(node: torch.fx.Node, analysis, plan, evaluation) -> bool:

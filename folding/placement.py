@@ -1,4 +1,5 @@
-"""Where each folded value is stored, decided before `lift` rebuilds the graph.
+"""Where each folded value is stored, decided before `lift` rebuilds the graph; the top-level
+tensor attributes (``get_attr`` constants) are placed with them.
 
 A value equal, byte for byte, to a stored tensor reuses it (`dedup.IdenticalTensors`); a
 scalar becomes a literal of its readers; any other value becomes a new lifted constant. Two
@@ -10,8 +11,9 @@ the executorch code each works around; so does torch's refusal of a loop whose o
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.fx
@@ -20,8 +22,8 @@ from torch.export.graph_signature import OutputKind
 
 from .dedup import IdenticalTensors
 from .hops import hop_kind
-from .layout import canonical_copy
-from .names import CONSTANT_PREFIX, lifted_constant_target
+from .layout import canonical_copy, owned_canonical
+from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_program_names
 from .nonfinite import NonfiniteScan
 from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
@@ -64,6 +66,7 @@ class Placement:
         lifted_as: folded node name -> the placeholder name holding its value.
         rows: report rows of the private copies.
         taken: names in use (the program's, and those of the new constants).
+        folded: the nodes `lift` removes: the folded nodes and the top-level tensor attributes.
     """
 
     target_of: dict[torch.fx.Node, object] = field(default_factory=dict)
@@ -73,6 +76,7 @@ class Placement:
     lifted_as: dict[str, str] = field(default_factory=dict)
     rows: list[LiftedConstant] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
+    folded: set[torch.fx.Node] = field(default_factory=set)
 
     def replacement(self, node: torch.fx.Node) -> object:
         """What a reader of the folded `node` reads instead: the stored placeholder it equals,
@@ -84,27 +88,48 @@ class Placement:
 
 
 def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[torch.fx.Node, torch.Tensor],
-          constant_placeholders: set[torch.fx.Node], private_readers: frozenset, taken: set[str],
+          is_constant: Callable[[torch.fx.Node], bool], private_readers: frozenset,
           nonfinite: NonfiniteScan) -> Placement:
     """Decide where each folded value of `program` (read only) is stored.
 
+    The top-level tensor attributes (``get_attr`` constants a transform pass inserted) are
+    placed like folded values, so that no get_attr tensor is left in the program
+    (`attribute_tensors`); `Placement.folded` is what `lift` removes.
+
     Args:
-        folded: nodes of ``program.graph`` that are folded away.
+        folded: nodes of ``program.graph`` that are folded away (`outcome.folded_and_kept`).
         values: stored tensors (contiguous, owning their storage) of the folded nodes that a
             surviving node or the output reads.
-        constant_placeholders: placeholders whose stored tensors never change (dedup candidates).
+        is_constant: whether a placeholder's stored tensor never changes (dedup candidates).
         private_readers: constant-only nodes kept in the program; when a stored value has
             several readers, each of these reads it through its own placeholder
             (`_add_private_placeholders`).
-        taken: names in use in `program` (node names, state_dict and constants keys); copied.
         nonfinite: the fold's `NonfiniteScan`, for the report rows.
     """
-    placer = _Placer(program, folded, constant_placeholders, set(taken), nonfinite)
+    gm = program.graph_module
+    attributes = attribute_tensors(gm)
+    folded = set(folded) | attributes.keys()
+    values = {**values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
+    constant_placeholders = {n for n in gm.graph.find_nodes(op="placeholder") if is_constant(n)}
+    taken = reserve_program_names(program)  # before anything is created: a new node never takes one
+    placer = _Placer(program, folded, constant_placeholders, taken, nonfinite)
+    placer.out.folded = folded
     _place_values(placer, values)
     _add_private_placeholders(placer, private_readers)
     _add_returned_stored_placeholders(placer)
     _add_distinct_loop_operands(placer)
     return placer.out
+
+
+def attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
+    """The top-level ``get_attr`` nodes that read a plain tensor (not a submodule or a
+    control-flow body), each with its tensor: detached, canonical layout (`layout`)."""
+    out = {}
+    for n in gm.graph.find_nodes(op="get_attr"):
+        value = operator.attrgetter(n.target)(gm)
+        if isinstance(value, torch.Tensor):
+            out[n] = owned_canonical(value)
+    return out
 
 
 class _Placer:

@@ -1,13 +1,14 @@
 """The program one fold attempt analyses and lifts: the program being folded after the
 rewrites that come before analysis (`transposed_gathers.read_through_transposes`,
-`returned_dequantizes.split_returned_dequantizes`, then `bodies.hoist_body_constants`).
+`returned_dequantizes.split_returned_dequantizes`, then `bodies.hoist_body_constants`), in a
+top-level graph the attempt owns.
 
 The program being folded is never edited. The first of these rewrites that applies copies
 its top-level graph; the ones after it edit that copy, and so does `lift`. When none applies,
-`fold._lift` copies the top-level graph for `lift` to edit: either way, the top-level graph is
-copied once per lift. An attempt that lifted its working program and is then discarded (over
-the growth budget) prepares a new one: the rewrites are deterministic, so it is the same
-program again.
+prepare copies the top-level graph itself (`hops.copy_uncompiled`: tensors and bodies
+shared): either way, the top-level graph is copied once per attempt that reaches `lift`. An
+attempt that lifted its working program and is then discarded (over the growth budget)
+prepares a new one: the rewrites are deterministic, so it is the same program again.
 """
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ from typing import Callable, Mapping
 from torch.export import ExportedProgram
 
 from .bodies import hoist_body_constants
+from .hops import copy_uncompiled
 from .returned_dequantizes import split_returned_dequantizes
 from .policy import FoldPolicy
 from .transposed_gathers import Rewrite, read_through_transposes
 from .report import PhaseTimer
+from .torch_internals import program_with
 
 
 @dataclass(frozen=True)
 class Working:
     """Attributes:
-        program: what the attempt folds.
-        owned: ``program``'s top-level GraphModule is a copy this attempt made, which `lift`
-            edits (False: it is the program being folded, and `fold._lift` copies it first).
+        program: what the attempt folds; its top-level GraphModule is a copy this attempt
+            made, which `lift` edits.
         owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
         transposes: names of the transposes that replace their matrix when folded
             (`transposed_gathers.Rewrite.transposes`).
@@ -39,7 +41,6 @@ class Working:
     """
 
     program: ExportedProgram
-    owned: bool
     owned_bodies: frozenset
     transposes: frozenset
     notes: tuple[str, ...]
@@ -82,12 +83,13 @@ class Preparation:
             else:
                 rewrite = Rewrite(self.base, self.notes, self.transposes)
             program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
-        copied = program is not self.base
+            if program is self.base:  # no rewrite applied: the attempt's own copy, for `bodies` and `lift`
+                program = program_with(program, graph_module=copy_uncompiled(program.graph_module)[0])
         with self.timer.phase("bodies"):
             hoisting = hoist_body_constants(program, self.policy, self.clone_op, self.pins,
-                                            analyze=self.analyze, inplace=copied)
-        return Working(hoisting.program, hoisting.program is not self.base, hoisting.owned,
-                       rewrite.transposes, rewrite.notes + split, hoisting.decisions)
+                                            analyze=self.analyze, inplace=True)
+        return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
+                       hoisting.decisions)
 
     def after_inlining(self, folded: ExportedProgram, last: Working) -> "Preparation":
         """The preparation of the next round, which folds `folded` (the result of the round

@@ -12,7 +12,6 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from folding.lift import lift
-from folding.names import reserve_program_names
 from folding.nonfinite import NonfiniteScan
 from folding.placement import place
 
@@ -46,7 +45,7 @@ def _snapshot(program):
 
 
 def _owned(program):
-    """What the fold gives `lift`: `program` with a copy of its top-level graph (tensors,
+    """What prepare gives `lift`: `program` with a copy of its top-level graph (tensors,
     signature and stored dicts shared), and the map from `program`'s nodes to the copy's."""
     from folding.hops import copy_uncompiled
     from folding.torch_internals import program_with
@@ -56,10 +55,10 @@ def _owned(program):
 
 
 def _place_and_lift(owned, folded, values, constant_placeholders):
-    """`placement.place` then `lift`, as `fold._lift` runs them."""
+    """`placement.place` then `lift`, as `fold.py` runs them."""
     nonfinite = NonfiniteScan()
-    placement = place(owned, folded, values, constant_placeholders, frozenset(), reserve_program_names(owned), nonfinite)
-    return lift(owned, folded, placement, nonfinite)
+    placement = place(owned, folded, values, constant_placeholders.__contains__, frozenset(), nonfinite)
+    return lift(owned, placement, nonfinite)
 
 
 def _unchanged(program, snapshot) -> None:
