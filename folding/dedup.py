@@ -37,6 +37,7 @@ from torch.export import ExportedProgram
 from .layout import raw_bytes
 from .signature import input_specs_by_name
 from .sizes import aligned, inner_tensors, is_subclass, stored_tensor
+from .torch_internals import version_counter
 from .work_counts import count
 
 # Bytes sampled per tensor for its fingerprint; a tensor this small is fingerprinted whole,
@@ -72,7 +73,7 @@ class _Memo:
     def firsts(self, plain: list[torch.Tensor]) -> list[int]:
         """`first_of_each_content(plain)`, grouped once per sequence of the same tensors (the
         stored tensors before and after a fold that stores nothing new are the same)."""
-        key = tuple((id(p), _version(p)) for p in plain)
+        key = tuple((id(p), version_counter(p)) for p in plain)
         hit = self._firsts.get(key)
         if hit is not None and all(r() is p for r, p in zip(hit[0], plain)):
             return hit[1]
@@ -87,7 +88,7 @@ class _Memo:
 
     def _entry(self, p: torch.Tensor) -> _Entry:
         e = self._entries.get(id(p))
-        version = _version(p)
+        version = version_counter(p)
         if e is None or e.ref() is not p or e.version != version:
             e = self._entries[id(p)] = _Entry(weakref.ref(p), version)
         return e
@@ -102,7 +103,7 @@ class _Memo:
     def same_bytes(self, a: torch.Tensor, b: torch.Tensor) -> bool:
         """`a` and `b` (of one byte length) hold the same row-major bytes; each pair is read at
         most once (the indexes of one fold meet the same tensors)."""
-        key = (id(a), _version(a), id(b), _version(b))
+        key = (id(a), version_counter(a), id(b), version_counter(b))
         hit = self._compared.get(key)
         if hit is not None and hit[0]() is a and hit[1]() is b:
             return hit[2]
@@ -216,13 +217,6 @@ class IdenticalTensors:
 
     def _key(self, t: torch.Tensor) -> tuple:
         return (t.dtype, tuple(t.shape), self._bytes.add(t))
-
-
-def _version(p: torch.Tensor) -> Optional[int]:
-    try:
-        return p._version
-    except RuntimeError:  # an inference tensor tracks no version
-        return None
 
 
 def _view_key(p: torch.Tensor) -> tuple:

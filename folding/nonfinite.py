@@ -15,6 +15,7 @@ import torch.fx
 from .clones import is_clone
 from .ops import aten_overload
 from .sizes import is_subclass
+from .torch_internals import schema_of
 
 
 def holds_nonfinite(t: torch.Tensor) -> bool:
@@ -46,7 +47,7 @@ def rearranges_elements(node: torch.fx.Node) -> bool:
     overload = aten_overload(node.target)
     if overload is None:
         return False
-    schema = overload._schema
+    schema = schema_of(overload)
     is_view = any(r.alias_info is not None for r in schema.returns)
     if not (is_view or torch.Tag.view_copy in overload.tags or is_clone(overload)):
         return False

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from .torch_internals import registered_effect, side_effectful_functions
+from .torch_internals import registered_effect, schema_of, side_effectful_functions
 
 try:  # executorch's memory planning op: an allocation, never a value to fold.
     from executorch.exir import memory as _et_memory
@@ -158,7 +158,7 @@ def mutated_arg_positions(target: Any) -> tuple[int, ...]:
         return ()
     return tuple(
         i
-        for i, arg in enumerate(overload._schema.arguments)
+        for i, arg in enumerate(schema_of(overload).arguments)
         if arg.alias_info is not None and arg.alias_info.is_write
     )
 
@@ -186,7 +186,7 @@ def arg_at(node, position: int) -> Any:
     if position < len(node.args):
         return node.args[position]
     overload = aten_overload(node.target)
-    schema = overload._schema if overload is not None else None
+    schema = schema_of(overload) if overload is not None else None
     if schema is not None and position < len(schema.arguments):
         return node.kwargs.get(schema.arguments[position].name)
     return None
@@ -201,7 +201,7 @@ def written_arg_positions(node) -> tuple[int, ...]:
     if rule is None:
         return declared
     flag_position, positions = rule
-    schema = aten_overload(node.target)._schema
+    schema = schema_of(aten_overload(node.target))
     if flag_position < len(node.args):
         flag = node.args[flag_position]
     else:
@@ -215,7 +215,7 @@ def aliased_arg_position(target: Any) -> Optional[int]:
     overload = aten_overload(target)
     if overload is None:
         return None
-    schema = overload._schema
+    schema = schema_of(overload)
     if not any(r.alias_info is not None for r in schema.returns):
         return None
     for i, arg in enumerate(schema.arguments):
@@ -239,7 +239,7 @@ def reads_only_metadata(target: Any) -> bool:
 
 
 def _returns_nothing(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
+    schema = schema_of(target)
     return schema is not None and len(schema.returns) == 0
 
 

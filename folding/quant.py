@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch.fx
 
 from .ops import _cached, aliased_arg_position, mutated_arg_positions, packet_name
+from .torch_internals import schema_of
 
 # Op packets by dialect-free name (Edge ops resolve to the same names).
 QUANTIZE_OPS = frozenset(
@@ -97,7 +98,7 @@ def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
 def describe_encoding(node: torch.fx.Node, rename: Callable[[str], str] = lambda name: name) -> str:
     """``dequantize_per_channel(scale=b__scale_0, zero_point=b__zero_point_0, axis=0,
     quant_min=-127, quant_max=127, dtype=torch.int8) reads b__frozen_param0`` — for the report."""
-    schema = getattr(node.target, "_schema", None)
+    schema = schema_of(node.target)
     names = [a.name for a in schema.arguments] if schema is not None else []
     parts = []
     for i, a in enumerate(node.args[1:], start=1):
