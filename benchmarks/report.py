@@ -287,9 +287,7 @@ def qnn_notes_md(rows: Sequence[Dict[str, Any]]) -> str:
     if judged:
         lines += ["HTP rows not `ok` against eager or fold off, and their cause where a known fault "
                   "outside this project explains them (`benchmarks/htp_faults.py`):", ""]
-        lines += [f"- {r['model']} {r.get('precision')} {r['variant']}: {r['status']}. "
-                  f"{'Cause: ' + r['note'] if r.get('note') else 'Not attributed by the harness: see docs/benchmarks.md.'}"
-                  for r in judged]
+        lines += [f"- {r['model']} {r.get('precision')} {r['variant']}: {r['status']}. {_cause(r)}" for r in judged]
         lines.append("")
     why = [r for r in qnn if r["variant"] == "fold_constants" and r.get("cpu_op_reasons")]
     if why:
@@ -299,6 +297,18 @@ def qnn_notes_md(rows: Sequence[Dict[str, Any]]) -> str:
             lines.append(f"- {r['model']} {r.get('precision')}: {reasons}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _cause(row: Dict[str, Any]) -> str:
+    """Why a QNN row missed its reference: the fault the run matched, else a recorded finding."""
+    from . import htp_faults
+
+    if row.get("note"):
+        return f"Cause: {row['note']}"
+    found = htp_faults.investigated(row["model"], row.get("precision"))
+    if found:
+        return f"Explained by an investigation (not checked by this run): {found}"
+    return "Not attributed: see docs/benchmarks.md."
 
 
 def _label(r: Dict[str, Any]) -> str:

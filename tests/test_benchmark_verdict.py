@@ -54,3 +54,15 @@ def test_table_legend_and_figure_say_mismatch():
     assert "| mismatch: max abs diff vs eager 1 > tolerance 0.01" in table and "| 5.00e-01 |" in table
     assert "fp16 0.01" in report.COLUMN_LEGEND["max_abs_diff"]
     assert figures.verdict_mark(bad) == " mismatch" and figures.verdict_mark(ok) == ""
+
+
+def test_results_md_names_the_cause_of_every_qnn_mismatch():
+    """A fault the run matched (the row's note), a recorded finding, or says it is unattributed."""
+    base = {"backend": "qnn", "variant": "none", "pte_bytes": 1, "status": verdict.judge("8a8w", 1.0, 1.0)}
+    rows = [dict(base, model="m", precision="fp16", note="executorch 1.5.1: something"),
+            dict(base, model="vit_b_16", precision="8a8w"),
+            dict(base, model="other", precision="8a8w")]
+    text = report.qnn_notes_md(rows)
+    assert "- m fp16 none: mismatch: max abs diff vs eager 1 > tolerance 0.15 (0.15 of scale 1). Cause: executorch 1.5.1" in text
+    assert "- vit_b_16 8a8w none: mismatch" in text and "Explained by an investigation" in text
+    assert "- other 8a8w none: mismatch" in text and "Not attributed" in text
