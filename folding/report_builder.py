@@ -11,7 +11,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .hops import body_paths
-from .lowering import lowering_note
+from .executorch_workarounds import lowering_note
 from .node_meta import report_names
 from .ops import op_name
 from .outcome import outcome

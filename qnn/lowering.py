@@ -48,7 +48,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
-from folding.lowering import control_flow_calls, copy_control_flow_outputs
+from folding.executorch_workarounds import control_flow_calls, copy_control_flow_outputs
 from folding.ops import op_name
 from folding.sizes import stored_constant_bytes
 

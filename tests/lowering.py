@@ -1,5 +1,5 @@
 """How every test and the fuzzer lower a program to a .pte and run it (portable kernels or
-XNNPACK), in one place, with the product's workarounds (`folding/lowering.py`).
+XNNPACK), in one place, with the product's workarounds (`folding/executorch_workarounds.py`).
 
 Each serialisation goes through `backend_config` (`folding.executorch_backend_config`), which
 works around executorch issue 21490
@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 import torch
 from torch.export import ExportedProgram
 
-# The product's workarounds (folding/lowering.py), re-exported: tests and the fuzzer lower
+# The product's workarounds (folding/executorch_workarounds.py), re-exported: tests and the fuzzer lower
 # through exactly what users are told to use.
-from folding.lowering import CopyControlFlowOutputs, executorch_backend_config, xnnpack_partitioner  # noqa: F401
+from folding.executorch_workarounds import CopyControlFlowOutputs, executorch_backend_config, xnnpack_partitioner  # noqa: F401
 
 
 def backend_config(mutated_buffers: Sequence[str] = (), *, copy_control_flow_outputs: bool = True):

@@ -555,7 +555,7 @@ class Case:
         needs no reference), and a program whose export has no ``cond``/``map``/``scan`` is not
         lowered (not the programs this checks). Also: a folded program with
         ``cond``/``map``/``scan`` has the report note that names the config."""
-        from folding.lowering import control_flow_calls
+        from folding.executorch_workarounds import control_flow_calls
 
         stage = "documented"
         try:

@@ -77,7 +77,7 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
              "print([[difference(w, g, {torch.float32: (1e-4, 1e-4)}) for w, g in zip(a, b)] "
              "for a, b in zip(want, got_unfolded)])  # the unfolded .pte"] if check.startswith("wrong-output") else [])
     if check == "report-note":
-        return ["from folding.lowering import control_flow_calls",
+        return ["from folding.executorch_workarounds import control_flow_calls",
                 "print(control_flow_calls(result.program), result.report.notes)"]
     if stage.startswith("pte-"):
         backend = stage[4:]
