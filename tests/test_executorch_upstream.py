@@ -372,8 +372,16 @@ def test_every_kernel_the_fuzzer_excuses_is_pinned_here():
     assert set(EXTREME) == set(KERNELS)
 
 
-@pytest.mark.xfail(strict=True, reason="XNNPACK (executorch 1.5.1) differs from eager on extreme inputs")
-@pytest.mark.parametrize("name", sorted(EXTREME))
+# XNNPACK picks its microkernels by CPU: its sigmoid of 1e30 is eager's 1.0 on some x86 CPUs
+# (seen on an AMD EPYC without AVX-512, 2026-12-03) and not on others, so that case cannot be
+# a strict xfail; the others differ on every machine seen.
+CPU_DEPENDENT = {"aten.sigmoid.default"}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=n not in CPU_DEPENDENT,
+                                            reason="XNNPACK (executorch 1.5.1) differs from eager on extreme inputs"))
+    for n in sorted(EXTREME)])
 def test_xnnpack_matches_eager_on_extreme_inputs(name):
     module, inputs, program = _extreme_case(name)
     _assert_same(module(*inputs), run_pte(lower_pte(program, "xnnpack"), inputs))
