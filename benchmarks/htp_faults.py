@@ -112,6 +112,14 @@ INVESTIGATED = {
         "softmax (~15 % of the scale per shifted block); with 16-bit activations 0.1 %. Not HTP's softmax, "
         "not the fold (fold off alike); reproducer "
         "tests/qnn/test_htp_upstream_faults.py::test_8a8w_softmax_over_swins_shift_mask_turns_one_step_roundings_into_tens"),
+    ("llama_1b", "16a4w"): (
+        "executorch 1.5.1's QnnQuantizer (quantizer/quantizer.py _replace_inf) replaces the causal mask's "
+        "-inf by -65535, so the 16-bit encoding of the attention scores plus mask has a step of ~1.0; HTP's "
+        "add rounds ~7 % of the scores to the neighbouring unit (one step) and softmax turns that into a "
+        "factor of e (20-35 % of the scale in one decoder layer); the q/dq reference is itself ~20 % from "
+        "float. Upstream: pytorch/executorch PR 20471. Fold on and off differ by where the mask code runs "
+        "(CPU or a folded 16-bit constant), both with that encoding; reproducer "
+        "tests/qnn/test_htp_upstream_faults.py::test_16a4w_causal_mask_of_minus_inf_gets_a_one_unit_step"),
     ("vit_b_16", "8a8w"): (
         "accumulated 8-bit requantization error: one encoder block 4 output steps (3 % of the scale), "
         "4 blocks 6, 12 blocks 21-36; every single op (LayerNorm, GELU MLP, QK^T, softmax, PV) within 1-3 "
