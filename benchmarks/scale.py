@@ -1,4 +1,6 @@
-"""Scale benchmark: `fold_constants` vs executorch's `constant_prop_pass` on large programs.
+"""Scale benchmark: `fold_constants` vs executorch's `constant_prop_pass` on large programs, and
+against the physical limit of a constant fold: one `torch.fx.Interpreter` evaluation of the same
+program (every node once), timed in the fold's own process.
 
     python -m benchmarks.scale [--sizes 1000,5000,20000,50000] [--dialects EDGE,ATEN]
                                [--cpp-max-nodes 10000] [--out results/scale]
@@ -48,6 +50,7 @@ def _measure(method: str, layers: int, dialect: str, repeat: int, queue) -> None
             result = fold_constants(ep)
             seconds = min(seconds, time.perf_counter() - start)
         extra = {
+            "interpreter_s": evaluation_seconds(ep, repeat),
             "folded": len(result.report.folded),
             "peak_intermediate_bytes": result.report.peak_intermediate_bytes,
             "evaluated": result.report.evaluated_nodes,
@@ -72,6 +75,30 @@ def _measure(method: str, layers: int, dialect: str, repeat: int, queue) -> None
                "peak_rss_growth_kib": max(0, rss_after - rss_before), **extra})
 
 
+def evaluation_seconds(ep, repeat: int) -> float:
+    """The fastest of `repeat` runs of ``torch.fx.Interpreter`` over `ep`'s whole graph (every
+    node evaluated once, eagerly, on its stored tensors and a zero user input): what a fold
+    that evaluates every node cannot beat."""
+    import torch
+
+    from folding.signature import input_specs_by_name
+    from folding.sizes import stored_tensor
+
+    specs = input_specs_by_name(ep.graph_signature)
+    args = []
+    for node in ep.graph.find_nodes(op="placeholder"):
+        spec = specs[node.name]
+        stored = stored_tensor(spec, ep.state_dict, ep.constants) if spec.target is not None else None
+        args.append(stored if stored is not None else torch.zeros(node.meta["val"].shape, dtype=node.meta["val"].dtype))
+    seconds = float("inf")
+    with torch.no_grad():
+        for _ in range(repeat):
+            start = time.perf_counter()
+            torch.fx.Interpreter(ep.graph_module).run(*args, enable_io_processing=False)
+            seconds = min(seconds, time.perf_counter() - start)
+    return seconds
+
+
 def run_one(method: str, layers: int, dialect: str, repeat: int = 3) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -82,11 +109,15 @@ def run_one(method: str, layers: int, dialect: str, repeat: int = 3) -> dict:
     return result
 
 
+PHASES = ("checks", "bytes", "rewrites", "bodies", "analysis", "planning", "evaluation", "lift", "report", "total")
+"""The fold's phases shown, in pipeline order (`folding.report.PhaseTimer`)."""
+
+
 def growth_table(rows: list[dict]) -> list[str]:
     """Markdown rows: time, ratio to constant_prop_pass, and growth per size step."""
     lines = [
-        "| dialect | nodes | fold_constants s | constant_prop_pass s | speed-up | fold growth vs previous size | fold peak RSS growth MiB | largest live intermediates KiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dialect | nodes | fold_constants s | one evaluation s | fold / evaluation | constant_prop_pass s | speed-up | fold growth vs previous size | fold peak RSS growth MiB | largest live intermediates KiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_key = {(r["dialect"], r["nodes"], r["method"]): r for r in rows}
     for dialect in sorted({r["dialect"] for r in rows}):
@@ -100,11 +131,18 @@ def growth_table(rows: list[dict]) -> list[str]:
             growth = "-"
             if prev and f:
                 growth = f"{f['seconds'] / prev['seconds']:.1f}x for {n / prev['nodes']:.1f}x nodes"
+            evaluation = f.get("interpreter_s")
+            limit = f"{evaluation:.3f} | {f['seconds'] / evaluation:.1f}x" if evaluation else "- | -"
             lines.append(
-                f"| {dialect} | {n:,} | {f['seconds']:.2f} | {cpp} | {ratio} | {growth} | "
+                f"| {dialect} | {n:,} | {f['seconds']:.2f} | {limit} | {cpp} | {ratio} | {growth} | "
                 f"{f['peak_rss_growth_kib'] / 1024:.0f} | {f['peak_intermediate_bytes'] / 1024:.1f} |"
             )
             prev = f
+    lines += ["", "Fold phases (seconds; `FoldReport.timings`, fastest run):", "",
+              "| dialect | nodes | " + " | ".join(PHASES) + " |", "|---|---|" + "---|" * len(PHASES)]
+    for r in sorted((r for r in rows if r["method"] == "fold_constants"), key=lambda r: (r["dialect"], r["nodes"])):
+        phases = r.get("phases_s", {})
+        lines.append(f"| {r['dialect']} | {r['nodes']:,} | " + " | ".join(f"{phases.get(k, 0.0):.3f}" for k in PHASES) + " |")
     lines.append("")
     for dialect in sorted({r["dialect"] for r in rows}):
         folds = sorted((r for r in rows if r["dialect"] == dialect and r["method"] == "fold_constants"),

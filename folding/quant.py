@@ -90,7 +90,7 @@ def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
     for n in nodes:
         if is_dequantize(n.target):
             dq.add(n)
-        elif keeps_dequantized_value(n.target) and any(i in dq for i in n.all_input_nodes) and _is_float(n):
+        elif keeps_dequantized_value(n.target) and any(i in dq for i in n.all_input_nodes) and is_float(n):
             dq.add(n)
     return dq
 
@@ -117,7 +117,8 @@ def _fmt(v: Any, rename: Callable[[str], str]) -> str:
     return str(v)
 
 
-def _is_float(n: torch.fx.Node) -> bool:
+def is_float(n: torch.fx.Node) -> bool:
+    """`n`'s value is a floating-point tensor (True when its dtype is unknown: conservative)."""
     val = n.meta.get("val")
     if isinstance(val, torch.Tensor):
         return val.dtype.is_floating_point

@@ -8,7 +8,7 @@ Dequantize does not support per-channel quant tensor``; per-tensor, ``could not 
 (executorch issues 17732/18622). A dequantize only the output reads therefore folds to its
 float value. When one node has both readers (``return linear(x, w_dq), w_dq``), it cannot both
 stay and fold: this rewrite gives the output a copy of the node (a dequantize, or a view, copy
-or cast of one: `quant.dequantized_values`), which the fold then treats like any dequantize
+or cast of one: `quant.keeps_dequantized_value`), which the fold then treats like any dequantize
 only the output reads, while the op keeps the original and its encoding.
 
 Only dequantized values of a stored tensor the program never writes back qualify (a
@@ -27,7 +27,7 @@ from torch.export.graph_signature import ExportGraphSignature, OutputKind
 
 from .hops import copy_uncompiled
 from .names import reserve_node_names, unique_name
-from .quant import dequantized_values
+from .quant import is_dequantize, is_float, keeps_dequantized_value
 from .signature import unchanging_stored_specs
 from .torch_internals import program_with, set_signature
 
@@ -77,23 +77,26 @@ def split_returned_dequantizes(program: ExportedProgram, *, inplace: bool) -> tu
 
 def _shared_with_the_output(program: ExportedProgram) -> list[torch.fx.Node]:
     """The dequantized values of unchanging stored tensors that the graph output returns (as a
-    user output) and some other node reads, in graph order."""
-    graph = program.graph
-    output = graph.output_node()
-    returned = {a for a, spec in zip(output.args[0], program.graph_signature.output_specs)
-                if isinstance(a, torch.fx.Node) and spec.kind == OutputKind.USER_OUTPUT}
-    if not returned:
-        return []
-    stored = set(unchanging_stored_specs(program.graph_signature))
-    constant: set[torch.fx.Node] = set()
-    for n in graph.nodes:  # dequantizes of stored tensors, and what is computed from them alone
-        if n.op == "get_attr" or (n.op == "placeholder" and n.name in stored):
-            constant.add(n)
-        elif n.op == "call_function" and n.all_input_nodes and all(i in constant for i in n.all_input_nodes):
-            constant.add(n)
-    candidates = [n for n in graph.nodes if n in constant and n.op == "call_function"]
-    dq = dequantized_values(candidates)
-    return [n for n in candidates if n in dq and n in returned and any(u is not output for u in n.users)]
+    user output) and some other node reads, in output order. Only the output's arguments and
+    what they are computed from are visited, never the whole graph."""
+    output = program.graph.output_node()
+    stored = unchanging_stored_specs(program.graph_signature)
+    memo: dict[torch.fx.Node, bool] = {}
+
+    def constant_source(n: torch.fx.Node) -> bool:
+        return n.op == "get_attr" or (n.op == "placeholder" and n.name in stored)
+
+    def dequantized_constant(n: torch.fx.Node) -> bool:
+        if n not in memo:
+            memo[n] = n.op == "call_function" and bool(n.all_input_nodes) and (
+                (is_dequantize(n.target) and all(constant_source(i) for i in n.all_input_nodes))
+                or (keeps_dequantized_value(n.target) and is_float(n)
+                    and all(dequantized_constant(i) for i in n.all_input_nodes)))
+        return memo[n]
+
+    returned = dict.fromkeys(a for a, spec in zip(output.args[0], program.graph_signature.output_specs)
+                             if isinstance(a, torch.fx.Node) and spec.kind == OutputKind.USER_OUTPUT)
+    return [n for n in returned if any(u is not output for u in n.users) and dequantized_constant(n)]
 
 
 def _renamed_outputs(signature: ExportGraphSignature, renamed: dict[str, str]) -> ExportGraphSignature:
