@@ -129,6 +129,7 @@ def fill_row(row: Row, q: Any) -> None:
         row.fold_bytes_after = q.fold_report.get("constant_bytes_after")
         if not q.folds_changed_program:
             row.note = "the fold had nothing to do: no constant-only op left after QNN's export passes"
+    row.mismatch_cause = q.mismatch_cause
     if q.mismatch_cause:
         row.note = "; ".join(filter(None, [row.note, q.mismatch_cause]))
 

@@ -303,8 +303,8 @@ def _cause(row: Dict[str, Any]) -> str:
     """Why a QNN row missed its reference: the fault the run matched, else a recorded finding."""
     from . import htp_faults
 
-    if row.get("note"):
-        return f"Cause: {row['note']}"
+    if row.get("mismatch_cause"):
+        return f"Cause: {row['mismatch_cause']}"
     found = htp_faults.investigated(row["model"], row.get("precision"))
     if found:
         return f"Explained by an investigation (not checked by this run): {found}"

@@ -86,6 +86,7 @@ class Row:
     vs_off_max_abs_diff: Optional[float] = None  # QNN: max |HTP output - the fold-off row's HTP output|
     fold_report: Optional[Dict[str, Any]] = None
     note: Optional[str] = None               # e.g. the fold had nothing to do
+    mismatch_cause: Optional[str] = None     # QNN: the known fault outside this project the HTP output matches (benchmarks.htp_faults)
     # QNN's own columns (`benchmarks.qnn_rows.QnnRow` has their long form)
     partitions: Optional[int] = None         # QNN delegate calls in the lowered program
     refused_partitions: Optional[int] = None  # partitions the HTP rule kept on the CPU (no runtime input)

@@ -57,11 +57,12 @@ def test_table_legend_and_figure_say_mismatch():
 
 
 def test_results_md_names_the_cause_of_every_qnn_mismatch():
-    """A fault the run matched (the row's note), a recorded finding, or says it is unattributed."""
+    """A fault the run matched, a recorded finding, or says it is unattributed; a row's other note
+    (the fold had nothing to do) is not a cause."""
     base = {"backend": "qnn", "variant": "none", "pte_bytes": 1, "status": verdict.judge("8a8w", 1.0, 1.0)}
-    rows = [dict(base, model="m", precision="fp16", note="executorch 1.5.1: something"),
+    rows = [dict(base, model="m", precision="fp16", mismatch_cause="executorch 1.5.1: something"),
             dict(base, model="vit_b_16", precision="8a8w"),
-            dict(base, model="other", precision="8a8w")]
+            dict(base, model="other", precision="8a8w", note="the fold had nothing to do")]
     text = report.qnn_notes_md(rows)
     assert "- m fp16 none: mismatch: max abs diff vs eager 1 > tolerance 0.15 (0.15 of scale 1). Cause: executorch 1.5.1" in text
     assert "- vit_b_16 8a8w none: mismatch" in text and "Explained by an investigation" in text
