@@ -378,12 +378,16 @@ def _crashed(unit: Unit, exc: BaseException) -> List[Row]:
 
 def _build_all(units: List[Unit], jobs: int, log_path: Optional[str],
                on_done: Callable[[List[Row]], None], on_building: Callable[[str], None]) -> None:
-    """Build every unit in `jobs` worker processes (in this process when `jobs` <= 1).
+    """Build every unit in `jobs` worker processes (at least one; CPU units in this process when
+    `jobs` <= 1 and there is no QNN unit).
 
-    CPU units share reused workers; each QNN unit gets a fresh one (``max_tasks_per_child=1``).
+    CPU units share reused workers; each QNN unit gets a fresh one (``max_tasks_per_child=1``),
+    also at ``jobs`` = 1: QNN units run in one process one after the other partitioned some
+    models differently from a fresh process (the 2026-12-03 full run's t5_encoder fold-off rows:
+    23 and 17 ops on the CPU after eleven other units, 16 and 0 alone).
     A crashed worker's unit is retried once, then its rows are ``error (worker)``. What workers
     start (`benchmarks._worker.announce`) reaches ``on_building``."""
-    if jobs <= 1:
+    if jobs <= 1 and not any(u.is_qnn for u in units):
         _worker.listen(on_building)
         try:
             for unit in units:
@@ -391,6 +395,7 @@ def _build_all(units: List[Unit], jobs: int, log_path: Optional[str],
         finally:
             _worker.listen(None)
         return
+    jobs = max(jobs, 1)
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
     pools: Dict[bool, ProcessPoolExecutor] = {}
