@@ -264,6 +264,20 @@ def test_upstream_i64toi32_still_crashes_on_a_body():
     qnn._passes.I64toI32SkippingBodies(edge)(edge.graph_module)  # the variant passes
 
 
+def test_executorchs_quantizer_fails_on_a_cond_and_the_check_before_it_names_the_node():
+    """README: executorch's QnnQuantizer fails inside executorch on a higher-order op;
+    `require_no_control_flow`, called first, raises the typed error naming the node."""
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    program = torch.export.export(LinearFeedsCond(constant_predicate=False).eval(), (torch.randn(8, 8),))
+    with pytest.raises(qnn.ControlFlowNotSupportedError, match="node 'cond'"):
+        qnn.control_flow.require_no_control_flow(program)
+    with pytest.raises(Exception, match="LiftConstantScalarOperands") as raised:
+        prepare_pt2e(program.module(), QnnQuantizer())
+    assert isinstance(raised.value.__cause__, AttributeError), raised.value.__cause__
+
+
 def test_quantizing_a_runtime_cond_stops_with_the_typed_error():
     """QnnQuantizer's annotation pipeline runs LiftConstantScalarOperands too: the benchmark's
     quantization (and any caller of `qnn.control_flow.require_no_control_flow`) stops first."""
