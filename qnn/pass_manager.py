@@ -1,6 +1,9 @@
 """`pass_manager_cls`: QNN's pass manager with the control-flow-aware passes of `qnn._passes`
 in the export, annotation and to-edge pipelines, and `with_control_flow_passes` for a caller's
-``passes_job``/``dep_table``. The one place the project composes QNN's pipelines."""
+``passes_job``/``dep_table``. The one place the project chooses QNN's passes: `qnn.lowering`
+(``_pass_factory``) and `qnn.partitioner` (``default_to_edge_passes``) build the to-edge passes
+from `pass_manager_cls`, never from executorch's pass manager directly
+(tests/test_architecture.py)."""
 
 from __future__ import annotations
 

@@ -138,3 +138,14 @@ def test_no_test_module_imports_another():
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1].startswith("test_"):
                 found.append(f"{path.relative_to(ROOT)} imports {node.module}")
     assert not found, "\n".join(found)
+
+
+def test_only_qnn_pass_manager_imports_executorchs_qnn_pass_manager():
+    """qnn/pass_manager.py is the one place the project chooses QNN's passes: every other QNN
+    pipeline is built from `qnn.pass_manager_cls`, which swaps in the control-flow variants."""
+    importers = set()
+    for path in sorted((ROOT / "qnn").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("_passes.qnn_pass_manager"):
+                importers.add(str(path.relative_to(ROOT)))
+    assert importers == {"qnn/pass_manager.py"}, importers
