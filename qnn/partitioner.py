@@ -1,8 +1,10 @@
 """`QnnPartitioner`: executorch's QNN partitioner with the fold stage and the HTP input rule.
 
 Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, so every
-``isinstance(p, executorch ... QnnPartitioner)`` check still holds) and differs in five places:
+``isinstance(p, executorch ... QnnPartitioner)`` check still holds). What it does differently:
 
+- constructing one loads the QNN libraries (`qnn.sdk.load_qnn_sdk`) or raises `QnnSdkError`;
+  it takes two more keyword arguments, ``preserve_edge_names`` and ``to_edge_passes``;
 - our ``fold_constants`` compile spec is removed before executorch's code reads the list
   (`qnn.compile_spec`);
 - ``transform_for_pre_decomposition`` (exir/backend/partitioner.py, called by
@@ -13,9 +15,16 @@ Mirrors executorch/backends/qualcomm/partition/qnn_partitioner.py (subclassed, s
   constant-only after folding), or one inside a control-flow body (only top-level nodes are
   partitioned), is decomposed, so it can never reach the CPU undecomposed; a core ATen op
   (`is_core_aten_op`, nothing to decompose) is not kept whole;
+- ``partition`` gives a folded program its unfolded Edge names back (when
+  ``preserve_edge_names``, or by default when ``skip_node_id_set`` names nodes) and checks that
+  every folded constant feeding a kept dequantize has its encoding (`EncodingLostError`);
+- a node reading or producing a tensor of data-dependent size is declined (executorch's node
+  visitors raise ``TypeError`` on it), and every declined node gets a reason;
 - on HTP, a partition without a runtime input stays on the CPU (`qnn.htp_rule`);
 - a constant that a control-flow call or the output also reads is not tagged for a partition
-  (`untag_constants_read_by_the_cpu_side`).
+  (`untag_constants_read_by_the_cpu_side`);
+- each partitioned program appends a `QnnPartitionReport` to ``reports`` (and the folds'
+  reports to ``fold_reports``).
 
 ``QnnPartitioner.partition`` composes executorch's steps (``generate_partitions``' support
 check and grouping, ``tag_nodes``, ``tag_constant_data``, ``tag_mutated_buffer``) with ours, each
