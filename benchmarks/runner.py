@@ -382,9 +382,8 @@ def _build_all(units: List[Unit], jobs: int, log_path: Optional[str],
     `jobs` <= 1 and there is no QNN unit).
 
     CPU units share reused workers; each QNN unit gets a fresh one (``max_tasks_per_child=1``),
-    also at ``jobs`` = 1: QNN units run in one process one after the other partitioned some
-    models differently from a fresh process (the 2026-12-03 full run's t5_encoder fold-off rows:
-    23 and 17 ops on the CPU after eleven other units, 16 and 0 alone).
+    also at ``jobs`` = 1, so that no QNN library state and no peak RSS carries from one unit to
+    the next.
     A crashed worker's unit is retried once, then its rows are ``error (worker)``. What workers
     start (`benchmarks._worker.announce`) reaches ``on_building``."""
     if jobs <= 1 and not any(u.is_qnn for u in units):
