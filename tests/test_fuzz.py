@@ -59,9 +59,11 @@ def test_fixed_seed_control_flow_campaign_finds_no_failure(config):
     assert not summary.failures, summary.text()
 
 
+@pytest.mark.slow
 def test_control_flow_programs_hold_every_family_and_take_both_branches():
     """The generator makes each control-flow family, and a cond whose predicate reads the
-    inputs takes one branch on the example inputs and the other on the flipped ones."""
+    inputs takes one branch on the example inputs and the other on the flipped ones (slow tier:
+    40 programs exported; the default tier's campaign checks each case on both branches)."""
     from tests.control_flow_checks import BranchRecorder
     from tests.fold_checks import depends_on_user_input
 

@@ -42,9 +42,12 @@ def _fresh_inputs(spec):
 # quantization rules themselves are pinned bit-exactly in tests/test_quant.py. The QNN-only
 # LLM-scale model (`llama_1b`, 1.5 GB of weights) is measured by the benchmark, not here.
 FLOAT_MODELS = sorted(name for name in BUILDERS if not name.endswith("_q8") and name not in QNN_ONLY_MODELS)
+# The two transformers whose portable .pte takes minutes (vit_b_16's attention on portable
+# kernels): slow tier; the smaller models pin the same rules in the default tier.
+SLOW_MODELS = {"vit_b_16", "swin_v2_t"}
 
 
-@pytest.fixture(scope="module", params=FLOAT_MODELS)
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.slow) if m in SLOW_MODELS else m for m in FLOAT_MODELS])
 def folded_model(request):
     spec = build(request.param, quick=True)
     with torch.no_grad():

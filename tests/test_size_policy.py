@@ -198,6 +198,9 @@ def _random_region_module(rng: random.Random, max_steps: int = 12):
     return Region()
 
 
+SLOW_REGION_SEEDS = {7}  # its region's oracle lowers many cuts (over a minute); slow tier
+
+
 def _serialized_bytes(ep) -> int:
     """Constant data as ExecuTorch serializes it: one buffer per distinct content (dtype,
     shape and bytes), each padded to 16 bytes (exir/_serialize). Checked against real .pte
@@ -333,7 +336,7 @@ def _fold_and_measure(ep, x, cap, budget):
     return got
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_REGION_SEEDS else s for s in range(16)])
 def test_planner_matches_oracle_on_random_regions(seed):
     """Regions within `EXACT_LIMIT`: the planner's cut is the best of all cuts, measured."""
     rng = random.Random(seed)

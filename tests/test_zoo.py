@@ -57,6 +57,7 @@ def test_fold_rows_pass(name):
     assert verdict.status(row) == "ok"
 
 
+@pytest.mark.slow
 def test_full_row_gpt2():
     """Every step on one model (tied embeddings, causal mask, an integer output: argmax ids,
     compared exactly): folded .pte runs and matches where the unfolded one runs, and
