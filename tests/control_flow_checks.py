@@ -1,16 +1,21 @@
-"""Checks shared by the control-flow tests (tests/test_control_flow*.py, test_fold_faults,
-test_fuzz): fold with the caller-unchanged and refold invariants, record which branch of each
-``cond`` the inputs take, and compare a folded control-flow program with eager and as a .pte."""
+"""Checks shared by the control-flow tests (tests/test_control_flow.py, test_operands, test_bodies,
+test_inline, test_leftovers, test_lowerable, test_multi_output, test_symbols, test_fuzz): fold
+with the caller-unchanged and refold invariants, record which branch of each ``cond`` the inputs
+take, compare a folded control-flow program with eager and as a .pte, and check that a program
+that lowers unfolded lowers folded (`assert_lowers_folded_as_unfolded`)."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
 import folding
 from folding.ops import op_name
 from tests.fold_checks import assert_close_all, depends_on_user_input, export, fold, reference
+from tests.lowering import stock_lower_pte
 from tests.invariants import (assert_caller_unchanged, assert_no_new_leftovers, assert_pte_matches, caller_snapshot,
-                              outputs)
+                              outputs, run_pte)
 
 
 def body_targets(ep) -> list[str]:
@@ -92,3 +97,28 @@ def fold_and_compare(module, inputs_list, *, pte=True, policy=None, one_branch=f
         if pte:
             assert_pte_matches(result.program, inputs, expected=outputs(ref, inputs))
     return ep, result
+
+
+def assert_lowers_folded_as_unfolded(module: torch.nn.Module, inputs_list, *, backends=("portable", "xnnpack"),
+                                     policy=None, one_branch=frozenset()):
+    """The premise (the unfolded program lowers for each backend), then the folded program
+    through both paths: each .pte matches the unfolded program's eager outputs on every input."""
+    from folding import FoldConstantsPass
+
+    ep = export(module.eval(), inputs_list[0])
+    assert_each_branch_taken(ep, inputs_list, one_branch)
+    ref = copy.deepcopy(ep)
+    expected = [outputs(ref, x) for x in inputs_list]
+    folded = fold_checked(ep, policy).program
+    for backend in backends:
+        stock_lower_pte(copy.deepcopy(ep), backend)  # premise: lowers without folding
+        for name, buffer in [
+            ("fold_constants", stock_lower_pte(folded, backend)),
+            ("FoldConstantsPass", stock_lower_pte(copy.deepcopy(ep), backend, [FoldConstantsPass(policy)])),
+        ]:
+            for x, want in zip(inputs_list, expected):
+                try:
+                    assert_close_all(want, run_pte(buffer, x), atol=1e-4)
+                except AssertionError as exc:
+                    raise AssertionError(f"{backend} .pte through {name}: {exc}") from exc
+    return folded

@@ -6,7 +6,6 @@ from typing import Optional, Sequence
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 
 from folding.sizes import STORED_KINDS, stored_constant_bytes, stored_tensor
 from tests.lowering import edge_pte, lower_pte, lower_with_edge, run_pte  # noqa: F401 (edge_pte, run_pte: re-exported)

@@ -13,6 +13,10 @@ right by luck to wrong: a check of the fold must not depend on that luck.
 
 XNNPACK lowering goes through `folding.xnnpack_partitioner`, which works around another
 executorch fault the same way (a value returned twice through clones fails XNNPACK's preprocess).
+
+One function lowers without those workarounds, on purpose: `stock_lower_pte`, for the rule that
+folding never makes a program that lowers with executorch's defaults fail to lower
+(tests/test_lowerable.py and the control-flow checks).
 """
 
 from __future__ import annotations
@@ -78,6 +82,22 @@ def lower_with_edge(ep: ExportedProgram, backend: str = "portable") -> tuple[byt
     manager = to_edge_transform_and_lower(private_copy(ep), partitioner=_partitioner(backend))
     edge_program = copy.deepcopy(manager.exported_program())
     return manager.to_executorch(backend_config()).buffer, edge_program
+
+
+def stock_lower_pte(ep: ExportedProgram, backend: str, transform_passes=()) -> bytes:
+    """The .pte of `ep` through executorch's own ``to_edge_transform_and_lower`` with
+    `transform_passes`, for the portable runtime or XNNPACK (a plain ``XnnpackPartitioner``),
+    serialised with executorch's default config: none of this module's workarounds. `ep` is
+    lowered as given (pass a copy to keep it)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioner = None
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
+    manager = to_edge_transform_and_lower(ep, transform_passes=list(transform_passes), partitioner=partitioner)
+    return manager.to_executorch().buffer
 
 
 def _partitioner(backend: str) -> Optional[list]:

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import folding
-from folding import FoldingError, FoldPolicy, InvalidProgramError, PolicyError, Reason
+from folding import FoldPolicy, InvalidProgramError, PolicyError, Reason
 from tests.fold_checks import assert_close_all, decision, export, fold
 from tests.invariants import outputs
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import models, runner
+from benchmarks import runner
 from benchmarks.__main__ import parse_args
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,8 @@ from folding.work_counts import counting
 from tests.control_flow_checks import body_targets, fold_and_compare, fold_checked
 from tests.fold_checks import assert_close_all, assert_same, call_targets, decision, export
 from tests.invariants import outputs
-from tests.programs import OneCond
+from tests.programs import (CondRepeated, CondWithoutOperands, ConstantCond, ConstantScan, MapRepeated,
+                            NestedUnderConstantPredicate, OneCond, ScanRepeated)
 
 KEPT_WHOLE = ("aten.linear.default", "aten.rms_norm.default", "aten.scatter.src", "aten.matmul.default")
 
@@ -436,6 +437,37 @@ def constant_only_branch_ops(ep) -> list[str]:
                     constant.add(n)
                     found.append(f"{attr.target}/{n.name}")
     return found
+
+
+_X = torch.randn(4)
+_BOTH = [(_X.abs() + 0.1,), (-_X.abs() - 0.1,)]  # x.sum() > 0, then not
+
+
+@pytest.mark.parametrize(
+    "make, rows",
+    [(lambda: CondRepeated("mul1"), False), (MapRepeated, True), (ScanRepeated, True),
+     (NestedUnderConstantPredicate, False), (CondWithoutOperands, False), (ConstantCond, False), (ConstantScan, False)],
+    ids=["cond_repeated", "map_repeated", "scan_repeated", "nested_constant_predicate", "cond_no_operands",
+         "constant_cond", "constant_scan"],
+)
+def test_the_same_programs_in_edge_dialect_and_their_pte(make, rows):
+    """FoldConstantsPass's position (``to_edge`` output): the programs of tests/test_operands.py
+    (repeated operands), tests/test_bodies.py (a body without operands) and
+    tests/test_leftovers.py (control flow folded away), with the same checks (`fold_checked`),
+    and the folded program's .pte against the unfolded program on inputs taking each branch."""
+    import copy
+
+    from tests.fold_checks import edge
+    from tests.invariants import edge_pte, run_pte
+
+    inputs = [(torch.randn(3, 4),)] if rows else _BOTH
+    ep = edge(export(make(), inputs[0]))
+    ref = copy.deepcopy(ep)
+    result = fold_checked(ep)
+    pte = edge_pte(result.program)  # serialised from a copy: the program stays Edge
+    for x in inputs:
+        assert_close_all(outputs(ref, x), outputs(result.program, x))
+        assert_close_all(outputs(ref, x), run_pte(pte, x), atol=1e-4)
 
 
 UPSTREAM = ["FTCondBasic", "FTCondDynShape", "FTCondDeadCode", "FTMapBasic", "FTMapDynShape"]

@@ -1,0 +1,155 @@
+"""Constant code of control-flow bodies and regions moves out to the graph that calls them, and
+folds there (`folding/bodies.py`, `Hoisting`).
+
+A ``cond`` branch, a ``no_grad`` or autocast region, or a region nested in a branch, folds its
+constant code even when it reads no operand; the code moves out of a copy of the caller's body,
+whose own region is never rewritten (invariant 7); a tensor attribute of a body moved out as an
+operand is reported as moved, not as a folded value; and a region kept at runtime for a pin and
+folded again reports each decision under its nodes' paths. Every program goes through
+`control_flow_checks.fold_and_compare` (caller unchanged, refold, no dead leftovers, eager and
+.pte against the unfolded program on inputs taking each branch). Found by issue 21 (fault 2)
+and the control-flow fuzzer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from folding import FoldPolicy
+from tests.control_flow_checks import body_targets, fold_and_compare
+from tests.programs import CondWithoutOperands
+
+X = torch.randn(4)
+BOTH = [(X.abs() + 0.1,), (-X.abs() - 0.1,)]  # x.sum() > 0, then not
+
+
+class AutocastStrict(nn.Module):
+    """An autocast region of the caller's whose constant code (``w @ w.t()``, and ``w * 1.0``,
+    which holds ``w``'s bytes) moves out: the folded program calls a new region, and the
+    caller's region still takes its operands."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = self.w @ self.w.t()
+            b = x @ a + x @ (self.w * 1.0)
+        return b.float()
+
+
+@pytest.mark.parametrize("policy", [FoldPolicy(), FoldPolicy.strict()], ids=["default", "strict"])
+def test_autocast_region_of_the_caller_is_not_rewritten(policy):
+    x = torch.randn(2, 16)
+    ep, _ = fold_and_compare(AutocastStrict(), [(x,)], pte=False, policy=policy)
+    ep.module()(x)
+
+
+# Bodies and regions with constant code and no operands.
+
+class NoGradConstants(nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            c = torch.ones(4) * 2.0
+        return (x + c,)
+
+
+class AutocastConstants(nn.Module):
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            c = torch.ones(4, 4) @ torch.full((4, 4), 0.5)
+        return (x + c.float(),)
+
+
+class NoGradInsideABranch(nn.Module):
+    def forward(self, x):
+        def true_fn(x):
+            with torch.no_grad():
+                c = torch.ones(4) * 3.0
+            return (x + c,)
+
+        return torch.cond(x.sum() > 0, true_fn, lambda x: (x - 1.0,), (x,))[0]
+
+
+@pytest.mark.parametrize("make", [NoGradConstants, AutocastConstants, CondWithoutOperands, NoGradInsideABranch],
+                         ids=["no_grad", "autocast", "cond", "no_grad_in_branch"])
+def test_a_body_with_constant_code_and_no_operands_folds(make):
+    ep, result = fold_and_compare(make(), BOTH, pte=False)
+    constant_code = {"aten.mul.Tensor", "aten.ones.default", "aten.full.default", "aten.matmul.default"}
+    assert not constant_code & set(body_targets(result.program)), body_targets(result.program)
+
+
+# What moved out is reported as moved.
+
+class _BodyScalarUnderAConstantPredicate(nn.Module):
+    """A tensor attribute of a body (``to_edge`` makes the scalar of ``t * 2.0`` one) always
+    moves out as an operand, so it is lifted whatever the policy: it was stored already, it is
+    not a folded value, and the report marks it `moved` (not held to `max_tensor_bytes`). Found
+    by the control-flow fuzzer (``edge: policy-max-tensor-bytes``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(1, 3, 1))
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return torch.cond(self.b.sum() > 0, lambda a: (a * 2.0 - 1.0,), lambda a: (a + a,), (self.w,))[0] + x
+
+
+def test_a_body_attribute_moved_out_is_reported_as_moved_not_folded():
+    from tests.fold_checks import edge, export
+    from tests.invariants import graph_module_attributes
+    from tests.control_flow_checks import fold_checked
+
+    strict = FoldPolicy(max_tensor_bytes=0, max_growth_bytes=0, max_growth_fraction=0.0)
+    ep = edge(export(_BodyScalarUnderAConstantPredicate(), (torch.randn(3, 4),)))
+    body_tensors = [t for m in ep.graph_module.modules() if m is not ep.graph_module
+                    for t in graph_module_attributes(m).values() if isinstance(t, torch.Tensor)]
+    assert body_tensors  # what to_edge puts in the body
+    result = fold_checked(ep, strict)
+    assert result.report.lifted and all(c.moved and not c.reused for c in result.report.lifted), result.report.lifted
+    assert result.report.constant_bytes_after == result.report.constant_bytes_before
+    assert not [d for d in result.report.decisions if d.folded]
+    x = torch.randn(3, 4)
+    with torch.no_grad():  # the unfolded Edge body holds a plain tensor: torch's cond autograd refuses it
+        assert_close(ep.module()(x), result.program.module()(x))
+
+
+def assert_close(a, b):
+    a, b = (a if isinstance(a, (tuple, list)) else (a,)), (b if isinstance(b, (tuple, list)) else (b,))
+    for u, v in zip(a, b):
+        scale = u.abs().max().item()
+        assert scale > 1e-3 and (u - v).abs().max().item() <= 1e-5 * scale, (scale, (u - v).abs().max().item())
+
+
+class RegionWrittenByAnInlinedBranch(nn.Module):
+    """A constant-only region whose output a runtime value from a constant-predicate cond then
+    writes in place (fuzz case 27000333, shrunk): the region is kept at runtime, pinned, and
+    folded again; the new region call stood for a glue getitem with no report name (a
+    ``Decision`` named None, AttributeError while merging reports)."""
+
+    def __init__(self, region: str, returned: bool):
+        super().__init__()
+        self.region, self.returned = region, returned
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("b", torch.randn(1, 2, 5, 1, generator=g))
+        self.w = nn.Parameter(torch.randn(2, 1, generator=g))
+
+    def forward(self, x):
+        context = torch.autocast("cpu", dtype=torch.bfloat16) if self.region == "autocast" else torch.no_grad()
+        with context:
+            v = torch.nn.functional.linear(self.b * 2.0 + 2.0, self.w.tanh()).float()
+        r = torch.cond(self.w.mean() < 0, lambda a: (a + 1.5,), lambda a: (a.sigmoid(),), (x,))[0]
+        v.sub_(r)
+        return (x * 2.0, v) if self.returned else (x * 2.0,)
+
+
+@pytest.mark.parametrize("returned", [False, True], ids=["dead", "returned"])
+@pytest.mark.parametrize("region", ["autocast", "no_grad"])
+def test_a_region_folded_again_after_a_pin_reports_under_its_nodes_paths(region, returned):
+    g = torch.Generator().manual_seed(2)
+    _, result = fold_and_compare(RegionWrittenByAnInlinedBranch(region, returned).eval(),
+                                 [(torch.randn(1, 2, 5, 2, generator=g),)], pte=returned)
+    assert all(isinstance(d.node, str) and d.node for d in result.report.decisions), result.report.decisions

@@ -1,0 +1,194 @@
+"""Folding never makes a program that lowered fail to lower.
+
+Two ways a fold could: a body that returns one constant in two places, or two constants of
+identical bytes (stored once), would return one tensor twice, and HOP outputs may alias neither
+an operand nor each other; so each place a body returns a moved value gets a copy of its own
+(`folding/bodies.py`, in the dialect's copy op, `folding/clones.py`). And a stored tensor
+returned as an output while an op a backend delegates reads it is returned through a
+placeholder of its own and a copy (`folding/placement.py`, `_add_returned_stored_placeholders`;
+the copy is `folding/lift.py`'s `_clone_outputs`); a buffer the program writes is returned as
+written.
+
+Every program here lowers unfolded (the premise, checked), then folded through each path
+(`fold_constants` on the ATen program, `FoldConstantsPass` as a transform pass on the Edge
+program), for the portable runtime and XNNPACK; each .pte runs and matches eager on inputs
+taking each branch (`control_flow_checks.assert_lowers_folded_as_unfolded`). Found by issue 21
+(fault 4)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._higher_order_ops.map import map as hop_map
+
+from folding import FoldPolicy
+from tests.control_flow_checks import assert_lowers_folded_as_unfolded, fold_checked
+from tests.fold_checks import assert_close_all, edge, export
+from tests.invariants import outputs, run_pte
+
+POLICIES = [FoldPolicy(), FoldPolicy.strict()]
+
+
+# A body returning one constant twice.
+
+class BranchReturnsAConstantTwice(nn.Module):
+    """One branch returns two copies of one constant (issue 21's program)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, a):
+        def true_fn(a):
+            c = self.w * 0.5
+            return c.clone(), c.clone()
+
+        return torch.cond(a.sum() > 0, true_fn, lambda a: (a.mean(0), a.sum(0)), (a,))
+
+
+class BranchReturnsTwoEqualConstants(nn.Module):
+    """Two different constants of identical bytes: stored once, so one operand twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, a):
+        return torch.cond(a.sum() > 0, lambda a: (self.w * 2.0, self.w + self.w, a.sum(0)),
+                          lambda a: (a.mean(0), a.sum(0), a.amax(0)), (a,))
+
+
+class MapReturnsAConstantTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, xs):
+        def body(xi):
+            c = self.w.exp()
+            return xi + 1.0, c.clone(), c.clone()
+
+        return hop_map(body, xs)
+
+
+ROWS = torch.randn(3, 4)
+BRANCHES = [(ROWS.abs() + 0.1,), (-ROWS.abs() - 0.1,)]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=["default", "strict"])
+@pytest.mark.parametrize("make", [BranchReturnsAConstantTwice, BranchReturnsTwoEqualConstants],
+                         ids=["one_constant_twice", "two_equal_constants"])
+def test_a_branch_returning_a_constant_twice_still_lowers_and_runs(make, policy):
+    assert_lowers_folded_as_unfolded(make(), BRANCHES, policy=policy)
+
+
+def test_a_map_body_returning_a_constant_twice_still_goes_to_edge():
+    """executorch 1.5.1 emits no map with several outputs, so the check stops at `to_edge`
+    (where functionalization checks the body's aliasing), with eager outputs compared."""
+    ep = export(MapReturnsAConstantTwice(), (ROWS,))
+    ref = copy.deepcopy(ep)
+    edge(copy.deepcopy(ep))  # premise
+    folded = edge(fold_checked(ep).program)
+    assert_close_all(outputs(ref, (ROWS,)), outputs(folded, (ROWS,)))
+
+
+def test_a_branch_of_an_edge_program_returning_a_constant_twice_gets_two_copies():
+    """In Edge dialect, folded directly (the copies are the dialect's own clone op)."""
+    from tests.invariants import edge_pte
+
+    ep = edge(export(BranchReturnsAConstantTwice(), BRANCHES[0]))
+    ref = copy.deepcopy(ep)
+    folded = fold_checked(ep).program
+    pte = edge_pte(folded)
+    for x in BRANCHES:
+        with torch.no_grad():  # to_edge lifted the body's scalar into a real tensor: no autograd trace
+            want = outputs(ref, x)
+        assert_close_all(want, run_pte(pte, x), atol=1e-4)
+
+
+# A stored tensor returned as an output while a delegated op reads it.
+
+class LinearBiasReturned(nn.Module):
+    """The weight is computed from constants, the bias is returned (issue 21's program)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(6, 2))
+        self.p = nn.Parameter(torch.randn(6))
+
+    def forward(self, x):
+        return F.linear(x, self.b + self.b, self.p), self.p
+
+
+class ConvWeightReturned(nn.Module):
+    """XNNPACK's conv1d reshapes its weight in place: a copy of the shared placeholder would
+    return 4-D data."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3))
+        self.register_buffer("b", torch.randn(4))
+
+    def forward(self, x):
+        return F.conv1d(x, self.w, self.b * 2.0), self.w
+
+
+class LinearBiasReturnedAsItsEqual(nn.Module):
+    """A folded value with the bias's bytes is stored as the bias itself, then returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(6, 2))
+        self.p = nn.Parameter(torch.randn(6))
+
+    def forward(self, x):
+        return F.linear(x, self.b + self.b, self.p), self.p * 1.0, self.p
+
+
+class BufferReturnedTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randn(6, 2))
+        self.register_buffer("b", torch.randn(6))
+
+    def forward(self, x):
+        return F.linear(x, self.w, self.b.exp()), self.w, self.w
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=["default", "strict"])
+@pytest.mark.parametrize(
+    "make, x",
+    [(LinearBiasReturned, torch.randn(2, 2)), (ConvWeightReturned, torch.randn(1, 3, 8)),
+     (LinearBiasReturnedAsItsEqual, torch.randn(2, 2)), (BufferReturnedTwice, torch.randn(2, 2))],
+    ids=["linear_bias", "conv1d_weight", "stored_as_its_equal", "buffer_twice"],
+)
+def test_a_returned_parameter_read_by_a_folded_op_still_lowers_with_xnnpack(make, x, policy):
+    assert_lowers_folded_as_unfolded(make(), [(x,)], policy=policy)
+
+
+class WrittenBufferReturned(nn.Module):
+    """A buffer the program writes is returned as written, never as a stored copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(6, 2))
+        self.register_buffer("p", torch.zeros(6))
+
+    def forward(self, x):
+        y = F.linear(x, self.b + self.b, self.p)
+        self.p.add_(1.0)
+        return y, self.p
+
+
+def test_a_returned_buffer_the_program_writes_is_returned_as_written():
+    x = torch.randn(2, 2)
+    ep = export(WrittenBufferReturned(), (x,))
+    ref = copy.deepcopy(ep)
+    folded = fold_checked(ep).program
+    ref_module, folded_module = ref.module(), folded.module()
+    for _ in range(2):  # the second call reads the written buffer
+        assert_close_all(list(ref_module(x)), list(folded_module(x)))
