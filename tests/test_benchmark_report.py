@@ -4,8 +4,6 @@ Rows are plain dicts as `benchmarks.runner.Row.to_dict` makes them; no model is 
 
 from __future__ import annotations
 
-import dataclasses
-
 from benchmarks import report
 from benchmarks.runner import Row
 
@@ -22,9 +20,26 @@ def _latency_cell(table: str, line: int) -> str:
     return table.splitlines()[line].strip("| ").split(" | ")[column]
 
 
-def test_row_records_latency_spread_and_load():
-    fields = {f.name for f in dataclasses.fields(Row)}
-    assert {"latency_min_ms", "latency_max_ms", "load_average"} <= fields
+def test_latency_phase_records_the_median_the_spread_and_the_load(tmp_path):
+    """`runner.measure_latency` on a real .pte: the median of the timed calls, their fastest and
+    slowest, the load average; a cold run over the budget is reported as is."""
+    import torch
+
+    from benchmarks.runner import measure_latency
+    from tests.lowering import lower_pte
+
+    x = torch.randn(8, 8)
+    pte, inputs = tmp_path / "m.pte", tmp_path / "inputs.pt"
+    pte.write_bytes(lower_pte(torch.export.export(torch.nn.Linear(8, 8).eval(), (x,))))
+    torch.save((x,), inputs)
+    row = Row("m", "none", "portable", cold_run_ms=1.0, pte_path=str(pte), inputs_path=str(inputs))
+    measure_latency(row, runs=5, budget_s=10.0)
+    assert row.status == "ok" and row.latency_runs == 5, row.status
+    assert 0 < row.latency_min_ms <= row.latency_ms <= row.latency_max_ms
+    assert row.load_average is not None and row.load_average >= 0
+    slow = Row("m", "none", "portable", cold_run_ms=5000.0, pte_path=str(pte), inputs_path=str(inputs))
+    measure_latency(slow, runs=5, budget_s=1.0)
+    assert (slow.latency_ms, slow.latency_runs, slow.latency_min_ms) == (5000.0, 0, None)
 
 
 def test_noisy_mark_only_above_the_spread_threshold():
