@@ -3,6 +3,7 @@ for QNN, the ops left on the CPU per variant. Rows are `benchmarks.runner.Row.to
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 BACKEND_ORDER = ("portable", "xnnpack", "qnn")
@@ -150,7 +151,7 @@ def plot_pte_change(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
         ax.set_title(f"{backend}: .pte change vs none", fontsize=10)
         ax.set_ylabel("% change (lower is smaller)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
+    _tight_layout(fig)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -182,7 +183,15 @@ def plot_qnn_cpu_ops(rows: Sequence[Dict[str, Any]], path: str) -> Optional[str]
     ax.set_ylabel("ops left on the CPU (not delegated to HTP)")
     ax.set_title("QNN HTP: ops left on the CPU per variant (Rn: n partitions HTP refused)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    _tight_layout(fig)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _tight_layout(fig) -> None:
+    """``fig.tight_layout()``; with many bars the margins cannot fit every label, and the figure
+    keeps the layout it was drawn with (matplotlib warns, nothing is wrong with the figure)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Tight layout not applied")
+        fig.tight_layout()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import subprocess
+import warnings
 import sys
 
 import pytest
@@ -431,7 +432,9 @@ def _insert_attribute(ep, name: str, value: torch.Tensor, before: torch.fx.Node)
 
     gm = ep.graph_module
     setattr(gm, name, value)
-    with gm.graph.inserting_before(before):
+    with gm.graph.inserting_before(before), warnings.catch_warnings():
+        # a plain tensor attribute, as passes make them; torch warns that it is not a buffer
+        warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node with no underlying reference")
         node = gm.graph.get_attr(name)
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     node.meta["val"] = fake_mode.from_tensor(value)
