@@ -20,10 +20,10 @@ from tests.fuzz.program import Op, PolicySpec, Program, execute, export_source, 
 
 # Fixed seeds: every generated program is folded as an ATen program; a few are quantized, fold
 # their Edge program too, or lower to .pte (to_edge, PT2E and lowering cost seconds per case, so
-# those stay a small fraction here; `python -m tests.fuzz` runs more). The default tier runs 100
-# cases (about a minute on the idle 2-core machine); the slow tier (`-m slow`, CI) 300 more on
+# those stay a small fraction here; `python -m tests.fuzz` runs more). The default tier runs 60
+# cases (about 20 s on the idle 2-core machine); the slow tier (`-m slow`, CI) 300 more on
 # other seeds.
-CI = Config(n=100, seed=2026, edge_fraction=0.04, pte_fraction=0.03, shrink_time=30.0,
+CI = Config(n=60, seed=2026, edge_fraction=0.04, pte_fraction=0.03, shrink_time=30.0,
             gen=GenConfig(quantize_fraction=0.03))
 CI_SLOW = dataclasses.replace(CI, n=300, seed=3026)
 
@@ -43,9 +43,9 @@ def test_fixed_seed_campaign_finds_no_failure(config):
 
 # Control-flow cases (cond with runtime and constant predicates, nested conds, map, scan,
 # while_loop, no_grad and autocast regions, mixed with the other families), each also checked
-# on its flipped inputs (the other branch of every runtime cond): 16 in the default tier, 80
+# on its flipped inputs (the other branch of every runtime cond): 10 in the default tier, 80
 # more on other seeds in the slow tier.
-CONTROL_FLOW_CI = Config(n=16, seed=2027, edge_fraction=0.1, pte_fraction=0.05, shrink_time=30.0, gen=CONTROL_FLOW)
+CONTROL_FLOW_CI = Config(n=10, seed=2027, edge_fraction=0.1, pte_fraction=0.05, shrink_time=30.0, gen=CONTROL_FLOW)
 CONTROL_FLOW_CI_SLOW = dataclasses.replace(CONTROL_FLOW_CI, n=80, seed=3027)
 
 

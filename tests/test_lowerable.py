@@ -79,7 +79,8 @@ ROWS = torch.randn(3, 4)
 BRANCHES = [(ROWS.abs() + 0.1,), (-ROWS.abs() - 0.1,)]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=["default", "strict"])
+# the strict policy lowers the same bodies (the copies do not depend on the policy): slow tier
+@pytest.mark.parametrize("policy", [POLICIES[0], pytest.param(POLICIES[1], marks=pytest.mark.slow)], ids=["default", "strict"])
 @pytest.mark.parametrize("make", [BranchReturnsAConstantTwice, BranchReturnsTwoEqualConstants],
                          ids=["one_constant_twice", "two_equal_constants"])
 def test_a_branch_returning_a_constant_twice_still_lowers_and_runs(make, policy):
