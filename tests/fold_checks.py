@@ -14,6 +14,7 @@ import folding
 from folding import FoldPolicy, Reason
 from folding.signature import input_specs_by_name
 from tests.lowering import edge_pte, to_edge_program  # noqa: F401 (edge_pte: re-exported)
+from tests.invariants import assert_close_all  # noqa: F401 (re-exported: the one comparison)
 from tests.invariants import (
     assert_kept_names,
     assert_report_bytes_true,
@@ -31,17 +32,6 @@ def export(module: torch.nn.Module, inputs: Sequence, **kwargs) -> ExportedProgr
 
 
 edge = to_edge_program  # the Edge-dialect program `to_edge` makes of a program
-
-
-def assert_close_all(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], atol: float = 1e-5) -> None:
-    expected, got = list(expected), list(got)
-    assert len(expected) == len(got)
-    for x, y in zip(expected, got):
-        assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape, x.dtype, y.dtype)
-        if x.dtype.is_floating_point:
-            torch.testing.assert_close(y, x, atol=atol, rtol=1e-5)
-        else:
-            assert torch.equal(x, y)
 
 
 def assert_edge_pte_matches(edge_program: ExportedProgram, inputs: Sequence, expected: Sequence[torch.Tensor]) -> bytes:

@@ -44,15 +44,32 @@ def outputs(ep: ExportedProgram, inputs: Sequence) -> list[torch.Tensor]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+def assert_close_all(expected, got, atol: float = 1e-5, rtol: float = 1e-5, *, relative: bool = False,
+                     min_scale: float = 0.0) -> None:
+    """The one output comparison of the suite: as many outputs, each of the same dtype and shape,
+    floats within `atol` and `rtol` (`torch.testing.assert_close`), integers exactly. With
+    `relative`, `atol` is a fraction of each output's scale (max |expected|), which must exceed
+    `min_scale`: an output near zero proves nothing. A single tensor counts as one output."""
+    expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    assert len(expected) == len(got), (len(expected), len(got))
+    for x, y in zip(expected, got):
+        assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape, x.dtype, y.dtype)
+        if not x.dtype.is_floating_point:
+            assert torch.equal(x, y)
+            continue
+        tolerance = atol
+        if relative:
+            scale = float(x.detach().abs().max())
+            assert scale > min_scale, f"output scale {scale:.3g} is too close to zero to compare"
+            tolerance = atol * scale
+        torch.testing.assert_close(y, x, atol=tolerance, rtol=rtol)
+
+
 def assert_same_outputs(a: ExportedProgram, b: ExportedProgram, inputs: Sequence, *, atol: float = 1e-5,
                         rtol: float = 1e-5) -> None:
     """Invariant 1 (eager): both programs give the same outputs (exactly for integer dtypes)."""
-    for x, y in zip(outputs(a, inputs), outputs(b, inputs), strict=True):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        if x.dtype.is_floating_point:
-            torch.testing.assert_close(y, x, atol=atol, rtol=rtol)
-        else:
-            assert torch.equal(x, y)
+    assert_close_all(outputs(a, inputs), outputs(b, inputs), atol, rtol)
 
 
 def assert_pte_matches(ep: ExportedProgram, inputs: Sequence, backend: str = "portable", *,
@@ -61,11 +78,7 @@ def assert_pte_matches(ep: ExportedProgram, inputs: Sequence, backend: str = "po
     buffer = lower_pte(ep, backend)
     got = run_pte(buffer, inputs)
     want = expected if expected is not None else outputs(ep, inputs)
-    for x, y in zip(want, got, strict=True):
-        if x.dtype.is_floating_point:
-            torch.testing.assert_close(y, x, atol=atol, rtol=1e-4)
-        else:
-            assert torch.equal(x, y)
+    assert_close_all(want, got, atol, 1e-4)
     return buffer
 
 

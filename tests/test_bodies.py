@@ -19,6 +19,7 @@ import torch.nn as nn
 from folding import FoldPolicy
 from tests.control_flow_checks import body_targets, fold_and_compare
 from tests.programs import CondWithoutOperands
+from tests.invariants import assert_close_all
 
 X = torch.randn(4)
 BOTH = [(X.abs() + 0.1,), (-X.abs() - 0.1,)]  # x.sum() > 0, then not
@@ -118,10 +119,7 @@ def test_a_body_attribute_moved_out_is_reported_as_moved_not_folded():
 
 
 def assert_close(a, b):
-    a, b = (a if isinstance(a, (tuple, list)) else (a,)), (b if isinstance(b, (tuple, list)) else (b,))
-    for u, v in zip(a, b):
-        scale = u.abs().max().item()
-        assert scale > 1e-3 and (u - v).abs().max().item() <= 1e-5 * scale, (scale, (u - v).abs().max().item())
+    assert_close_all(a, b, 1e-5, 0.0, relative=True, min_scale=1e-3)
 
 
 class RegionWrittenByAnInlinedBranch(nn.Module):

@@ -28,6 +28,7 @@ from folding import fold_constants
 from tests.fuzz.extremes import KERNELS
 from folding import xnnpack_partitioner
 from tests.lowering import edge_pte, lower_pte, private_copy, run_pte, to_edge_program
+from tests.invariants import assert_close_all
 
 
 class ConsecutiveConds(nn.Module):
@@ -83,11 +84,7 @@ def _inputs(seed: int) -> tuple[torch.Tensor]:
 
 
 def _assert_matches(want, got) -> None:
-    assert len(want) == len(got)
-    for w, g in zip(want, got):
-        scale = w.abs().max().item()
-        assert scale > 0.1
-        torch.testing.assert_close(g, w, atol=1e-5 * scale, rtol=1e-5)
+    assert_close_all(want, got, 1e-5, 1e-5, relative=True, min_scale=0.1)
 
 
 @pytest.mark.xfail(strict=True, reason="executorch issue 21490: the first cond's output is overwritten by the second")
