@@ -8,9 +8,9 @@ the float eager model, or for a quantized row the converted q/dq program run in 
 - ``fp32`` (portable, XNNPACK): `FLOAT_RTOL`. fp32 kernels reorder sums; measured <= 1.1e-5 of
   the scale on the benchmark models.
 - ``fp16`` (HTP): `FP16_RTOL`. HTP computes every op in fp16 (unit roundoff 2^-11 = 4.9e-4) and
-  the models chain tens to hundreds of ops; measured 5.5e-4 (resnet18) to 3.8e-3 (swin_v2_t, 48
+  the models chain tens to hundreds of ops; measured 5.5e-4 (resnet18) to 4.7e-3 (swin_v2_t, 48
   blocks) of the scale on the benchmark models (`docs/benchmarks.md`), so 1e-2 (about 20 unit
-  roundoffs, 2.6x the deepest model's) separates rounding from a wrong result.
+  roundoffs, 2.1x the deepest model's) separates rounding from a wrong result.
 - ``8a8w`` (XNNPACK ``*_q8`` rows, HTP): `QUANTIZED_RTOL`. The eager q/dq program computes each
   op in fp32 between fake-quantizations while the ``.pte`` runs integer kernels that requantize
   at every op, each rounding by up to half a step of that op's 8-bit encoding (about 0.4 % of
