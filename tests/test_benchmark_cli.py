@@ -46,6 +46,7 @@ def test_qnn_flag_is_short_for_backends_qnn():
         parse_args(["--models", "llama_1b", "--backends", "portable"])
 
 
+@pytest.mark.slow  # a whole benchmark run in a subprocess (about 20 s)
 def test_without_qnn_libraries_the_qnn_rows_say_skipped_and_the_run_succeeds(tmp_path):
     """An SDK root without libraries stands for a machine where the qnn extra cannot install."""
     empty, out = tmp_path / "no-sdk", tmp_path / "out"

@@ -20,6 +20,10 @@ SIZE = "32MiB"
 LAYERS = 2  # fewer than the benchmark's default 4: the test stays well under a minute
 
 
+# The benchmark builds and folds real weights (about 20 s here): slow tier.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("weight-scale")
