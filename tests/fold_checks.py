@@ -1,5 +1,6 @@
 """Helpers for the rule tests: fold a program and check every invariant that holds for any
-folded program (docs/design.md invariants 1, 2, 3, 5, 6), plus Edge-dialect lowering helpers."""
+folded program (docs/design.md invariants 1, 2, 3, 5, 6), plus Edge-dialect lowering helpers,
+and the stages run one at a time (`run_stages`, `place_and_lift`)."""
 
 from __future__ import annotations
 
@@ -195,3 +196,57 @@ def assert_same(ref: ExportedProgram, folded: ExportedProgram, inputs: Sequence,
     want = outputs(ref, inputs)
     assert_close_all(want, outputs(folded, inputs), atol=atol)
     return want
+
+
+def constant_only_ops(ep: ExportedProgram) -> list[torch.fx.Node]:
+    """call_function nodes whose inputs are all stored constants or other such nodes."""
+    from folding.sizes import STORED_KINDS
+
+    specs = input_specs_by_name(ep.graph_signature)
+    const: set = set()
+    for n in ep.graph.nodes:
+        if n.op == "placeholder" and specs[n.name].kind in STORED_KINDS:
+            const.add(n)
+        elif n.op == "call_function" and n.all_input_nodes and all(i in const for i in n.all_input_nodes):
+            const.add(n)
+        elif n.op == "call_function" and not n.all_input_nodes:
+            const.add(n)
+    return [n for n in ep.graph.nodes if n in const and n.op == "call_function"]
+
+
+# The stages one at a time, as `folding/fold.py` runs them ----------------------------------
+
+
+def run_stages(graph: torch.fx.Graph, signature, policy: FoldPolicy, stored: dict):
+    """`analyze` -> `make_plan` -> `evaluate` on a hand-built graph (`tests/programs.chain_graph`);
+    `stored` holds the constant placeholders' tensors, by name."""
+    from folding.analysis import analyze
+    from folding.evaluate import evaluate
+    from folding.plan import make_plan
+
+    analysis = analyze(graph, signature, policy)
+    placeholders = {n: stored[n.name].nbytes for n in graph.nodes if n.op == "placeholder" and n.name in stored}
+    plan = make_plan(analysis, policy, placeholders, sum(placeholders.values()))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    return analysis, plan, evaluate(plan, analysis, module, lambda n: stored[n.name])
+
+
+def owned_copy(program: ExportedProgram):
+    """What prepare gives `lift`: `program` with a copy of its top-level graph (tensors,
+    signature and stored dicts shared), and the map from `program`'s nodes to the copy's."""
+    from folding.hops import copy_uncompiled
+    from folding.torch_internals import program_with
+
+    gm, env = copy_uncompiled(program.graph_module)
+    return program_with(program, graph_module=gm), env
+
+
+def place_and_lift(owned: ExportedProgram, folded, values, constant_placeholders):
+    """`placement.place` then `lift`, as `fold.py` runs them."""
+    from folding.lift import lift
+    from folding.nonfinite import NonfiniteScan
+    from folding.placement import place
+
+    nonfinite = NonfiniteScan()
+    placement = place(owned, folded, values, constant_placeholders.__contains__, frozenset(), nonfinite)
+    return lift(owned, placement, nonfinite)

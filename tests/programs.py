@@ -1,9 +1,13 @@
-"""Programs more than one test module folds (each documents what it exercises)."""
+"""Programs more than one test module folds (each documents what it exercises), and the
+hand-built graphs the stage and cut tests run on."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn as nn
+from hypothesis import strategies as st
 from torch._higher_order_ops.map import map as hop_map
 from torch._higher_order_ops.scan import scan
 
@@ -171,3 +175,137 @@ class ConstantScan(nn.Module):
 
         carry, ys = scan(combine, torch.zeros(4), self.w)
         return x + carry + ys.sum(0)
+
+
+class Block(nn.Module):
+    """Two layers that each compute the same constant subexpression, a mask, and a transpose."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 8)
+        self.l2 = torch.nn.Linear(8, 8)
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        gate = (torch.arange(8.0) * 0.25).exp()  # identical in both layers
+        h = self.l1(x) * gate
+        h = self.l2(h) * (torch.arange(8.0) * 0.25).exp()
+        mask = torch.triu(torch.full((8, 8), float("-inf")), diagonal=1)
+        return h @ (self.w.t() * 0.5) + mask
+
+
+class Layers(nn.Module):
+    """Same-shape random weights (told apart by their fingerprints), each applied to a buffer
+    (a fold) and to the input, and a tied pair (one Parameter under two names)."""
+
+    def __init__(self, n: int = 6, d: int = 64):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+        self.tied = nn.Linear(d, d, bias=False)
+        self.tied_again = nn.Linear(d, d, bias=False)
+        self.tied_again.weight = self.tied.weight
+        self.register_buffer("b", torch.randn(2, d))
+
+    def forward(self, x):
+        folded = sum(layer(self.b) for layer in self.layers)
+        for layer in self.layers:
+            x = layer(x)
+        return self.tied_again(self.tied(x)) + folded.sum(0)
+
+
+class IdenticalCopies(nn.Module):
+    """Identical weights in separate storages (stored once), read by folds and at runtime."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("a", torch.ones(4096))
+        self.register_buffer("b", torch.ones(4096))
+        self.register_buffer("c", torch.ones(4096))
+
+    def forward(self, x):
+        return x * self.a + self.b * 2.0, x + self.c, x + self.b
+
+
+# Hand-built graphs -------------------------------------------------------------------------
+#
+# A few `torch.fx.Graph` nodes, for the stages run one at a time (`tests/fold_checks.run_stages`)
+# and for the cuts, which read only the sizes they are given.
+
+
+def fx_op(g: torch.fx.Graph, name: str, target, *args) -> torch.fx.Node:
+    return g.create_node("call_function", target, args, name=name)
+
+
+def chain_graph(w: torch.Tensor, x: torch.Tensor):
+    """``y = exp(w * 2) + x`` and a factory ``z = full(shape_of(w), 3) * w`` returned too; a
+    signature made by `bodies.body_signature` (``w`` constant); real tensors in ``meta["val"]``."""
+    from folding.bodies import body_signature
+
+    g = torch.fx.Graph()
+    pw, px = g.placeholder("w"), g.placeholder("x")
+    mul = fx_op(g, "mul", torch.ops.aten.mul.Tensor, pw, 2.0)
+    exp = fx_op(g, "exp", torch.ops.aten.exp.default, mul)
+    add = fx_op(g, "add", torch.ops.aten.add.Tensor, exp, px)
+    full = fx_op(g, "full", torch.ops.aten.full.default, list(w.shape), 3.0)
+    z = fx_op(g, "mul_1", torch.ops.aten.mul.Tensor, full, pw)
+    g.output((add, z))
+    vals = {pw: w, px: x, mul: w * 2, exp: (w * 2).exp(), add: (w * 2).exp() + x, full: torch.full(w.shape, 3.0),
+            z: 3.0 * w}
+    for n, v in vals.items():
+        n.meta["val"] = v
+    signature = body_signature([pw, px], {pw})
+    return g, signature, {n.name: n for n in g.nodes}
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def region_graph(draw_ops: list[tuple[int, int]], sinks: set[int], n_placeholders: int, read_at_runtime: set[int]):
+    """Placeholders ``w0..``, then op i reading the two earlier nodes ``draw_ops[i]`` (indices
+    into placeholders + earlier ops), then a runtime ``add(op, x)`` for each op in `sinks` and
+    an ``add(w, x)`` for each placeholder in `read_at_runtime` (it stays, whatever is stored)."""
+    g = torch.fx.Graph()
+    ws = [g.placeholder(f"w{i}") for i in range(n_placeholders)]
+    x = g.placeholder("x")
+    nodes = list(ws)
+    ops = []
+    for i, (a, b) in enumerate(draw_ops):
+        op = g.create_node("call_function", _ADD, (nodes[a % len(nodes)], nodes[b % len(nodes)]), name=f"op{i}")
+        nodes.append(op)
+        ops.append(op)
+    outs = [g.create_node("call_function", _ADD, (ops[i], x), name=f"run{i}") for i in sorted(sinks)]
+    outs += [g.create_node("call_function", _ADD, (ws[i], x), name=f"read_w{i}") for i in sorted(read_at_runtime)]
+    g.output(tuple(outs))
+    return g, ws, ops
+
+
+@st.composite
+def regions(draw):
+    """A random DAG of a few constant ops over constant placeholders, some read by a runtime op
+    (the region's sinks), cut into regions by `folding.cuts.find_regions`; node sizes are drawn,
+    not derived from tensors. Returns (regions, sizes, placeholder bytes, storable ops)."""
+    from folding.cuts import find_regions
+
+    n_placeholders = draw(st.integers(1, 2))
+    n_ops = draw(st.integers(1, 7))
+    draw_ops = [(draw(st.integers(0, n_placeholders + i - 1)), draw(st.integers(0, n_placeholders + i - 1)))
+                for i in range(n_ops)]
+    sinks = set(draw(st.sets(st.integers(0, n_ops - 1), min_size=1)))
+    sinks.add(n_ops - 1)
+    read_at_runtime = draw(st.sets(st.integers(0, n_placeholders - 1)))
+    g, ws, ops = region_graph(draw_ops, sinks, n_placeholders, read_at_runtime)
+    sizes = {op: 16 * draw(st.integers(0, 8)) for op in ops}
+    placeholder_bytes = {w: 16 * draw(st.integers(1, 8)) for w in ws}
+    storable = {op for op in ops if draw(st.booleans()) or op.name == f"op{n_ops - 1}"}
+    folded = set(ops)
+    found = find_regions(ops, folded.__contains__, set(ws), placeholder_bytes, fixed=set())
+    return found, sizes, placeholder_bytes, storable
+
+
+def every_plan(region, sizes, placeholder_bytes, storable):
+    """Every cut of `region` (`folding.cuts.evaluate_cut` of each subset of its storable ops)."""
+    from folding.cuts import evaluate_cut
+
+    candidates = [n for n in region.ops if n in storable]
+    return [evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, {})
+            for k in range(len(candidates) + 1) for s in itertools.combinations(candidates, k)]

@@ -1,6 +1,7 @@
 """The public surface: caller's program untouched unless ``inplace=True``, determinism,
-deduplication, `FoldConstantsPass` in executorch's pass machinery, the command line, the
-report, and bounded work (docs/design.md invariants 7, 8, 9)."""
+`FoldConstantsPass` in executorch's pass machinery, the command line, the report, and bounded
+work (docs/design.md invariants 7, 8, 9). Identical folded tensors stored once: test_dedup.py;
+a folded tensor equal to a stored one reusing it: test_placement.py."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tests.fold_checks import (
     fold,
     reference,
 )
+from tests.programs import Block
 from tests.invariants import (
     assert_pte_matches,
     assert_snapshot_equal,
@@ -38,23 +40,6 @@ from tests.invariants import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class Block(torch.nn.Module):
-    """Two layers that each compute the same constant subexpression, a mask, and a transpose."""
-
-    def __init__(self):
-        super().__init__()
-        self.l1 = torch.nn.Linear(8, 8)
-        self.l2 = torch.nn.Linear(8, 8)
-        self.w = torch.nn.Parameter(torch.randn(8, 8))
-
-    def forward(self, x):
-        gate = (torch.arange(8.0) * 0.25).exp()  # identical in both layers
-        h = self.l1(x) * gate
-        h = self.l2(h) * (torch.arange(8.0) * 0.25).exp()
-        mask = torch.triu(torch.full((8, 8), float("-inf")), diagonal=1)
-        return h @ (self.w.t() * 0.5) + mask
 
 
 # 8. The caller's program --------------------------------------------------------------------
@@ -123,43 +108,6 @@ def test_refolding_a_folded_program_changes_nothing():
     again = folding.fold_constants(first)
     assert not again.report.folded, again.report.folded
     assert str(again.program.graph) == str(first.graph)
-
-
-# 10. Identical folded tensors stored once ---------------------------------------------------
-
-
-def test_identical_folded_tensors_in_two_layers_are_stored_once():
-    ep = export(Block(), (torch.randn(2, 8, 8),))
-    result = fold(ep)
-    report = result.report
-    exps = [d for d in report.decisions if d.target == "aten.exp.default"]
-    assert len(exps) == 2 and all(d.folded for d in exps)
-    assert exps[0].lifted_as == exps[1].lifted_as
-    (gate,) = [c for c in report.lifted if set(c.replaces) == {d.node for d in exps}]
-    assert not gate.reused and gate.shape == (8,)
-    assert len({c.target for c in report.lifted}) == len(report.lifted)
-    stored_gate = [k for k, v in result.program.constants.items() if v.shape == (8,)]
-    assert len(stored_gate) == 1
-    assert_same(ep, result.program, (torch.randn(2, 8, 8),))
-
-
-class CopiesAParameter(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(4, 4))
-
-    def forward(self, x):
-        return x @ self.w + x @ (self.w * 1.0)  # w * 1.0 has w's exact bytes
-
-
-def test_folded_tensor_equal_to_a_stored_parameter_reuses_it():
-    ep = export(CopiesAParameter(), (torch.randn(2, 4),))
-    result = fold(ep)
-    (lifted,) = result.report.lifted
-    assert lifted.reused and lifted.placeholder == "p_w" and lifted.replaces == ("mul",)
-    assert not result.program.constants
-    assert result.report.constant_bytes_after == result.report.constant_bytes_before == 64
-    assert_same(ep, result.program, (torch.randn(2, 4),))
 
 
 # 15. FoldConstantsPass in executorch's pass machinery ---------------------------------------

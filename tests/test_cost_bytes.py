@@ -1,9 +1,7 @@
-"""Fold cost that does not grow with stored bytes, and a report whose phases add up.
+"""A report whose phases add up, and attempts redone on a working copy that lift edits.
 
-The identical-bytes rule (`folding.dedup.IdenticalBytes`) must give exactly what the ExecuTorch
-emitter stores (one buffer per distinct byte content, executorch/exir/emit/_emitter.py) while
-reading as few bytes as it can. These tests count the bytes it reads and the digests it
-computes; they do not time anything.
+The cost of the identical-bytes rule (`folding.dedup`), which does not grow with stored bytes,
+is tested in test_dedup.py.
 """
 
 from __future__ import annotations
@@ -13,194 +11,8 @@ import torch
 import torch.nn as nn
 
 from folding import fold_constants
-import folding.dedup as dedup
-from folding.dedup import IdenticalBytes, IdenticalTensors, fold_scope
-from folding.work_counts import counting
-from folding.dedup import placeholder_savings
 from folding.report import PHASES
-from folding.sizes import aligned, distinct_bytes
-from tests.invariants import assert_report_bytes_true
-from tests.programs import SneakyWriter
-
-
-class Layers(nn.Module):
-    """Same-shape random weights (told apart by their fingerprints), each applied to a buffer
-    (a fold) and to the input, and a tied pair (one Parameter under two names)."""
-
-    def __init__(self, n: int = 6, d: int = 64):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
-        self.tied = nn.Linear(d, d, bias=False)
-        self.tied_again = nn.Linear(d, d, bias=False)
-        self.tied_again.weight = self.tied.weight
-        self.register_buffer("b", torch.randn(2, d))
-
-    def forward(self, x):
-        folded = sum(layer(self.b) for layer in self.layers)
-        for layer in self.layers:
-            x = layer(x)
-        return self.tied_again(self.tied(x)) + folded.sum(0)
-
-
-
-def _digests(work) -> dict:
-    """Digests per tensor id counted in `work` (`folding.work_counts`)."""
-    return {key[1]: n for key, n in work.items() if isinstance(key, tuple) and key[0] == "dedup.digests"}
-
-def test_distinct_weights_are_never_digested_in_a_fold():
-    ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
-    with fold_scope(), counting() as work:  # the fold's own scope shares this memo
-        result = fold_constants(ep)
-    assert work["dedup.digested_bytes"] == 0, f"digested {len(_digests(work))} tensors ({work['dedup.digested_bytes']} bytes)"
-    assert work["dedup.fingerprints"] > 0
-    assert_report_bytes_true(result)
-
-
-class IdenticalCopies(nn.Module):
-    """Identical weights in separate storages (stored once), read by folds and at runtime."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("a", torch.ones(4096))
-        self.register_buffer("b", torch.ones(4096))
-        self.register_buffer("c", torch.ones(4096))
-
-    def forward(self, x):
-        return x * self.a + self.b * 2.0, x + self.c, x + self.b
-
-
-def test_identical_weights_are_read_whole_once_per_fold():
-    """Three identical 16 KiB buffers collide on their fingerprints: each is compared with the
-    first once in the fold (the indexes of the fold meet them several times), nothing more."""
-    ep = torch.export.export(IdenticalCopies(), (torch.randn(4096),))
-    with fold_scope(), counting() as work:
-        result = fold_constants(ep)
-    assert not _digests(work) and 0 < work["dedup.compared_bytes"] <= 2 * (2 * 4096 * 4)
-    assert_report_bytes_true(result)
-    assert result.report.constant_bytes_before == aligned(4096 * 4)
-
-
-@pytest.mark.parametrize("groups", [1, 2, 3, 6])
-def test_many_groups_sharing_a_fingerprint_are_digested_once_each(groups):
-    """Seeded contents that differ only where no byte is sampled: up to two groups per
-    fingerprint are told apart by comparisons; beyond, each tensor is digested at most once
-    (no comparison per pair), and the grouping is exact either way."""
-    g = torch.Generator().manual_seed(groups)
-    base = torch.zeros(8192, dtype=torch.uint8)
-    unsampled = [i for i in range(1, 8192) if i not in set(dedup._positions(8192).tolist())]
-    contents = []
-    for k in range(groups):
-        t = base.clone()
-        t[unsampled[int(torch.randint(0, len(unsampled), (1,), generator=g))]] = k + 1
-        contents.append(t)
-    tensors = [c.clone() for c in contents for _ in range(3)]  # 3 copies of each content
-    with fold_scope(), counting() as work:
-        index = IdenticalBytes()
-        ids = [index.add(t) for t in tensors]
-    assert ids == [i // 3 for i in range(len(tensors))]
-    assert distinct_bytes(tensors) == groups * 8192
-    if groups <= dedup._COMPARED_GROUPS:
-        assert not _digests(work)
-    else:
-        assert _digests(work) and max(_digests(work).values()) == 1
-
-
-def test_views_of_one_storage_are_identical_without_reading():
-    w = torch.randn(300, 7)
-    with fold_scope(), counting() as work:
-        index = IdenticalBytes()
-        groups = {index.add(w), index.add(w.view(300, 7)), index.add(w[:])}
-    assert len(groups) == 1 and work["dedup.fingerprints"] == 1  # only the first is fingerprinted
-
-
-def test_same_bytes_in_another_dtype_or_shape_are_stored_once():
-    """The emitter keys buffers by their bytes alone (``hashlib.sha256(buffer_data)``)."""
-    index = IdenticalBytes()
-    small = {index.add(torch.zeros(8)), index.add(torch.zeros(32, dtype=torch.uint8))}
-    large = {index.add(torch.zeros(1024)), index.add(torch.zeros(2, 1024, dtype=torch.int16))}
-    assert len(small) == 1 and len(large) == 1 and small != large
-
-
-def test_tensors_differing_only_where_no_byte_is_sampled_are_told_apart():
-    a = torch.zeros(4096, dtype=torch.uint8)
-    b = a.clone()
-    b[1] = 1
-    assert dedup._sampled_bytes(a) == dedup._sampled_bytes(b)  # the fingerprints collide
-    index = IdenticalBytes()
-    assert index.add(a) != index.add(b)
-    assert distinct_bytes([a, b]) == 2 * 4096
-
-
-def test_a_transposed_view_of_one_storage_holds_other_bytes():
-    w = torch.randn(40, 50)
-    index = IdenticalBytes()
-    assert index.add(w) != index.add(w.t())
-    assert index.add(w.t()) == index.add(w.t().contiguous())  # sampled in place, row-major
-    assert index.add(w[:, ::2]) == index.add(w[:, ::2].clone())
-
-
-def test_an_in_place_write_within_a_fold_invalidates_what_was_read():
-    a, b = torch.ones(1024), torch.ones(1024)
-    with fold_scope():
-        first = IdenticalBytes()
-        assert first.add(a) == first.add(b)
-        b[700] = 2.0
-        second = IdenticalBytes()
-        assert second.add(a) != second.add(b)
-
-
-class NothingToFold(nn.Module):
-    """Every weight is read at runtime only: a fold stores nothing new and drops nothing."""
-
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.Sequential(*(nn.Linear(32, 32) for _ in range(4)))
-        self.register_buffer("scale", torch.rand(32) + 0.5)
-
-    def forward(self, x):
-        return self.layers(x) * self.scale
-
-
-def test_stored_tensors_that_a_fold_leaves_alone_are_grouped_once():
-    """The bytes before and after a fold that stores nothing new come from one grouping of the
-    same tensors, and they are the serialized bytes (`assert_report_bytes_true`)."""
-    ep = torch.export.export(NothingToFold().eval(), (torch.randn(3, 32),))
-    with fold_scope(), counting() as work:
-        result = fold_constants(ep)
-    assert not result.report.folded and not result.report.lifted
-    assert work["dedup.groupings"] == 1, work
-    assert_report_bytes_true(result)
-
-
-def test_a_repeated_sequence_is_grouped_again_after_an_in_place_write():
-    a, b = torch.ones(1024), torch.ones(1024)
-    with fold_scope(), counting() as work:
-        assert distinct_bytes([a, b]) == aligned(4096)
-        assert distinct_bytes([a, b]) == aligned(4096) and work["dedup.groupings"] == 1
-        b[3] = 2.0
-        assert distinct_bytes([a, b]) == 2 * aligned(4096) and work["dedup.groupings"] == 2
-
-
-def test_meta_tensors_are_never_identical():
-    index = IdenticalBytes()
-    assert index.add(torch.empty(8, device="meta")) != index.add(torch.empty(8, device="meta"))
-
-
-def test_a_stored_tensor_is_reused_only_with_the_same_dtype_and_shape():
-    stored = torch.zeros(4, 4)
-    found = IdenticalTensors({"p": stored})
-    assert found.find(torch.zeros(4, 4)) == "p"
-    assert found.find(torch.zeros(16)) is None
-    assert found.find(torch.zeros(4, 4, dtype=torch.int32)) is None
-    assert found.find(torch.ones(4, 4)) is None
-
-
-def test_tied_weights_save_nothing_when_one_name_goes():
-    """Dropping one name of a tied Parameter saves no byte: the other still stores them."""
-    ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
-    saving = {n.name: b for n, b in placeholder_savings(ep.graph, ep).items()}
-    assert saving["p_tied_weight"] == saving["p_tied_again_weight"] == 0
-    assert saving["p_layers_0_weight"] == aligned(64 * 64 * 4)
+from tests.programs import IdenticalCopies, Layers, SneakyWriter
 
 
 class Branches(nn.Module):
@@ -227,7 +39,6 @@ def test_phase_timings_add_up_to_the_total(module, shape, rerun):
     assert ("reruns" in phases) is rerun
     # the phases cover the whole call: only a few statements between them are not timed
     assert abs(sum(phases.values()) - timings["total"]) <= 0.05 * timings["total"] + 0.002
-
 
 
 class WriterBudgetAndBranches(nn.Module):

@@ -1,5 +1,6 @@
-"""Issue 11's fault kinds on stored tensors: their layout (size-1 dimensions), hashing strided
-values, and byte accounting in what the `.pte` really stores."""
+"""Issue 11's fault kinds on stored tensors: their layout (size-1 dimensions, observed strides),
+and byte accounting in what the `.pte` really stores. Hashing strided values: test_dedup.py;
+the growth budget held in the `.pte`'s bytes: test_plan.py."""
 
 from __future__ import annotations
 
@@ -11,17 +12,7 @@ import torch.nn.functional as F
 from folding import FoldPolicy
 from folding.layout import has_canonical_layout
 from tests.fold_checks import assert_close_all, export, fold
-from tests.invariants import lower_pte, outputs, run_pte
-
-
-def _pte_constant_bytes(buffer: bytes) -> int:
-    """Bytes of the constant buffers a serialized program stores (each padded to 16 bytes, as
-    the constant segment lays them out), read back from the `.pte` itself."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-    from folding.sizes import aligned
-
-    program = deserialize_pte_binary(buffer).program
-    return sum(aligned(len(b.storage)) for b in program.constant_buffer)
+from tests.invariants import lower_pte, outputs, pte_constant_bytes, run_pte
 
 
 # 1. Constant outputs and values with size-1 dimensions ---------------------------------------
@@ -94,82 +85,7 @@ def test_strict_policy_with_a_temporary_cast_then_updated_in_place():
         assert_close_all(M()(x), outputs(result.program, (x,)))
 
 
-# 4. Hashing strided values -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("make", [
-    lambda p: p.select(2, 1).clone(),  # the issue's example: (1, 1) with strides (2, 2)
-    lambda p: p.transpose(0, 2).clone(),  # (2, 1, 1) with strides (1, 2, 2)
-    lambda p: p[..., :1].clone() * 1.0,
-])
-def test_identical_strided_values_are_hashed_and_stored_once(make):
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.p = nn.Parameter(torch.randn(1, 1, 2))
-
-        def forward(self, x):
-            return x + make(self.p).sum(), x * make(self.p).sum()
-
-    x = torch.randn(3)
-    ep = export(M(), (x,))
-    result = fold(ep)
-    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
-    # the two sums of one strided copy hold identical bytes: one lifted constant for both
-    (lifted,) = result.report.lifted
-    assert len(lifted.replaces) == 2 and not lifted.reused, lifted
-    assert len(result.program.constants) == 1
-
-
-# 5. Budgets and totals in the bytes the .pte stores ------------------------------------------
-
-
-class TwoIdenticalBuffers(nn.Module):
-    """The issue's example: two identical buffers (stored once by the serializer) folded into
-    two different results."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("a", torch.ones(256))
-        self.register_buffer("b", torch.ones(256))
-
-    def forward(self, x):
-        return x + self.a * 2.0, x + self.b * 3.0
-
-
-class SharedAndPadded(nn.Module):
-    """Odd sizes (padding) and a tied pair besides a fold that would duplicate bytes."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("a", torch.arange(5.0))
-        self.register_buffer("b", torch.arange(5.0))
-        self.register_buffer("c", torch.randn(3, 7))
-
-    def forward(self, x):
-        return x + (self.a * 2.0).sum() + self.b.sum(), self.c.t() * 2.0
-
-
-@pytest.mark.parametrize("module", [TwoIdenticalBuffers, SharedAndPadded])
-@pytest.mark.parametrize("policy", [FoldPolicy.strict(), FoldPolicy(max_growth_bytes=16, max_growth_fraction=None), FoldPolicy()])
-def test_growth_budget_holds_in_serialized_bytes_and_report_totals_match(module, policy):
-    x = torch.randn(256) if module is TwoIdenticalBuffers else torch.randn(1)
-    ep = export(module(), (x,))
-    result = fold(ep, policy)
-    before_pte, after_pte = lower_pte(ep), lower_pte(result.program)
-    report = result.report
-    # Lowering lifts scalar operands as constants of its own; count only the program's buffers.
-    budget = policy.growth_budget(report.constant_bytes_before)
-    assert report.constant_bytes_after - report.constant_bytes_before <= budget
-    assert _pte_constant_bytes(after_pte) - _pte_constant_bytes(before_pte) <= budget + 16 * _scalar_constants(result.program)
-    assert_close_all(outputs(ep, (x,)), run_pte(after_pte, (x,)), atol=1e-5)
-
-
-def _scalar_constants(program) -> int:
-    """An upper bound of the 0-d constants lowering itself adds (one per scalar operand)."""
-    return sum(
-        1 for n in program.graph.nodes if n.op == "call_function" for a in n.args if isinstance(a, (int, float)) and not isinstance(a, bool)
-    )
+# 5. Totals in the bytes the .pte stores ------------------------------------------------------
 
 
 def test_report_totals_equal_the_serialized_constant_data():
@@ -190,8 +106,8 @@ def test_report_totals_equal_the_serialized_constant_data():
     ep = export(M(), (x,))
     for policy in (FoldPolicy.unlimited(), FoldPolicy.strict()):
         result = fold(ep, policy)
-        assert result.report.constant_bytes_before == _pte_constant_bytes(lower_pte(ep))
-        assert result.report.constant_bytes_after == _pte_constant_bytes(lower_pte(result.program))
+        assert result.report.constant_bytes_before == pte_constant_bytes(lower_pte(ep))
+        assert result.report.constant_bytes_after == pte_constant_bytes(lower_pte(result.program))
 
 
 # 2. A stored value read by a delegated op and by an op left on the CPU -----------------------
@@ -365,5 +281,5 @@ def test_report_bytes_leave_out_mutated_buffers_even_when_identical_to_a_constan
     x = torch.randn(4)
     program = edge(export(CounterLikeAnIndex(), (x,)))
     result = fold(program, FoldPolicy.unlimited())
-    assert result.report.constant_bytes_before == _pte_constant_bytes(edge_pte(program))
-    assert result.report.constant_bytes_after == _pte_constant_bytes(edge_pte(result.program))
+    assert result.report.constant_bytes_before == pte_constant_bytes(edge_pte(program))
+    assert result.report.constant_bytes_after == pte_constant_bytes(edge_pte(result.program))

@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from folding import FoldPolicy, fold_constants
+from folding import FoldPolicy, Reason, fold_constants
 from folding.sizes import stored_constant_bytes
-from tests.fold_checks import edge, export
+from tests.fold_checks import constant_only_ops, edge, export
 from tests.invariants import (assert_caller_unchanged, assert_report_bytes_true, assert_valid_program, caller_snapshot,
                               edge_pte, run_pte)
 
@@ -180,3 +180,35 @@ def test_a_weight_another_op_reads_keeps_the_cap():
     with torch.no_grad():
         want, got = ep.module()(x), result.program.module()(x)
     assert (want - got).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+class TiedEmbeddingLM(nn.Module):
+    def __init__(self, vocab=8000, dim=128):  # a 4 MB matrix: larger than the 1 MiB budget floor
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, ids):
+        return F.linear(self.norm(self.emb(ids)), self.emb.weight)
+
+
+def test_tied_embedding_matrix_is_stored_once_in_edge_program():
+    from executorch.exir import to_edge
+
+    ids = torch.randint(0, 8000, (1, 8))
+    edge = to_edge(torch.export.export(TiedEmbeddingLM().eval(), (ids,))).exported_program()
+    # Edge decomposes linear: permute_copy(emb.weight) is constant-only while embedding still reads it.
+    assert any("permute" in str(n.target) for n in constant_only_ops(edge))
+    result = fold_constants(edge)
+    assert_report_bytes_true(result)
+    assert stored_constant_bytes(result.program) <= stored_constant_bytes(edge)
+    # The embedding reads the transpose (folding.transposed_gathers), so the transpose is stored instead
+    # of the matrix, not beside it, and no call copies the matrix.
+    big = [c for c in result.report.lifted if c.nbytes >= 8000 * 128 * 4]
+    assert len(big) == 1 and big[0].shape == (128, 8000), big
+    assert "p_emb_weight" in result.report.removed_placeholders
+    assert result.report.rewrites and "p_emb_weight" in result.report.rewrites[0]
+    reasons = {d.node: d.reason for d in result.report.decisions}
+    assert reasons["aten_permute_copy_default"] is Reason.FOLDED
+    x = torch.randint(0, 8000, (1, 8))
+    torch.testing.assert_close(result.program.module()(x), edge.module()(x))
