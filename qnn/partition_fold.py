@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import torch
-from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
 from torch.export import ExportedProgram
 
 from folding import Decision, FoldReport
@@ -31,6 +30,7 @@ from folding.quant import is_dequantize
 from folding.signature import unchanging_stored_specs
 
 from .errors import EncodingLostError
+from .executorch_internals import has_quant_attrs
 from .names import EdgeNameMap
 from .provenance import origin
 from .report import PartitionRecord, QnnPartitionReport, partition_report
@@ -102,7 +102,7 @@ def check_encodings(edge_program: ExportedProgram, fold: Optional[FoldRecord]) -
     if fold is None:
         return
     present = {n.name: n for n in edge_program.graph.nodes if n.op == "placeholder"}
-    lost = sorted(name for name in fold.encoded if name in present and QCOM_QUANT_ATTRS not in present[name].meta)
+    lost = sorted(name for name in fold.encoded if name in present and not has_quant_attrs(present[name]))
     if lost:
         raise EncodingLostError(
             f"folded constants {lost} have no QNN encoding (quant_attrs): QNN's to-edge passes were "

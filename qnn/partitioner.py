@@ -31,6 +31,11 @@ check and grouping, ``tag_nodes``, ``tag_constant_data``, ``tag_mutated_buffer``
 one named function: `screen_partitions`, `untag_constants_read_by_the_cpu_side`, and the fold
 bookkeeping of `qnn.partition_fold` (which fold a program comes from, its unfolded names, its
 encodings, the `QnnPartitionReport`).
+
+The executorch classes subclassed here, the methods overridden or called and the attributes
+read (``generate_partitions``, ``tag_nodes``, ``compiler_specs_snapshot``, ``node_visitors``
+...), the ``delegation_tag`` and ``fallback_node`` meta keys and ``EdgeOpOverload._op`` are
+named in `qnn.executorch_internals`, each pinned by tests/qnn/test_executorch_internals.py.
 """
 
 from __future__ import annotations
@@ -39,10 +44,6 @@ import logging
 from typing import Callable, List, Optional
 
 import torch
-from executorch.backends.qualcomm.partition.qnn_partitioner import (
-    QnnOperatorSupport,
-    QnnPartitioner as _ExecutorchQnnPartitioner,
-)
 from executorch.backends.qualcomm.partition.utils import get_skip_decomp_table
 from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner import (
     generate_partitions_from_list_of_nodes,
@@ -58,6 +59,7 @@ from folding import FoldReport, fold_constants
 from folding.quant import is_dequantize, is_quantize
 from folding.sizes import value_bytes
 
+from . import executorch_internals as ei
 from .compile_spec import split_compile_specs
 from .control_flow import calls_control_flow
 from .htp_rule import is_runtime_input, partition_inputs, refuses_static_graphs
@@ -76,7 +78,7 @@ def is_core_aten_op(target) -> bool:
     delegated (``_sanity_check_graph_for_non_decomp_ops``, exir/program/_program.py). HTP's op
     validation refuses some of them on runtime inputs (``scatter_add``, ``scatter_reduce``: QNN
     2.49's ``ScatterElements`` accepts only reduction NONE), and they then run on the CPU."""
-    overload = getattr(target, "_op", target)
+    overload = ei.aten_overload(target)
     return torch.Tag.core in getattr(overload, "tags", ())
 
 
@@ -89,7 +91,7 @@ def kept_whole_ops() -> frozenset[str]:
     )
 
 
-class QnnPartitioner(_ExecutorchQnnPartitioner):
+class QnnPartitioner(ei.ExecutorchQnnPartitioner):
     """Drop-in for executorch's ``QnnPartitioner`` that understands the ``fold_constants`` spec.
 
     Args:
@@ -210,7 +212,7 @@ class QnnPartitioner(_ExecutorchQnnPartitioner):
             tag_mutated_buffer(edge_program)
 
 
-class _OperatorSupport(QnnOperatorSupport):
+class _OperatorSupport(ei.QnnOperatorSupport):
     """QNN's operator-support check (partition/qnn_partitioner.py), except that a node reading
     or producing a tensor with a data-dependent (unbacked) size is unsupported: QNN's node
     visitors build tensors from concrete sizes, and ``NodeVisitor.define_tensor``
@@ -232,18 +234,13 @@ class _OperatorSupport(QnnOperatorSupport):
         return supported
 
     def _why_declined(self, node: torch.fx.Node) -> str:
-        """Which of ``QnnOperatorSupport.is_node_supported``'s checks declined `node`, in its order."""
-        from executorch.backends.qualcomm.partition.common_defs import (
-            not_supported_operator,
-            to_be_implemented_operator,
-        )
-        from executorch.backends.qualcomm.utils.constants import QCOM_FALLBACK_NODE
-
-        if node.target in not_supported_operator:
+        """Which of ``QnnOperatorSupport.is_node_supported``'s checks declined `node`, in its order
+        (its tables, meta key and attributes are `qnn.executorch_internals`')."""
+        if node.target in ei.not_supported_operator:
             return "not supported by QNN (executorch's not_supported_operator)"
-        if node.target in to_be_implemented_operator:
+        if node.target in ei.to_be_implemented_operator:
             return "not implemented in executorch's QNN backend (to_be_implemented_operator)"
-        if node.meta.get(QCOM_FALLBACK_NODE, False):
+        if ei.is_forced_fallback(node):
             return "forced CPU fallback"
         if node.name in self.skip_node_id_set or node.target.__name__ in self.skip_node_op_set:
             return "skip_node_id_set / skip_node_op_set"
@@ -265,9 +262,9 @@ def untag_constants_read_by_the_cpu_side(edge_program: ExportedProgram) -> list[
     require static operands (``rms_norm``'s weight). Returns the untagged placeholders' names."""
     out = []
     for node in edge_program.graph.find_nodes(op="placeholder"):
-        tag = node.meta.get("delegation_tag")
+        tag = ei.delegation_tag(node)
         if tag is not None and any(u.op == "output" or calls_control_flow(u) for u in node.users):
-            del node.meta["delegation_tag"]
+            ei.remove_delegation_tag(node)
             out.append(node.name)
     return out
 

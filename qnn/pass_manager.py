@@ -3,19 +3,19 @@ in the export, annotation and to-edge pipelines, and `with_control_flow_passes` 
 ``passes_job``/``dep_table``. The one place the project chooses QNN's passes: `qnn.lowering`
 (``_pass_factory``) and `qnn.partitioner` (``default_to_edge_passes``) build the to-edge passes
 from `pass_manager_cls`, never from executorch's pass manager directly
-(tests/test_architecture.py)."""
+(tests/test_architecture.py). executorch's pass manager and passes live in a private module
+(backends/qualcomm/_passes/), imported through `qnn.executorch_internals`; the classmethods
+overridden here are listed there (``OVERRIDDEN_METHODS``)."""
 
 from __future__ import annotations
 
 import functools
 from typing import Optional
 
-from executorch.backends.qualcomm._passes.i64_to_i32 import I64toI32
-from executorch.backends.qualcomm._passes.lift_constant_scalar_operands import LiftConstantScalarOperands
-from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager, get_qnn_pass_manager_cls
 from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
 
 from ._passes import I64toI32SkippingBodies, LiftScalarOperandsSkippingControlFlow
+from .executorch_internals import I64toI32, LiftConstantScalarOperands, QnnPassManager, get_qnn_pass_manager_cls
 
 _VARIANTS = {LiftConstantScalarOperands: LiftScalarOperandsSkippingControlFlow, I64toI32: I64toI32SkippingBodies}
 

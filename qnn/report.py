@@ -45,8 +45,9 @@ class QnnPartitionReport:
             after folding (the fold stage declined them, see each decision's reason) and were
             therefore decomposed, so they cannot reach the CPU undecomposed.
         fold_report: the fold stage's report, when folding ran for this program.
-        quant_attrs: ``QCOM_QUANT_ATTRS`` per node name, as QNN's to-edge passes left them on the
-            program the partitioner saw (the encodings QNN reads).
+        quant_attrs: ``QCOM_QUANT_ATTRS`` (`qnn.executorch_internals.QUANT_ATTRS`) per node
+            name, as QNN's to-edge passes left them on the program the partitioner saw (the
+            encodings QNN reads).
         nodes: name -> (op name, input names) of every call_function node the partitioner saw.
         renamed: {name given by ``to_edge``: unfolded name} of the nodes given back the name
             they have without folding (`qnn.names`).
@@ -88,17 +89,16 @@ def partition_report(edge_program, backend: str, fold_report: Optional[FoldRepor
     come from (`graph_id`: provenance, `qnn.provenance.origin`), the names restored, why QNN
     declined nodes, and the partitions screened (`qnn.partitioner.screen_partitions`). Reads
     `edge_program` only."""
-    from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
-
     from folding.ops import op_name
 
+    from .executorch_internals import has_quant_attrs, quant_attrs as encoding_of
     from .provenance import origin
 
     calls = [n for n in edge_program.graph.nodes if n.op == "call_function"]
     report = QnnPartitionReport(
         backend=backend, partitions=partitions, decomposed=decomposed, fold_report=fold_report,
-        quant_attrs={n.name: dict(n.meta[QCOM_QUANT_ATTRS]) for n in edge_program.graph.nodes
-                     if QCOM_QUANT_ATTRS in n.meta},
+        quant_attrs={n.name: dict(encoding_of(n)) for n in edge_program.graph.nodes
+                     if has_quant_attrs(n)},
         nodes={n.name: (op_name(n.target), tuple(i.name for i in n.all_input_nodes)) for n in calls},
         renamed=renamed, naming_seconds=naming_seconds, declined_by_qnn=declined,
     )

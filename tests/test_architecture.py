@@ -140,12 +140,68 @@ def test_no_test_module_imports_another():
     assert not found, "\n".join(found)
 
 
+def _executorch_imports(tree: ast.Module) -> list[tuple[str, tuple[str, ...]]]:
+    """(module, imported names) of every absolute import of an executorch module, function-local
+    ones included (``import executorch.x`` gives no names)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("executorch"):
+            found.append((node.module, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, ()) for a in node.names if a.name.startswith("executorch")]
+    return found
+
+
+def _qnn_sources():
+    return [(str(path.relative_to(ROOT)), ast.parse(path.read_text())) for path in sorted((ROOT / "qnn").rglob("*.py"))]
+
+
+INTERNALS = "qnn/executorch_internals.py"
+
+
+def test_only_executorch_internals_imports_a_private_executorch_module():
+    """Every executorch internal the QNN integration uses goes through `qnn.executorch_internals`
+    (each pinned by tests/qnn/test_executorch_internals.py): no other qnn module imports an
+    executorch module with a private path segment (``executorch.backends.qualcomm._passes...``),
+    or an executorch name that starts with ``_``."""
+    found = [f"{path} imports {module} {names}" for path, tree in _qnn_sources() if path != INTERNALS
+             for module, names in _executorch_imports(tree)
+             if any(part.startswith("_") for part in module.split(".")) or any(n.startswith("_") for n in names)]
+    assert not found, "\n".join(found)
+    internals = _executorch_imports(ast.parse((ROOT / INTERNALS).read_text()))
+    assert any(part.startswith("_") for module, _ in internals for part in module.split(".")), (
+        "qnn/executorch_internals.py imports no private executorch module: the rule checks nothing")
+
+
+def test_only_executorch_internals_names_executorchs_meta_keys():
+    """The ``node.meta`` keys executorch writes or reads (``delegation_tag``, QNN's ``QCOM_*``
+    constants from backends/qualcomm/utils/constants.py) appear in `qnn.executorch_internals` only."""
+    found = []
+    for path, tree in _qnn_sources():
+        if path == INTERNALS:
+            continue
+        for node in ast.walk(tree):
+            name = node.id if isinstance(node, ast.Name) else node.name if isinstance(node, ast.alias) else ""
+            if isinstance(node, ast.Constant) and node.value == "delegation_tag":
+                found.append(f"{path}: the string 'delegation_tag'")
+            elif name.startswith("QCOM_"):
+                found.append(f"{path}: {name}")
+    assert not found, "\n".join(found)
+
+
 def test_only_qnn_pass_manager_imports_executorchs_qnn_pass_manager():
     """qnn/pass_manager.py is the one place the project chooses QNN's passes: every other QNN
-    pipeline is built from `qnn.pass_manager_cls`, which swaps in the control-flow variants."""
-    importers = set()
-    for path in sorted((ROOT / "qnn").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("_passes.qnn_pass_manager"):
-                importers.add(str(path.relative_to(ROOT)))
-    assert importers == {"qnn/pass_manager.py"}, importers
+    pipeline is built from `qnn.pass_manager_cls`, which swaps in the control-flow variants.
+    executorch's pass manager lives in a private module (backends/qualcomm/_passes/
+    qnn_pass_manager.py), which only `qnn.executorch_internals` imports; of the qnn modules, only
+    pass_manager.py takes ``QnnPassManager`` or ``get_qnn_pass_manager_cls`` from there."""
+    importers, takers = set(), set()
+    for path, tree in _qnn_sources():
+        importers |= {path for module, _ in _executorch_imports(tree) if module.endswith("_passes.qnn_pass_manager")}
+        for node in ast.walk(tree):
+            if path != INTERNALS and (
+                    (isinstance(node, ast.alias) and node.name in ("QnnPassManager", "get_qnn_pass_manager_cls"))
+                    or (isinstance(node, ast.Attribute) and node.attr in ("QnnPassManager", "get_qnn_pass_manager_cls"))):
+                takers.add(path)
+    assert importers == {INTERNALS}, importers
+    assert takers == {"qnn/pass_manager.py"}, takers
