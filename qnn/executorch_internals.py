@@ -109,8 +109,11 @@ def is_forced_fallback(node: torch.fx.Node) -> bool:
 
 def aten_overload(target):
     """The ATen overload behind an Edge op (``EdgeOpOverload._op``, exir/dialects/edge/_ops.py,
-    which forwards ``tags`` and the schema to it), or `target` itself when it has no ``_op``.
-    (torch's own ``OpOverload`` also has an ``_op``: the C++ callable, which has no ``tags``.)"""
+    which forwards ``tags`` and the schema to it), or `target` itself for an ATen overload or
+    any other target. (torch's own ``OpOverload`` also has an ``_op``: the C++ callable, which
+    has no ``tags``, so an ATen overload is returned as is.)"""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
     return getattr(target, "_op", target)
 
 

@@ -192,6 +192,17 @@ def test_aten_overload_of_an_edge_op_is_its_aten_op():
     assert ei.aten_overload(len) is len
 
 
+def test_aten_overload_of_an_aten_op_is_itself():
+    # torch's OpOverload has an ``_op`` too (the C++ callable, without tags): an ATen op must
+    # not be unwrapped to it, or `is_core_aten_op` answers False for every ATen op.
+    from qnn.partitioner import is_core_aten_op
+
+    assert ei.aten_overload(torch.ops.aten.scatter_add.default) is torch.ops.aten.scatter_add.default
+    assert is_core_aten_op(torch.ops.aten.scatter_add.default)
+    assert is_core_aten_op(exir_ops.edge.aten.scatter_add.default)
+    assert not is_core_aten_op(torch.ops.aten.linear.default)
+
+
 class _Int64Full(nn.Module):
     def forward(self, x):
         return torch.full((4,), 3, dtype=torch.int64) + x
