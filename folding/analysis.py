@@ -22,7 +22,6 @@ from typing import Iterable, Mapping, Optional
 import torch
 import torch.fx
 from torch.export.graph_signature import ExportGraphSignature, InputSpec
-from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .ops import (
     OpKind,
@@ -38,7 +37,7 @@ from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
 from .signature import input_specs_by_name, mutated_targets
-from .symbols import input_symbols
+from .symbols import has_symbols, input_symbols
 from .sizes import STORED_KINDS
 from .values import SYM_TYPES, holds_tensors, is_scalar
 from .work_counts import count
@@ -234,7 +233,7 @@ def _metadata_only_arg(n: torch.fx.Node) -> Optional[torch.fx.Node]:
     if not reads_only_metadata(n.target) or not n.args or not isinstance(n.args[0], torch.fx.Node):
         return None
     val = n.args[0].meta.get("val")
-    if isinstance(val, torch.Tensor) and not has_free_symbols(val):
+    if isinstance(val, torch.Tensor) and not has_symbols(val):
         return n.args[0]
     return None
 

@@ -97,15 +97,21 @@ class Constraints:
         self.forced = {by_name[n.name]: why for n, why in self.forced.items()}
         self.writes = {by_name[n.name]: {by_name[w.name] for w in ws} for n, ws in self.writes.items()}
 
+    def fits(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
+        """Whether a lifted program storing `bytes_after` bytes is within the growth budget
+        planning had (`budget` less ``budget_cut``; None: no limit; a plan with no budget left
+        at all is final, so it fits)."""
+        if budget is None or budget - self.budget_cut < 0:
+            return True
+        return bytes_after - bytes_before - (budget - self.budget_cut) <= 0
+
     def tighten_if_over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
         """When the lifted program's stored bytes exceed what planning was allowed (`budget`,
         None: no limit, less ``budget_cut``), raise ``budget_cut`` by the excess and return True
         (the attempt is redone); else False. A plan with no budget left at all is final."""
-        if budget is None or budget - self.budget_cut < 0:
+        if self.fits(budget, bytes_before, bytes_after):
             return False
         excess = bytes_after - bytes_before - (budget - self.budget_cut)
-        if excess <= 0:
-            return False
         self.budget_misses += 1
         self.budget_cut = self.budget_cut + excess if self.budget_misses < 2 else budget + 1
         return True

@@ -126,26 +126,20 @@ class FoldInterpreter(torch.fx.Interpreter):
         self._materialise = set(plan.materialise)  # grows where a kept node's folded inputs are stored
         self._caller_storages: set[int] = set()
         self._live = _LiveBytes(self.out)
-        self._guard: Optional[_WriteGuard] = None
 
-    def run_node(self, n: torch.fx.Node) -> object:
-        if n.op in ("placeholder", "get_attr"):
-            return super().run_node(n)
-        position = len(self.plan.evaluated) if n.op == "output" else self._position.get(n)
-        if position is None:
-            return _NO_VALUE  # a runtime op
-        self._release_before(position)
-        return self.out if n.op == "output" else self._evaluate_node(n)
+    def run(self, *args, **kwargs) -> Evaluation:
+        """Evaluate ``plan.evaluated`` in order and return the `Evaluation`. Only those nodes
+        are visited (``Interpreter.run`` would visit every node of the graph); a placeholder or
+        ``get_attr`` is read when a folded node first reads it (`_load`)."""
+        for position, node in enumerate(self.plan.evaluated):
+            self._release_before(position)
+            self.env[node] = self._evaluate_node(node)
+        self._release_before(len(self.plan.evaluated))
+        return self.out
 
     def placeholder(self, target, args, kwargs) -> object:
         node = self._placeholders[target]
         return self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
-
-    def map_nodes_to_values(self, args, n: torch.fx.Node):
-        lookup = _metadata_lookup(n, self._load, self.analysis)
-        if self._guard is not None:
-            lookup = self._guard.wrap(lookup)
-        return map_arg(args, lookup)
 
     def call_function(self, target, args, kwargs):
         # Edge ops are their ATen overloads plus dtype checks; call the ATen op.
@@ -160,13 +154,12 @@ class FoldInterpreter(torch.fx.Interpreter):
         blocked = next((i for i in node.all_input_nodes if i in out.kept), None)
         if blocked is not None:
             return self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
-        self._guard = _WriteGuard(node, self.analysis)
+        guard = _WriteGuard(node, self.analysis)
+        lookup = guard.wrap(_metadata_lookup(node, self._load, self.analysis))
         try:
-            result = super().run_node(node)
+            result = getattr(self, node.op)(node.target, map_arg(node.args, lookup), map_arg(node.kwargs, lookup))
         except _OpRaised as e:
             return self._keep(node, Reason.EVALUATION_ERROR, str(e))
-        finally:
-            guard, self._guard = self._guard, None
         out.evaluated += 1
         guard.check()
         out.symbols.update(bindings(node, result))
@@ -209,6 +202,8 @@ class FoldInterpreter(torch.fx.Interpreter):
     def _load(self, node: torch.fx.Node) -> object:
         """The value of an input of a folded node; a placeholder's storages are the caller's."""
         value = self.env.get(node, _NO_VALUE)
+        if value is _NO_VALUE and node.op in ("placeholder", "get_attr") and node not in self.env:
+            value = self.env[node] = getattr(self, node.op)(node.target, (), {})
         if value is _NO_VALUE:
             raise KeyError(f"{node.name} is read before it is evaluated")  # a planner bug
         if node.op == "placeholder" and isinstance(value, torch.Tensor):
@@ -282,7 +277,9 @@ class _WriteGuard:
             value = lookup(n)
             if n in self.passed_whole or type(value) is not torch.Tensor or value.device.type != "cpu":
                 return value
-            if written_storages is None:
+            if written_storages is None and not self.passed_whole:
+                written_storages = set()
+            elif written_storages is None:
                 written = (lookup(m) for m in self.passed_whole if isinstance(m, torch.fx.Node))
                 written_storages = {w.untyped_storage().data_ptr() for w in written if isinstance(w, torch.Tensor)}
             if value.untyped_storage().data_ptr() in written_storages:

@@ -65,8 +65,10 @@ def fold_constants(
     Args:
         program: an ``ExportedProgram`` from ``torch.export.export``, ``to_edge`` or a pass.
         policy: limits and switches; ``FoldPolicy()`` when None.
-        inplace: rewrite `program` itself. When False the caller's program (graph, signature,
-            dicts, tensors) is left unchanged; unchanged tensors are shared, not copied.
+        inplace: rewrite `program` itself (without copying its top-level graph where nothing
+            can make the fold redo its attempt: docs/design.md, invariant 7). When False the
+            caller's program (graph, signature, dicts, tensors) is left unchanged; unchanged
+            tensors are shared, not copied.
 
     Returns:
         `FoldResult` with the folded program and its `FoldReport`.
@@ -90,7 +92,7 @@ def fold_constants(
         check_stored_tensors(program)
     try:
         with _no_cyclic_gc(), fold_scope():
-            result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
+            result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer, inplace)
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
@@ -120,7 +122,7 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
+def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer, inplace: bool) -> FoldResult:
     """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
     bodies included (`bodies`: constant code moves out of its bodies and folds at the top
     level); a ``cond`` whose predicate became a stored constant is then inlined (`inline`) and
@@ -132,7 +134,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer, analyze)
+    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer, analyze, may_share_base=inplace)
     while True:  # bound: each round removes a cond
         once = _fold_once(prepare, policy, bytes_before, timer, pins)
         folded = once.program
@@ -210,17 +212,38 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 folded, kept_constant_only = folded_and_kept(plan, evaluation)
                 nonfinite = NonfiniteScan()
                 placement = place(program, folded, evaluation.values, analysis.is_constant, kept_constant_only, nonfinite)
+                if _undoable_only_on_a_copy(working, analysis, placement, constraints, budget, bytes_before):
+                    prepare, working = prepare.copying(), None
+                    attempt.discard()
+                    continue
                 new_program, lifting = lift(program, placement, nonfinite, bound=evaluation.symbols)
             with timer.phase("bytes"):
                 bytes_after = stored_constant_bytes(new_program)
             if not constraints.tighten_if_over_budget(budget, bytes_before, bytes_after):
                 break
+            _check_bound(working, bytes_before, bytes_after)
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
             working = None  # its graph was lifted
             attempt.discard()
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
     return _Round(new_program, report, working)
+
+
+def _undoable_only_on_a_copy(working: Working, analysis, placement, constraints: Constraints,
+                             budget, bytes_before: int) -> bool:
+    """An attempt on the caller's own graph (`Working.shares_base`) that something could still
+    discard after `lift` (an in-place op in the graph, or a growth bound over the budget) is
+    redone on a copy (docs/design.md, invariant 7)."""
+    return working.shares_base and (bool(analysis.mutators) or not constraints.fits(
+        budget, bytes_before, bytes_before + placement.added_bytes_bound()))
+
+
+def _check_bound(working: Working, bytes_before: int, bytes_after: int) -> None:
+    """An attempt that edited the caller's graph is never discarded: its growth was bounded."""
+    if working.shares_base:
+        raise FoldInternalError(f"the in-place fold grew stored bytes {bytes_before} -> {bytes_after} "
+                                "beyond the bound it checked")
 
 
 def _stored_value(program: ExportedProgram, analysis):

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import has_free_symbols
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
     ExportGraphSignature,
@@ -36,7 +35,7 @@ from .hops import graph_module
 from .layout import has_canonical_layout
 from .clones import clone_op_of
 from .checks import check_folded
-from .symbols import drop_bound_ranges, refresh_meta
+from .symbols import drop_bound_ranges, has_symbols, refresh_meta
 from .nonfinite import NonfiniteScan
 from .names import keep_name, reserve_node_names, unique_name
 from .report import LiftedConstant, lifted_row
@@ -71,8 +70,9 @@ def lift(
 
     Args:
         program: the program to fold. Its top-level graph becomes the folded program's (the
-            folded nodes are erased from it): it must be the caller's own copy, not read again
-            (`hops.copy_uncompiled`; `working.Preparation`). Its signature and stored dicts are never
+            folded nodes are erased from it): a copy the fold made, not read again
+            (`hops.copy_uncompiled`; `working.Preparation`), or, in place, the caller's program
+            itself (`working.Working.shares_base`). Its signature and stored dicts are never
             modified: the folded program gets new ones.
         placement: where each folded value goes, and which nodes of ``program.graph`` are
             removed (`Placement.folded`): `placement.place` on `program`, whose names it
@@ -289,7 +289,7 @@ def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.
     val = source.meta.get("val")
     if (
         isinstance(val, torch.Tensor)
-        and not has_free_symbols(val)
+        and not has_symbols(val)
         and val.dtype == value.dtype
         and tuple(val.shape) == tuple(value.shape)
         and has_canonical_layout(val)

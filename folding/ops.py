@@ -34,10 +34,9 @@ def _cached(fn):
     @functools.wraps(fn)
     def wrapper(target: Any):
         try:
-            hash(target)
-        except TypeError:
+            return cached(target)
+        except TypeError:  # an unhashable target (or `fn` raised TypeError: it raises again)
             return fn(target)
-        return cached(target)
 
     return wrapper
 

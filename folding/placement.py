@@ -27,7 +27,7 @@ from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_program_name
 from .nonfinite import NonfiniteScan
 from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
-from .sizes import STORED_KINDS, is_subclass, stored_tensor
+from .sizes import STORED_KINDS, aligned, inner_tensors, is_subclass, stored_tensor
 
 
 @dataclass
@@ -77,6 +77,11 @@ class Placement:
     rows: list[LiftedConstant] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
     folded: set[torch.fx.Node] = field(default_factory=set)
+
+    def added_bytes_bound(self) -> int:
+        """An upper bound of the stored bytes `lift` adds: every new constant counted whole and
+        padded (`sizes.aligned`), as if none equalled a stored tensor or another new constant."""
+        return sum(aligned(p.nbytes) for c in self.new_constants for p in inner_tensors(c.value))
 
     def replacement(self, node: torch.fx.Node) -> object:
         """What a reader of the folded `node` reads instead: the stored placeholder it equals,

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_symbols
+from torch.fx.experimental.symbolic_shapes import free_symbols, has_free_symbols, has_symbolic_sizes_strides
 from torch.fx.node import map_arg
 
 from .torch_internals import is_unbacked_symbol
@@ -29,6 +29,8 @@ def bindings(node: torch.fx.Node, value: Any) -> dict[sympy.Symbol, Any]:
     """The symbols of `node`'s ``meta["val"]`` that `value` (its folded value) fixes."""
     val = node.meta.get("val")
     out: dict[sympy.Symbol, Any] = {}
+    if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
+        return out  # static sizes fix no symbol
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and isinstance(value, (int, float, bool)):
         if isinstance(val.node.expr, sympy.Symbol):
             out[val.node.expr] = value
@@ -41,9 +43,22 @@ def bindings(node: torch.fx.Node, value: Any) -> dict[sympy.Symbol, Any]:
 
 
 
+def has_symbols(val: Any) -> bool:
+    """Whether `val` (a ``meta["val"]``: tensor, SymInt or a list of them) has a free symbol
+    in its sizes, strides or storage offset. torch's ``has_free_symbols``, answered without a
+    walk over the sizes for a tensor whose sizes and strides are plain ints (torch keeps that
+    flag on every tensor: ``has_symbolic_sizes_strides``), which is every tensor of a static
+    program; the walk costs as much as evaluating a small op."""
+    if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
+        return False
+    return has_free_symbols(val)
+
+
 def _symbols_of(val: Any) -> set:
     if isinstance(val, (list, tuple)):
         return set().union(*(_symbols_of(v) for v in val)) if val else set()
+    if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
+        return set()
     if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
         return free_symbols(val)
     return set()

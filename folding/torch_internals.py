@@ -161,9 +161,14 @@ def is_unbacked_symbol(symbol) -> bool:
 def is_wrapper_subclass(t: torch.Tensor) -> bool:
     """`t` is a traceable wrapper tensor subclass (torchao's quantized weights;
     ``torch/utils/_python_dispatch.py``, ``is_traceable_wrapper_subclass``)."""
+    if type(t) in _PLAIN_TENSOR_TYPES:  # the common case, answered without torch's checks
+        return False
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     return is_traceable_wrapper_subclass(t)
+
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def is_view(t: torch.Tensor) -> bool:

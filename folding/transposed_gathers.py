@@ -30,7 +30,6 @@ from typing import Optional
 
 import torch
 from torch.export import ExportedProgram
-from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .hops import copy_uncompiled
 from .names import keep_name, reserve_node_names, unique_name
@@ -38,6 +37,7 @@ from .ops import op_name, packet_name
 from .policy import FoldPolicy
 from .signature import unchanging_stored_specs
 from .sizes import nbytes, stored_tensor
+from .symbols import has_symbols
 from .torch_internals import program_with
 
 _TRANSPOSES = {"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
@@ -82,7 +82,7 @@ def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
         return False
     index = node.args[2] if op_name(node.target) == "aten.index_select.default" else node.args[1]
     val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and not has_free_symbols(val)
+    return isinstance(val, torch.Tensor) and not has_symbols(val)
 
 
 def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[int]) -> list[tuple]:

@@ -157,6 +157,36 @@ def test_each_graph_the_fold_edits_is_copied_once(dialect):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.detach().abs().max()))
 
 
+@pytest.mark.parametrize("dialect", ["ATEN", "EDGE"])
+def test_an_in_place_fold_edits_the_callers_graph_without_a_copy_when_nothing_can_undo_it(dialect):
+    """Invariant 7: in place, with no rewrite, no body, no mutated state and the growth bound
+    within the budget, `lift` edits the caller's graph (no node copied, the result equal to the
+    copying fold's); a budget the bound does not fit sends the attempt to a copy."""
+    import copy
+
+    from folding import FoldPolicy
+    from tests.invariants import assert_close_all
+
+    ep = chain_program(20, dialect)
+    x = torch.randn(4, 4)
+    want = ep.module()(x)
+    kept = fold_constants(ep)
+    shared = copy.deepcopy(ep)
+    graph = shared.graph
+    assert _count_node_copies(lambda: fold_constants(shared, inplace=True)) == 0
+    assert shared.graph is graph  # edited, not replaced
+    assert_valid_program(shared)
+    assert [n.name for n in shared.graph.nodes] == [n.name for n in kept.program.graph.nodes]
+    assert_close_all(want, shared.module()(x), relative=True, min_scale=0.1)
+    assert_close_all(want, kept.program.module()(x), relative=True, min_scale=0.1)
+
+    tight = copy.deepcopy(ep)  # 20 new 64-byte constants: a 16-byte budget cannot be bounded
+    policy = FoldPolicy(max_growth_bytes=16, max_growth_fraction=0.0)
+    copies = _count_node_copies(lambda: fold_constants(tight, policy, inplace=True))
+    assert copies >= len(ep.graph.nodes), copies
+    assert_close_all(want, tight.module()(x), relative=True, min_scale=0.1)
+
+
 def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
     """An attempt that lifted its working copy in place and is redone folds a fresh copy
     (`folding/working.py`): what evaluation learnt moves to the nodes of the same names."""
