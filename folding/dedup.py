@@ -234,6 +234,11 @@ def _positions(n: int) -> np.ndarray:
     return positions
 
 
+# Dtypes a tensor of which can be viewed as bytes (``Tensor.view(torch.uint8)``).
+_VIEWABLE = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                       torch.int16, torch.int8, torch.uint8, torch.bool})
+
+
 def _sampled_bytes(p: torch.Tensor) -> bytes:
     """`_SAMPLES` bytes of `p`'s row-major bytes at evenly spaced positions (all of them when
     `p` is smaller), read in place from its storage for a strided CPU tensor."""
@@ -246,8 +251,11 @@ def _sampled_bytes(p: torch.Tensor) -> bytes:
              and p.numel() * size == n)
     if not plain:
         return np.frombuffer(raw_bytes(p), dtype=np.uint8)[positions].tobytes()
+    contiguous = p.is_contiguous()
+    if contiguous and n <= _SAMPLES and p.dtype in _VIEWABLE:  # all its bytes, read in place
+        return p.reshape(-1).view(torch.uint8).numpy().tobytes()
     storage = torch.empty(0, dtype=torch.uint8).set_(p.untyped_storage()).numpy()
-    if p.is_contiguous():  # row-major bytes are the storage's, from the tensor's offset
+    if contiguous:  # row-major bytes are the storage's, from the tensor's offset
         return storage[p.storage_offset() * size + positions].tobytes()
     element, byte = np.divmod(positions, size)
     shape, strides = (tuple(p.shape), p.stride()) if p.dim() else ((1,), (1,))

@@ -18,15 +18,19 @@ from .sizes import is_subclass
 from .torch_internals import schema_of
 
 
+# Below this many elements ``isfinite(t).all()`` (two ops) is cheaper than ``aminmax`` (three).
+_SMALL = 4096
+
+
 def holds_nonfinite(t: torch.Tensor) -> bool:
-    """True when `t` holds a NaN or an Inf. Real dtypes: its min and max (``aminmax``: one pass,
+    """True when `t` holds a NaN or an Inf. Real dtypes above `_SMALL` elements: its min and max (``aminmax``: one pass,
     no temporary; NaN propagates, an Inf is the min or max). ``isfinite(t).all()`` allocates
     ``abs(t)`` and bool masks, about 1.75x the tensor's bytes at fp32. Integer, bool and
     tensor-subclass values (torchao's quantized weights) are never non-finite here."""
     if is_subclass(t) or not (t.dtype.is_floating_point or t.dtype.is_complex) or t.numel() == 0:
         return False
     try:
-        if t.dtype.is_floating_point:
+        if t.dtype.is_floating_point and t.numel() > _SMALL:
             try:
                 return not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all())
             except (RuntimeError, NotImplementedError):  # float8: no aminmax kernel
@@ -60,7 +64,8 @@ def rearranges_elements(node: torch.fx.Node) -> bool:
 class NonfiniteScan:
     """`holds_nonfinite` for the values one fold lifts, skipping values that only move stored
     data (`rearranges_elements` all the way back to placeholders and attributes) and scanning each
-    tensor once (private placeholders share their constant's tensor)."""
+    tensor once (private placeholders share their constant's tensor). Small tensors are read
+    with ``isfinite`` directly (`_SMALL`)."""
 
     def __init__(self) -> None:
         self._scanned: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor kept alive, result)
@@ -89,8 +94,9 @@ class NonfiniteScan:
             n, inputs_done = stack.pop()
             if n in self._moves_stored or n.op in stored:
                 continue
-            if inputs_done or not rearranges_elements(n):
-                self._moves_stored[n] = rearranges_elements(n) and all(
+            rearranges = rearranges_elements(n)
+            if inputs_done or not rearranges:
+                self._moves_stored[n] = rearranges and all(
                     i.op in stored or self._moves_stored[i] for i in n.all_input_nodes)
                 continue
             stack.append((n, True))
