@@ -233,10 +233,16 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
 def _undoable_only_on_a_copy(working: Working, analysis, placement, constraints: Constraints,
                              budget, bytes_before: int) -> bool:
     """An attempt on the caller's own graph (`Working.shares_base`) that something could still
-    discard after `lift` (an in-place op in the graph, or a growth bound over the budget) is
-    redone on a copy (docs/design.md, invariant 7)."""
-    return working.shares_base and (bool(analysis.mutators) or not constraints.fits(
-        budget, bytes_before, bytes_before + placement.added_bytes_bound()))
+    discard after `lift` (an in-place op in the graph, or a growth bound over the budget: first
+    with nothing dropped, then with what `lift` drops) is redone on a copy (docs/design.md,
+    invariant 7)."""
+    if not working.shares_base:
+        return False
+    if analysis.mutators:
+        return True
+    if constraints.fits(budget, bytes_before, bytes_before + placement.added_bytes_bound()):
+        return False  # the quick bound: nothing dropped, nothing shared
+    return not constraints.fits(budget, bytes_before, placement.stored_bytes_bound(working.program))
 
 
 def _check_bound(working: Working, bytes_before: int, bytes_after: int) -> None:

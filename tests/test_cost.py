@@ -161,10 +161,9 @@ def test_each_graph_the_fold_edits_is_copied_once(dialect):
 def test_an_in_place_fold_edits_the_callers_graph_without_a_copy_when_nothing_can_undo_it(dialect):
     """Invariant 7: in place, with no rewrite, no body, no mutated state and the growth bound
     within the budget, `lift` edits the caller's graph (no node copied, the result equal to the
-    copying fold's); a budget the bound does not fit sends the attempt to a copy."""
+    copying fold's); an in-place op in the graph sends the attempt to a copy."""
     import copy
 
-    from folding import FoldPolicy
     from tests.invariants import assert_close_all
 
     ep = chain_program(20, dialect)
@@ -180,11 +179,24 @@ def test_an_in_place_fold_edits_the_callers_graph_without_a_copy_when_nothing_ca
     assert_close_all(want, shared.module()(x), relative=True, min_scale=0.1)
     assert_close_all(want, kept.program.module()(x), relative=True, min_scale=0.1)
 
-    tight = copy.deepcopy(ep)  # 20 new 64-byte constants: a 16-byte budget cannot be bounded
-    policy = FoldPolicy(max_growth_bytes=16, max_growth_fraction=0.0)
-    copies = _count_node_copies(lambda: fold_constants(tight, policy, inplace=True))
-    assert copies >= len(ep.graph.nodes), copies
-    assert_close_all(want, tight.module()(x), relative=True, min_scale=0.1)
+    writer = torch.export.export(_InPlaceOnAConstant().eval(), (x,))  # ATen training IR keeps add_
+    assert any(n.target is torch.ops.aten.add_.Tensor for n in writer.graph.nodes)
+    want = writer.module()(x)
+    nodes = len(writer.graph.nodes)
+    copies = _count_node_copies(lambda: fold_constants(writer, inplace=True))
+    assert copies >= nodes, copies  # redone on a copy
+    assert_close_all(want, writer.module()(x), relative=True, min_scale=0.1)
+
+
+class _InPlaceOnAConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        y = self.w * 2
+        y.add_(1)
+        return x + y
 
 
 def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
@@ -208,3 +220,27 @@ def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
     assert all(n.graph is fresh.graph for n in constraints.forced)
     assert constraints.writes == {by_name[ops[5].name]: {by_name[ops[4].name]}}
     assert nodes[ops[5].name] is ops[5] and by_name[ops[5].name] is not ops[5]
+
+
+def test_an_in_place_fold_of_transposed_weights_stays_in_place():
+    """Edge reads each ``linear`` weight through a ``permute_copy``: folding stores the
+    transposed weights (3 MiB, beyond the default 1 MiB budget) and drops the originals. The
+    growth bound counts what `lift` drops (`Placement.stored_bytes_bound`), so the in-place
+    fold edits the caller's graph without redoing the attempt on a copy."""
+    import copy
+
+    from executorch.exir import to_edge
+
+    from tests.invariants import assert_close_all
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)).eval()
+    x = torch.randn(2, 512)
+    ep = to_edge(torch.export.export(mlp, (x,))).exported_program()
+    want = mlp(x)
+    kept = fold_constants(ep)
+    assert sum(r.nbytes for r in kept.report.lifted) >= 3 * 512 * 512 * 4
+    shared = copy.deepcopy(ep)
+    assert _count_node_copies(lambda: fold_constants(shared, inplace=True)) == 0
+    assert [n.name for n in shared.graph.nodes] == [n.name for n in kept.program.graph.nodes]
+    assert_close_all(want, shared.module()(x), relative=True, min_scale=0.1)
