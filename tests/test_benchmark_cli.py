@@ -64,3 +64,11 @@ def test_without_qnn_libraries_the_qnn_rows_say_skipped_and_the_run_succeeds(tmp
     assert "0/3 rows ok, 3 skipped" in proc.stderr
     assert "building resnet18" not in proc.stderr  # nothing was built
     assert (out / "pte_size_change.png").is_file() and (out / "qnn_cpu_ops.png").is_file()
+
+
+def test_cpu_ratio_prints_the_fold_against_one_evaluation(capsys):
+    from benchmarks import cpu_ratio
+
+    assert cpu_ratio.main(["--dialect", "ATEN", "--layers", "20", "--repeat", "1"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("ATEN nodes 182 ") and line.count("x)") == 2, line
