@@ -1,5 +1,9 @@
-"""How every test and the fuzzer lower a program to a .pte and run it (portable kernels or
-XNNPACK), in one place, with the product's workarounds (`folding/executorch_workarounds.py`).
+"""How the folding tests and the fuzzer lower a program to a .pte and run it (portable kernels
+or XNNPACK), in one place, with the product's workarounds (`folding/executorch_workarounds.py`).
+Three kinds of test lower their own way, because the lowering is what they test: the QNN tests
+(`qnn.lowering`, `tests/qnn/helpers.py`), `FoldConstantsPass` inside executorch's
+`to_edge_transform_and_lower` (`tests/test_api.py`), and executorch's own flow with and without
+the workarounds (`tests/test_executorch_upstream.py`).
 
 Each serialisation goes through `backend_config` (`folding.executorch_backend_config`), which
 works around executorch issue 21490

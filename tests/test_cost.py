@@ -1,4 +1,5 @@
-"""Cost (invariant 9): work per node is constant, and intermediates are freed after last use.
+"""Cost (invariant 9): work per node is constant, intermediates are freed after last use, and
+the report's phase timings account for the whole call.
 
 These count work instead of timing it; the timings are in `python -m benchmarks.scale`.
 """
@@ -13,8 +14,9 @@ import torch.nn as nn
 
 from benchmarks.synthetic import chain_program
 from folding import fold_constants
-from tests.invariants import assert_valid_program
-from tests.programs import RewrittenAndHoisted
+from folding.report import PHASES
+from tests.invariants import assert_close_all, assert_valid_program
+from tests.programs import IdenticalCopies, Layers, RewrittenAndHoisted, SneakyWriter
 
 _SIGNATURE_FILE = "torch/export/graph_signature.py"
 
@@ -85,7 +87,7 @@ def test_live_intermediates_stay_within_the_largest_two():
     one = 1024 * 1024 * 4
     # 9 intermediates of 4 MiB each: at most the input and the output of one op are alive
     assert 0 < result.report.peak_intermediate_bytes <= 2 * one
-    torch.testing.assert_close(ep.module()(x), result.program.module()(x))
+    assert_close_all(ep.module()(x), result.program.module()(x))
 
 
 def _count_codegen_calls(fn) -> int:
@@ -164,7 +166,6 @@ def test_an_in_place_fold_edits_the_callers_graph_without_a_copy_when_nothing_ca
     copying fold's); an in-place op in the graph sends the attempt to a copy."""
     import copy
 
-    from tests.invariants import assert_close_all
 
     ep = chain_program(20, dialect)
     x = torch.randn(4, 4)
@@ -231,7 +232,6 @@ def test_an_in_place_fold_of_transposed_weights_stays_in_place():
 
     from executorch.exir import to_edge
 
-    from tests.invariants import assert_close_all
 
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)).eval()
@@ -244,3 +244,29 @@ def test_an_in_place_fold_of_transposed_weights_stays_in_place():
     assert _count_node_copies(lambda: fold_constants(shared, inplace=True)) == 0
     assert [n.name for n in shared.graph.nodes] == [n.name for n in kept.program.graph.nodes]
     assert_close_all(want, shared.module()(x), relative=True, min_scale=0.1)
+
+
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x, w: x + w * 2, lambda x, w: x - w.exp(), (x, self.w))
+
+
+@pytest.mark.parametrize("module, shape, rerun", [
+    (Layers, (2, 64), False),
+    (IdenticalCopies, (4096,), False),
+    (Branches, (4,), False),
+    (SneakyWriter, (3,), True),  # an undeclared write found by evaluation: one rerun
+])
+def test_phase_timings_add_up_to_the_total(module, shape, rerun):
+    ep = torch.export.export(module().eval(), (torch.randn(*shape),))
+    timings = fold_constants(ep).report.timings
+    phases = {k: v for k, v in timings.items() if k != "total"}
+    assert set(phases) <= set(PHASES) and all(v >= 0 for v in phases.values())
+    assert {"checks", "bytes", "analysis", "planning", "evaluation", "lift", "report"} <= set(phases)
+    assert ("reruns" in phases) is rerun
+    # the phases cover the whole call: only a few statements between them are not timed
+    assert abs(sum(phases.values()) - timings["total"]) <= 0.05 * timings["total"] + 0.002

@@ -4,6 +4,7 @@ documented llama_1b run (docs/benchmarks.md, "Memory of the llama_1b QNN lowerin
 
 from __future__ import annotations
 
+import mmap
 import os
 import types
 
@@ -16,9 +17,12 @@ pytestmark = pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
 MB = 1 << 20
 
 
-def _touch(nbytes: int) -> bytearray:
-    buf = bytearray(nbytes)
-    for i in range(0, nbytes, 4096):  # resident, page by page
+def _touch(nbytes: int) -> mmap.mmap:
+    """`nbytes` of new resident memory: an anonymous mapping, written page by page. Not a
+    bytearray: malloc may serve that from pages already resident (memory an earlier test in the
+    same worker freed), and the RSS would not grow at all."""
+    buf = mmap.mmap(-1, nbytes)
+    for i in range(0, nbytes, mmap.PAGESIZE):
         buf[i] = 1
     return buf
 

@@ -17,6 +17,7 @@ from benchmarks.graph_stats import constant_only_node_names
 from benchmarks.models import BUILDERS, QNN_ONLY_MODELS, build
 from folding import FoldPolicy, Reason, fold_constants
 from tests.invariants import (
+    assert_close_all,
     assert_constant_only_nodes_reported,
     assert_kept_names,
     assert_report_bytes_true,
@@ -84,7 +85,7 @@ def test_folded_model_pte_runs_and_matches_eager(folded_model):
         want = spec.module(*x)
     buffer, added_by_lowering = lower_portable(result.program)
     (got,) = run_pte(buffer, x)
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert_close_all(want, got, 1e-4, 1e-4)
     # invariant 5, measured on the .pte: the report's bytes plus at most the scalars lowering lifted
     assert_report_bytes_true(result, buffer, added_by_lowering)
 

@@ -59,23 +59,22 @@ def test_mutated_buffer_read_by_linear_is_not_folded(ir):
 
 
 def test_mutated_buffer_program_pte_matches_over_two_calls():
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    from tests.lowering import lower_pte
 
     ep = export(MutatedBufferLinear(), (torch.randn(2, 4),))
     ref = reference(ep)
     result = fold(ep)
     # Serialise the buffer's initial value (by default a mutated buffer starts uninitialised).
-    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["buf"])])
-    buffer = to_edge_transform_and_lower(result.program).to_executorch(config).buffer
+    buffer = lower_pte(result.program, "portable", mutated_buffers=["buf"])
     method = _load_for_executorch_from_buffer(buffer)  # keeps reading `buffer`: hold it
     m_ref = ref.module()
     x = torch.randn(2, 4)
     results = []
     for _ in range(2):
         (got,) = method.forward((x,))
-        torch.testing.assert_close(got, m_ref(x), atol=1e-4, rtol=1e-4)
+        assert_close_all(m_ref(x), got, 1e-4, 1e-4)
         results.append(got.clone())
     assert not torch.allclose(results[0], results[1])
 

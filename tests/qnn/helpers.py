@@ -22,6 +22,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 import qnn
 from folding import FoldPolicy, fold_constants
 from folding.ops import op_name
+from tests import invariants
 
 SOC = QcomChipset.SM8650
 STRANDED = "was not decomposed or delegated"
@@ -259,15 +260,9 @@ def assert_same_quant_attrs(a: dict, b: dict) -> None:
 
 
 def assert_same_outputs(unfolded: ExportedProgram, folded: ExportedProgram, inputs: Sequence) -> None:
-    """The folded ATen program computes what the unfolded one does, on real inputs."""
-    want = _as_list(unfolded.module()(*inputs))
-    got = _as_list(folded.module()(*inputs))
-    assert len(want) == len(got)
-    for w, g in zip(want, got):
-        if w.dtype.is_floating_point:
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
-        else:
-            assert torch.equal(g, w)
+    """The folded ATen program computes what the unfolded one does, on real inputs (the suite's
+    one comparison, `tests.invariants.assert_close_all`: floats within 1e-5, integers exactly)."""
+    invariants.assert_same_outputs(unfolded, folded, inputs)
 
 
 def _as_list(out) -> list:
