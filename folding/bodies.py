@@ -195,7 +195,8 @@ def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy, analy
 class _Hoist:
     """Rewrites what `split_body` decided, on copies: a body the caller's program holds is
     copied on its first edit (`_own`); the moved nodes go before the HOP (`_copy_hoisted`) or
-    into a new region of the same HOP (`_wrap_hoisted`, autocast and ``no_grad``); the body then
+    into a new autocast region around them (`_wrap_hoisted`, autocast only: code moved out of a
+    ``no_grad`` region needs none, folding computes no gradients); the body then
     reads them as new operands (`_replace_with_operands`)."""
 
     def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, tuple[Reason, str]],

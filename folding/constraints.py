@@ -15,11 +15,14 @@ step can see send it back to the start, each as data:
   bytes at all (``budget_cut``).
 
 A fourth, a node moved out of a control-flow body that the attempt keeps at runtime, is pinned
-in its body (`fold._fold_once`'s ``pins``) and the program prepared again.
+in its body (`fold._fold_once`'s ``pins``) and the program prepared again. A fifth, an
+in-place attempt on the caller's own graph that something could still discard after `lift`
+(`fold._undoable_only_on_a_copy`), is redone on a copy, once: from then on every attempt works
+on a copy.
 
 Each attempt that does not end the loop adds one forced class, one write, one pin, or one
-cut, and there are at most two cuts, so a fold of a graph with N nodes, whose bodies hold B,
-makes at most 2N + B + 3 attempts.
+cut, or is the one move to a copy; there are at most two cuts, so a fold of a graph with N
+nodes, whose bodies hold B, makes at most 2N + B + 4 attempts.
 """
 
 from __future__ import annotations

@@ -180,7 +180,8 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
     working = None
-    while True:  # a fixpoint: each repeat adds a constraint or a pin (bound: `folding/constraints.py`)
+    # a fixpoint: each repeat adds a constraint or a pin, or moves to a copy once (bound: `folding/constraints.py`)
+    while True:
         with timer.attempt() as attempt:
             count("attempts")
             if working is None:  # the first attempt, or the last one's graph was lifted

@@ -88,7 +88,7 @@ class FoldReport:
     evaluated_nodes: int = 0
     rewrites: list[str] = field(default_factory=list)  # rewrites before folding (`transposed_gathers`, `returned_dequantizes`)
     repairs: list[str] = field(default_factory=list)  # stale OutputSpec names renamed (`checks`)
-    notes: list[str] = field(default_factory=list)  # what lowering the folded program needs (`lowering.lowering_note`)
+    notes: list[str] = field(default_factory=list)  # what lowering the folded program needs (`executorch_workarounds.lowering_note`)
 
     @property
     def folded(self) -> list[Decision]:

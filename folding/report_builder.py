@@ -72,7 +72,7 @@ def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> Fold
     """One report for successive folds of one program and the inlining of conds between them:
     a node's last decision wins; lifted constants are those the final program still has.
     Timings are the driver's (`PhaseTimer`). Its notes say what lowering `program` (the folded
-    program) needs (`lowering.lowering_note`: the config for its control flow)."""
+    program) needs (`executorch_workarounds.lowering_note`: the config for its control flow)."""
     notes = [note] if (note := lowering_note(program)) else []
     if len(steps) == 1:
         steps[0].notes = notes

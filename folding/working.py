@@ -14,8 +14,10 @@ One exception, for ``fold_constants(..., inplace=True)``: when no rewrite applie
 has no control-flow body and declares no mutated state, the attempt works on the program being
 folded itself (`Working.shares_base`) and `lift` edits the caller's graph, with no copy. The
 driver lets such an attempt lift only when no in-place op is in the graph and the growth
-budget holds even if nothing the fold stores were shared (`Placement.added_bytes_bound`): then
-nothing can discard it after `lift`. Otherwise it is redone on a copy (`Preparation.copying`).
+budget holds even if nothing the fold stores were shared (`Placement.added_bytes_bound`) or,
+failing that quick bound, with only what `lift` drops counted as saved
+(`Placement.stored_bytes_bound`): then nothing can discard it after `lift`. Otherwise it is
+redone on a copy (`Preparation.copying`).
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ class Working:
 
 @dataclass(frozen=True)
 class Preparation:
-    """Makes the `Working` program of an attempt from `base` (called once per attempt, and
-    again after an attempt lifted its working program and was discarded).
+    """Makes the `Working` program of an attempt from `base`: called for the first attempt and
+    whenever the next attempt needs a new one (the last one lifted its working program and was
+    discarded, a node was pinned in its body, or the fold moves to a copy); an attempt redone for
+    a constraint learnt before `lift` reuses the same `Working`.
 
     Attributes:
         base: the program being folded; never edited.
