@@ -3,7 +3,7 @@ attributed to one: each fault comes with the model as the faulty backend compute
 whose HTP output matches that model (within the precision's tolerance, `benchmarks.verdict`)
 while missing eager is that fault's, said in the row's note.
 
-Each fault has a minimal reproducer in ``tests/qnn/test_htp_upstream_faults.py``, which holds
+Each fault has a minimal reproducer in ``tests/qnn/test_htp_upstream.py``, which holds
 both that the fault is still there (so the note cannot outlive it) and the executorch flow
 alone shows it (no code of this project on the path).
 
@@ -70,7 +70,7 @@ KNOWN_FAULTS: List[KnownFault] = [
         summary="QNN's BatchNorm builder (backends/qualcomm/builders/op_batch_norm.py) divides by "
                 "sqrt(var + 1e-9) and ignores the node's eps, so channels whose running variance is near "
                 "eps are scaled by sqrt((var + eps) / var)",
-        reproducer="tests/qnn/test_htp_upstream_faults.py::test_qnn_batch_norm_ignores_eps",
+        reproducer="tests/qnn/test_htp_upstream.py::test_qnn_batch_norm_ignores_eps",
         as_computed=_batch_norm_eps_ignored,
     ),
 ]
@@ -111,7 +111,7 @@ INVESTIGATED = {
         "one-step rounding differences from the fake-quant reference become 30+ output steps at the "
         "softmax (~15 % of the scale per shifted block); with 16-bit activations 0.1 %. Not HTP's softmax, "
         "not the fold (fold off alike); reproducer "
-        "tests/qnn/test_htp_upstream_faults.py::test_8a8w_softmax_over_swins_shift_mask_turns_one_step_roundings_into_tens"),
+        "tests/qnn/test_htp_upstream.py::test_8a8w_softmax_over_swins_shift_mask_turns_one_step_roundings_into_tens"),
     ("llama_1b", "16a4w"): (
         "executorch 1.5.1's QnnQuantizer (quantizer/quantizer.py _replace_inf) replaces the causal mask's "
         "-inf by -65535, so the 16-bit encoding of the attention scores plus mask has a step of ~1.0; HTP's "
@@ -119,7 +119,7 @@ INVESTIGATED = {
         "factor of e (20-35 % of the scale in one decoder layer); the q/dq reference is itself ~20 % from "
         "float. Upstream: pytorch/executorch PR 20471. Fold on and off differ by where the mask code runs "
         "(CPU or a folded 16-bit constant), both with that encoding; reproducer "
-        "tests/qnn/test_htp_upstream_faults.py::test_16a4w_causal_mask_of_minus_inf_gets_a_one_unit_step"),
+        "tests/qnn/test_htp_upstream.py::test_16a4w_causal_mask_of_minus_inf_gets_a_one_unit_step"),
     ("vit_b_16", "8a8w"): (
         "accumulated 8-bit requantization error: one encoder block 4 output steps (3 % of the scale), "
         "4 blocks 6, 12 blocks 21-36; every single op (LayerNorm, GELU MLP, QK^T, softmax, PV) within 1-3 "
