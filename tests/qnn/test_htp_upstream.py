@@ -6,6 +6,8 @@ executorch or QNN fixed the fault: remove it from `benchmarks.htp_faults.KNOWN_F
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 from executorch.backends.qualcomm.utils.utils import (
@@ -90,28 +92,37 @@ def _cosines(g: torch.Generator) -> torch.Tensor:
     return a @ nn.functional.normalize(torch.randn(4, 3, 16, 64, generator=g), dim=-2)
 
 
-def _htp_vs_qdq_in_steps(masked: bool, quant_dtype) -> tuple[float, float]:
-    """(max |HTP - q/dq| in steps of the output's encoding, as a fraction of the output's
-    scale) of `_MaskedSoftmax`, quantized by QnnQuantizer and lowered by executorch's flow."""
+def _htp_and_qdq(module: nn.Module, x: tuple, calibration: list, quant_dtype, export_kwargs: Optional[dict] = None,
+                 **config) -> tuple[torch.Tensor, torch.Tensor, torch.fx.GraphModule]:
+    """(HTP's output, the q/dq program's output, the q/dq program) of `module` on `x`, quantized
+    by QnnQuantizer with `quant_dtype` (calibrated on `calibration`, then `x`) and lowered by
+    executorch's own flow (`to_edge_transform_and_lower_to_qnn`), run on the HTP emulation."""
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer
     from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     qnn.load_qnn_sdk()
-    g = torch.Generator().manual_seed(0)
-    x = (_cosines(g),)
     quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=SOC)
-    quantizer.set_default_quant_config(quant_dtype)
-    prepared = prepare_pt2e(torch.export.export(_MaskedSoftmax(masked).eval(), x).module(), quantizer)
+    quantizer.set_default_quant_config(quant_dtype, **config)
+    prepared = prepare_pt2e(torch.export.export(module.eval(), x, **(export_kwargs or {})).module(), quantizer)
     with torch.no_grad():
-        for _ in range(2):
-            prepared(_cosines(g))
+        for c in calibration:
+            prepared(c)
         prepared(*x)
     converted = convert_pt2e(prepared)
     specs = generate_qnn_executorch_compiler_spec(SOC, generate_htp_compiler_spec(use_fp16=False))
     (got,) = qnn.run_pte(to_edge_transform_and_lower_to_qnn(converted, x, specs).to_executorch().buffer, x)
     with torch.no_grad():
         want = converted(*x)
+    return got, want, converted
+
+
+def _htp_vs_qdq_in_steps(masked: bool, quant_dtype) -> tuple[float, float]:
+    """(max |HTP - q/dq| in steps of the output's encoding, as a fraction of the output's
+    scale) of `_MaskedSoftmax`, quantized by QnnQuantizer and lowered by executorch's flow."""
+    g = torch.Generator().manual_seed(0)
+    x = (_cosines(g),)
+    got, want, converted = _htp_and_qdq(_MaskedSoftmax(masked), x, [_cosines(g) for _ in range(2)], quant_dtype)
     step = float(next(n for n in reversed(converted.graph.nodes) if "dequantize" in str(n.target)).args[1])
     diff = float((got - want).abs().max())
     return diff / step, diff / float(want.abs().max())
@@ -149,25 +160,13 @@ class _CausalMaskedSoftmax(nn.Module):
 def _htp_vs_qdq_16a4w(module: nn.Module) -> tuple[float, float]:
     """(max |HTP - q/dq| as a fraction of max |q/dq|, the scale of the softmax input's encoding)
     of `module` on a 1x8x64x64 input, quantized 16a4w by QnnQuantizer, lowered by executorch."""
-    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
-    from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from executorch.backends.qualcomm.quantizer.quantizer import QuantDtype
 
-    qnn.load_qnn_sdk()
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(1, 8, 64, 64, generator=g),)
-    quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=SOC)
-    quantizer.set_default_quant_config(QuantDtype.use_16a4w, is_linear_per_channel=True)
-    prepared = prepare_pt2e(torch.export.export(module.eval(), x, strict=False).module(), quantizer)
-    with torch.no_grad():
-        for _ in range(2):
-            prepared(torch.randn(1, 8, 64, 64, generator=g))
-        prepared(*x)
-    converted = convert_pt2e(prepared)
-    specs = generate_qnn_executorch_compiler_spec(SOC, generate_htp_compiler_spec(use_fp16=False))
-    (got,) = qnn.run_pte(to_edge_transform_and_lower_to_qnn(converted, x, specs).to_executorch().buffer, x)
-    with torch.no_grad():
-        want = converted(*x)
+    calibration = [torch.randn(1, 8, 64, 64, generator=g) for _ in range(2)]
+    got, want, converted = _htp_and_qdq(module, x, calibration, QuantDtype.use_16a4w, {"strict": False},
+                                        is_linear_per_channel=True)
     softmax_input = next(n for n in converted.graph.nodes if "softmax" in str(n.target)).args[0]
     return float((got - want).abs().max() / want.abs().max()), float(softmax_input.args[1])
 
