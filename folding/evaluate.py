@@ -15,7 +15,8 @@ import torch.fx
 from torch.fx.node import map_arg
 
 from .torch_internals import is_cow_tensor, lazy_clone
-from .ops import OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata
+from .ops import (OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata,
+                  writes_only_its_outputs)
 from .reasons import Reason
 from .layout import owned_canonical
 from .sizes import storage_pointers
@@ -259,7 +260,9 @@ class _WriteGuard:
     """Hands an op copy-on-write clones (`torch_internals.lazy_clone`) of the inputs it is not
     known to write to or alias, so an undeclared write can neither reach the caller's tensors
     nor go unnoticed: a kernel that writes materialises its clone (even one that, like
-    ``batch_norm``'s, writes through the data pointer without bumping the version counter)."""
+    ``batch_norm``'s, writes through the data pointer without bumping the version counter).
+    An op whose kernel is known to write only its results (`ops.writes_only_its_outputs`:
+    ATen's pointwise and view_copy ops) gets its inputs as they are."""
 
     def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:
         self.node = node
@@ -270,6 +273,8 @@ class _WriteGuard:
         self.clones: list[tuple[torch.fx.Node, torch.Tensor]] = []
 
     def wrap(self, lookup: Callable[[torch.fx.Node], object]) -> Callable[[torch.fx.Node], object]:
+        if writes_only_its_outputs(self.node.target):
+            return lookup
         written_storages: Optional[set[int]] = None
 
         def guarded(n: torch.fx.Node) -> object:

@@ -180,6 +180,21 @@ _UNDECLARED_WRITES: dict[str, tuple[int, tuple[int, ...]]] = {
 }
 
 
+@_cached
+def writes_only_its_outputs(target: Any) -> bool:
+    """True for the ATen ops whose kernels are known to write nothing but their results: the
+    elementwise ops torch tags ``pointwise`` (TensorIterator kernels) and the ``view_copy`` ops
+    (a view, then a copy of it), when their schema marks no argument written. Evaluation hands
+    them their inputs as they are instead of copy-on-write clones (`evaluate._WriteGuard`).
+    `tests/test_real_programs.py` runs every such op of ``torch.ops.aten`` on copy-on-write
+    inputs and checks that none is written."""
+    overload = aten_overload(target)
+    if overload is None or not packet_name(target).startswith("aten.") or packet_name(target) in _UNDECLARED_WRITES:
+        return False
+    tags = overload.tags
+    return (torch.Tag.pointwise in tags or torch.Tag.view_copy in tags) and not mutated_arg_positions(target)
+
+
 def arg_at(node, position: int) -> Any:
     """The argument at schema `position` of `node`, positional or keyword (None when absent)."""
     if position < len(node.args):
