@@ -212,14 +212,15 @@ def choose_cuts(
     Returns the ops that stay at runtime with their reason.
     """
     # The fewest-runtime-ops plan is unique (store every value that fits, nearest the sinks);
-    # the full front is only needed for regions that grow, and only when the budget binds.
+    # the full fronts are only needed when the budget binds. Then every region's is: one that
+    # already shrinks may shrink further (drop a placeholder its fewest-ops plan keeps), and
+    # that may be the only way to meet a budget below zero (a budget cut after a miss).
     fronts = [[fewest_ops_plan(r, sizes, placeholder_bytes, canon, storable)] for r in regions]
     choice = [0] * len(regions)
     total = sum(f[0].growth for f in fronts)
     if budget is not None and total > budget:
-        for i, r in enumerate(regions):
-            if fronts[i][0].growth > 0:
-                fronts[i] = pareto_front(r, sizes, placeholder_bytes, canon, storable)
+        fronts = [pareto_front(r, sizes, placeholder_bytes, canon, storable) for r in regions]
+        total = sum(f[0].growth for f in fronts)
         heap = []
         for i, f in enumerate(fronts):
             _push_step(heap, i, f, 0)

@@ -29,7 +29,7 @@ from folding.sizes import STORED_KINDS, aligned, stored_constant_bytes
 from tests.fold_checks import assert_close_all, constant_only_ops, decision, export, fold, run_stages
 from tests.invariants import (assert_bytes_within_lowering, assert_valid_program, lower_portable, lower_pte, outputs,
                               pte_constant_bytes, run_pte)
-from tests.programs import chain_graph, every_plan, fx_op, regions
+from tests.programs import chain_graph, every_plan, fx_op, region_graph, regions
 
 
 # 1. On a hand-built graph: what is evaluated, stored and released -----------------------------
@@ -263,6 +263,24 @@ def test_choose_cuts_meets_any_budget_the_regions_can_meet(cases, budget):
         assert growth <= budget
     assert len(unbounded) <= len(runtime)  # a budget never buys fewer runtime ops
     assert all(reason is Reason.GROWTH_BUDGET for reason, _ in runtime.values())
+
+
+@pytest.mark.parametrize("budget", [-16, -1])
+def test_a_budget_below_what_the_fewest_ops_plan_stores_takes_a_region_that_shrinks_further(budget):
+    """Found by the property above (shrunk): ``op1 = f(op0)``, ``op0 = f(w0)``, only op1 read
+    at runtime. Storing op1 (16 bytes, replacing w0's 16) grows nothing; storing op0 (0 bytes)
+    and running op1 shrinks by 16. A budget below zero (one cut after a miss) needs the second,
+    although the first does not grow: every region's front is searched once the budget binds."""
+    from folding.cuts import find_regions
+
+    _, (w0,), (op0, op1) = region_graph([(0, 0), (1, 1)], {1}, 1, set())
+    regions = find_regions([op0, op1], {op0, op1}.__contains__, {w0}, {w0: 16}, fixed=set())
+    sizes, storable = {op0: 0, op1: 16}, {op0, op1}
+    runtime = choose_cuts(regions, sizes, {w0: 16}, {}, None, budget, storable)
+    assert set(runtime) == {op1}
+    plan = evaluate_cut(regions[0], frozenset({op0}), sizes, {w0: 16}, {})
+    assert plan.growth == -16 <= budget
+    assert choose_cuts(regions, sizes, {w0: 16}, {}, None, 0, storable) == {}  # within budget: fewest ops
 
 
 # --- random regions against an oracle written from the definition -------------------------
