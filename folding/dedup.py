@@ -22,6 +22,7 @@ programs, so the decision reads as few bytes as it can:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import contextvars
 import functools
 import hashlib
@@ -223,7 +224,8 @@ def _view_key(p: torch.Tensor) -> tuple:
     """Equal for two tensors that read the same bytes of one storage in the same order."""
     if p.device.type == "meta":
         return ("meta", id(p))
-    return (p.device, p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), p.stride(), p.dtype)
+    # the address of its first element: storage and offset in one (no storage object made)
+    return (p.device, p.data_ptr(), p.shape, p.stride(), p.dtype)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -234,26 +236,21 @@ def _positions(n: int) -> np.ndarray:
     return positions
 
 
-# Dtypes a tensor of which can be viewed as bytes (``Tensor.view(torch.uint8)``).
-_VIEWABLE = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-                       torch.int16, torch.int8, torch.uint8, torch.bool})
-
-
 def _sampled_bytes(p: torch.Tensor) -> bytes:
     """`_SAMPLES` bytes of `p`'s row-major bytes at evenly spaced positions (all of them when
     `p` is smaller), read in place from its storage for a strided CPU tensor."""
     n = p.nbytes
     if n == 0:
         return b""
-    positions = _positions(n)
     size = p.element_size()
     plain = (p.device.type == "cpu" and p.layout == torch.strided and not p.is_conj() and not p.is_neg()
              and p.numel() * size == n)
+    contiguous = plain and p.is_contiguous()
+    if contiguous and n <= _SAMPLES:  # all its bytes, row-major from its first element's address
+        return ctypes.string_at(p.data_ptr(), n)
+    positions = _positions(n)
     if not plain:
         return np.frombuffer(raw_bytes(p), dtype=np.uint8)[positions].tobytes()
-    contiguous = p.is_contiguous()
-    if contiguous and n <= _SAMPLES and p.dtype in _VIEWABLE:  # all its bytes, read in place
-        return p.reshape(-1).view(torch.uint8).numpy().tobytes()
     storage = torch.empty(0, dtype=torch.uint8).set_(p.untyped_storage()).numpy()
     if contiguous:  # row-major bytes are the storage's, from the tensor's offset
         return storage[p.storage_offset() * size + positions].tobytes()

@@ -14,6 +14,7 @@ A stored tensor therefore has exactly the strides ``torch.empty(shape)`` would h
 
 from __future__ import annotations
 
+import functools
 from typing import Container
 
 import torch
@@ -26,7 +27,17 @@ from .torch_internals import make_contiguous_strides_for
 
 def has_canonical_layout(t: torch.Tensor) -> bool:
     """True when `t`'s strides are exactly the contiguous strides of its shape."""
-    return tuple(t.stride()) == tuple(make_contiguous_strides_for(t.shape))
+    shape = tuple(t.shape)
+    try:
+        return t.stride() == _contiguous_strides(shape)
+    except TypeError:  # a symbolic size: not hashable
+        return tuple(t.stride()) == tuple(make_contiguous_strides_for(shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides ``torch.empty(shape)`` has (a program has few distinct static shapes)."""
+    return tuple(make_contiguous_strides_for(shape))
 
 
 def owned_canonical(t: torch.Tensor, foreign_storages: Container[int] = ()) -> torch.Tensor:

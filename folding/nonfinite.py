@@ -9,6 +9,8 @@ Such values are not scanned. Each other tensor is scanned at most once per fold.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.fx
 
@@ -46,19 +48,22 @@ def rearranges_elements(node: torch.fx.Node) -> bool:
     the ``_copy`` variant of one (``torch.Tag.view_copy``: Edge's ``permute_copy``), or a
     ``clone`` (ATen, and Edge's ``dim_order_ops._clone_dim_order``). A view that changes the
     dtype (``view.dtype`` reinterprets bits) does not count."""
-    if node.op != "call_function":
-        return False
-    overload = aten_overload(node.target)
-    if overload is None:
-        return False
-    schema = schema_of(overload)
-    is_view = any(r.alias_info is not None for r in schema.returns)
-    if not (is_view or torch.Tag.view_copy in overload.tags or is_clone(overload)):
+    if node.op != "call_function" or not _rearranging_op(node.target):
         return False
     out = node.meta.get("val")
     inputs = [i.meta.get("val") for i in node.all_input_nodes]
     return isinstance(out, torch.Tensor) and all(
         isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in inputs)
+
+
+@functools.cache
+def _rearranging_op(target) -> bool:
+    """A view op, the ``_copy`` variant of one, or a clone (see `rearranges_elements`)."""
+    overload = aten_overload(target)
+    if overload is None:
+        return False
+    is_view = any(r.alias_info is not None for r in schema_of(overload).returns)
+    return is_view or torch.Tag.view_copy in overload.tags or is_clone(overload)
 
 
 class NonfiniteScan:
