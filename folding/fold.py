@@ -192,6 +192,10 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                     placeholder_bytes = placeholder_savings(gm.graph, program)
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
+            if working.shares_base and analysis.mutators:  # an in-place op: decided before any work
+                prepare, working = prepare.copying(), None
+                attempt.discard()
+                continue
             with timer.phase("planning"):
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
@@ -213,7 +217,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 folded, kept_constant_only = folded_and_kept(plan, evaluation)
                 nonfinite = NonfiniteScan()
                 placement = place(program, folded, evaluation.values, analysis.is_constant, kept_constant_only, nonfinite)
-                if _undoable_only_on_a_copy(working, analysis, placement, constraints, budget, bytes_before):
+                if _undoable_only_on_a_copy(working, placement, constraints, budget, bytes_before):
                     prepare, working = prepare.copying(), None
                     attempt.discard()
                     continue
@@ -231,16 +235,14 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     return _Round(new_program, report, working)
 
 
-def _undoable_only_on_a_copy(working: Working, analysis, placement, constraints: Constraints,
+def _undoable_only_on_a_copy(working: Working, placement, constraints: Constraints,
                              budget, bytes_before: int) -> bool:
     """An attempt on the caller's own graph (`Working.shares_base`) that something could still
-    discard after `lift` (an in-place op in the graph, or a growth bound over the budget: first
-    with nothing dropped, then with what `lift` drops) is redone on a copy (docs/design.md,
-    invariant 7)."""
+    discard after `lift` (a growth bound over the budget: first with nothing dropped, then with
+    what `lift` drops) is redone on a copy (docs/design.md, invariant 7). One with an in-place
+    op in the graph moved to a copy right after its analysis, before any evaluation."""
     if not working.shares_base:
         return False
-    if analysis.mutators:
-        return True
     if constraints.fits(budget, bytes_before, bytes_before + placement.added_bytes_bound()):
         return False  # the quick bound: nothing dropped, nothing shared
     return not constraints.fits(budget, bytes_before, placement.stored_bytes_bound(working.program))

@@ -6,6 +6,7 @@ These count work instead of timing it; the timings are in `python -m benchmarks.
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import pytest
@@ -270,3 +271,32 @@ def test_phase_timings_add_up_to_the_total(module, shape, rerun):
     assert ("reruns" in phases) is rerun
     # the phases cover the whole call: only a few statements between them are not timed
     assert abs(sum(phases.values()) - timings["total"]) <= 0.05 * timings["total"] + 0.002
+
+
+class InPlaceOnAConstant(nn.Module):
+    """An in-place op left in the exported graph on a constant value (T5's position bias has
+    one: ``add_`` of the mask): an in-place fold must work on a copy of the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        bias = self.w.t() * 2.0
+        bias.add_(torch.ones(4, 4))
+        return x + bias
+
+
+def test_an_in_place_op_moves_the_in_place_fold_to_a_copy_before_anything_is_evaluated():
+    """The in-place op is known once the graph is analysed: the attempt on the caller's own
+    graph stops there (one evaluation in all, on the copy), and the result is the copying fold's."""
+    x = torch.randn(4, 4)
+    ep = torch.export.export(InPlaceOnAConstant().eval(), (x,))
+    assert any(n.target is torch.ops.aten.add_.Tensor for n in ep.graph.nodes)  # the premise
+    kept = fold_constants(ep)
+    shared = copy.deepcopy(ep)
+    evaluations = _count_calls(lambda: fold_constants(shared, inplace=True),
+                               lambda code: code.co_name == "evaluate" and code.co_filename.endswith("folding/evaluate.py"))
+    assert evaluations == 1
+    assert [n.name for n in shared.graph.nodes] == [n.name for n in kept.program.graph.nodes]
+    assert_close_all(ep.module()(x), shared.module()(x), relative=True, min_scale=0.1)
