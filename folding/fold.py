@@ -185,11 +185,8 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
         with timer.attempt() as attempt:
             count("attempts")
             if working is None:  # the first attempt, or the last one's graph was lifted
-                working = prepare()
+                working, placeholder_bytes = _prepared(prepare, constraints, timer)
                 program, gm = working.program, working.program.graph_module
-                constraints.rebound(gm.graph)
-                with timer.phase("bytes"):
-                    placeholder_bytes = placeholder_savings(gm.graph, program)
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
             if working.shares_base and analysis.mutators:  # an in-place op: decided before any work
@@ -233,6 +230,15 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
     return _Round(new_program, report, working)
+
+
+def _prepared(prepare: Preparation, constraints: Constraints, timer: PhaseTimer) -> tuple[Working, dict]:
+    """A new working program, the constraints rebound to its nodes, and what dropping each of
+    its constant placeholders saves (`dedup.placeholder_savings`)."""
+    working = prepare()
+    constraints.rebound(working.program.graph)
+    with timer.phase("bytes"):
+        return working, placeholder_savings(working.program.graph, working.program)
 
 
 def _undoable_only_on_a_copy(working: Working, placement, constraints: Constraints,
