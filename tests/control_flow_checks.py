@@ -1,8 +1,9 @@
 """Checks shared by the control-flow tests (tests/test_control_flow.py, test_operands, test_bodies,
-test_inline, test_leftovers, test_lowerable, test_multi_output, test_symbols, test_fuzz): fold
-with the caller-unchanged and refold invariants, record which branch of each ``cond`` the inputs
-take, compare a folded control-flow program with eager and as a .pte, and check that a program
-that lowers unfolded lowers folded (`assert_lowers_folded_as_unfolded`)."""
+test_inline, test_leftovers, test_lowerable, test_multi_output, test_symbols,
+test_fuzz_control_flow_campaign): fold with the caller-unchanged and refold invariants, record
+which branch of each ``cond`` the inputs take, compare a folded control-flow program with eager
+and as a .pte, and check that a program that lowers unfolded lowers folded
+(`assert_lowers_folded_as_unfolded`)."""
 
 from __future__ import annotations
 

@@ -160,15 +160,36 @@ class BufferReturnedTwice(nn.Module):
         return F.linear(x, self.w, self.b.exp()), self.w, self.w
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=["default", "strict"])
-@pytest.mark.parametrize(
-    "make, x",
-    [(LinearBiasReturned, torch.randn(2, 2)), (ConvWeightReturned, torch.randn(1, 3, 8)),
-     (LinearBiasReturnedAsItsEqual, torch.randn(2, 2)), (BufferReturnedTwice, torch.randn(2, 2))],
-    ids=["linear_bias", "conv1d_weight", "stored_as_its_equal", "buffer_twice"],
-)
+RETURNED = {"linear_bias": (LinearBiasReturned, torch.randn(2, 2)),
+            "conv1d_weight": (ConvWeightReturned, torch.randn(1, 3, 8)),
+            "stored_as_its_equal": (LinearBiasReturnedAsItsEqual, torch.randn(2, 2)),
+            "buffer_twice": (BufferReturnedTwice, torch.randn(2, 2))}
+# The strict policy (no growth) folds these three to the very program the default policy does
+# (each folded value replaces the stored tensor it reads): slow tier. It keeps
+# stored_as_its_equal's ``p * 1.0`` at runtime (growth), another program, in the default tier.
+STRICT_FOLDS_THE_SAME = {"linear_bias", "conv1d_weight", "buffer_twice"}
+
+
+@pytest.mark.parametrize("make, x, policy", [
+    pytest.param(*RETURNED[name], policy, id=f"{name}-{policy_id}",
+                 marks=pytest.mark.slow if policy_id == "strict" and name in STRICT_FOLDS_THE_SAME else ())
+    for policy, policy_id in zip(POLICIES, ["default", "strict"]) for name in RETURNED])
 def test_a_returned_parameter_read_by_a_folded_op_still_lowers_with_xnnpack(make, x, policy):
     assert_lowers_folded_as_unfolded(make(), [(x,)], policy=policy)
+
+
+def test_the_strict_policy_folds_the_slow_tiers_returned_parameter_programs_as_the_default_does():
+    """What lets their strict lowering run in the slow tier only: the same graph, signature and
+    stored values under either policy."""
+    for name in sorted(STRICT_FOLDS_THE_SAME):
+        make, x = RETURNED[name]
+        ep = export(make().eval(), (x,))
+        default, strict = (fold_checked(copy.deepcopy(ep), policy).program for policy in POLICIES)
+        assert default.graph_module.code == strict.graph_module.code, name
+        assert str(default.graph_signature) == str(strict.graph_signature), name
+        stored = [{**p.state_dict, **p.constants} for p in (default, strict)]
+        assert stored[0].keys() == stored[1].keys(), name
+        assert all(torch.equal(stored[0][k], stored[1][k]) for k in stored[0]), name
 
 
 class WrittenBufferReturned(nn.Module):

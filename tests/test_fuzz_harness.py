@@ -1,94 +1,23 @@
-"""The differential fuzzer (tests/fuzz): fixed-seed campaign, plus tests of its parts."""
+"""The differential fuzzer's own parts (tests/fuzz): the generators (the control-flow one's
+families and branches in the slow tier), the checks catching folds that are wrong in each way a
+check looks for, what excuses XNNPACK, the reproducer scripts, shrinking, and a campaign's
+summary when it is stopped."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 import folding
-from tests.fuzz import Config, GenConfig, Options, check, generate, reproducer, shrink
+from tests.fuzz import Config, Options, check, generate, reproducer, shrink
 from tests.fuzz.campaign import run
 from tests.fuzz.check import new_leftovers
 from tests.fuzz.control_flow import FAMILIES as CONTROL_FLOW_FAMILIES
 from tests.fuzz.generate import CONTROL_FLOW
 from tests.fuzz.program import Op, PolicySpec, Program, execute, export_source, module_source
-
-# Fixed seeds: every generated program is folded as an ATen program; a few are quantized, fold
-# their Edge program too, or lower to .pte (to_edge, PT2E and lowering cost seconds per case, so
-# those stay a small fraction here; `python -m tests.fuzz` runs more). The default tier runs 60
-# cases (about 20 s on the idle 2-core machine); the slow tier (`-m slow`, CI) 300 more on
-# other seeds.
-CI = Config(n=60, seed=2026, edge_fraction=0.04, pte_fraction=0.03, shrink_time=30.0,
-            gen=GenConfig(quantize_fraction=0.03))
-CI_SLOW = dataclasses.replace(CI, n=300, seed=3026)
-
-
-@pytest.mark.parametrize("config", [CI, pytest.param(CI_SLOW, marks=pytest.mark.slow)], ids=["default", "slow"])
-def test_fixed_seed_campaign_finds_no_failure(config):
-    start = time.perf_counter()
-    summary = run(config)
-    elapsed = time.perf_counter() - start
-    print(summary.text())
-    assert summary.cases == config.n
-    assert summary.ok + summary.discarded + summary.failed == config.n
-    assert summary.discarded < config.n * 0.2, summary.discard_reasons  # the generator makes exportable programs
-    print(f"{config.n} cases in {elapsed:.0f} s")
-    assert not summary.failures, summary.text()
-
-
-# Control-flow cases (cond with runtime and constant predicates, nested conds, map, scan,
-# while_loop, no_grad and autocast regions, mixed with the other families), each also checked
-# on its flipped inputs (the other branch of every runtime cond): 10 in the default tier, 80
-# more on other seeds in the slow tier.
-CONTROL_FLOW_CI = Config(n=10, seed=2027, edge_fraction=0.1, pte_fraction=0.05, shrink_time=30.0, gen=CONTROL_FLOW)
-CONTROL_FLOW_CI_SLOW = dataclasses.replace(CONTROL_FLOW_CI, n=80, seed=3027)
-
-
-@pytest.mark.parametrize("config", [CONTROL_FLOW_CI, pytest.param(CONTROL_FLOW_CI_SLOW, marks=pytest.mark.slow)],
-                         ids=["default", "slow"])
-def test_fixed_seed_control_flow_campaign_finds_no_failure(config):
-    summary = run(config)
-    print(summary.text())
-    assert summary.cases == config.n
-    assert summary.discarded < config.n * 0.15, summary.discard_reasons
-    assert not summary.failures, summary.text()
-
-
-@pytest.mark.slow
-def test_control_flow_programs_hold_every_family_and_take_both_branches():
-    """The generator makes each control-flow family, and a cond whose predicate reads the
-    inputs takes one branch on the example inputs and the other on the flipped ones (slow tier:
-    40 programs exported; the default tier's campaign checks each case on both branches)."""
-    from tests.control_flow_checks import BranchRecorder
-    from tests.fold_checks import depends_on_user_input
-
-    seen_families, runtime_conds = set(), 0
-    for seed in range(40):
-        program = generate(CONTROL_FLOW_CI.seed * 1_000_003 + seed, CONTROL_FLOW)
-        seen_families |= {op.family for op in program.ops}
-        if not any(op.family == "cond" for op in program.ops):
-            continue
-        ns = execute(module_source(program))
-        try:
-            execute("import copy\n" + export_source(program), ns)
-        except Exception:
-            continue  # an export failure is a discard, not a case
-        taken: dict[str, set] = {}
-        with torch.no_grad():
-            for flip in (False, True):
-                BranchRecorder(ns["ep"].module(), taken).run(*ns["make_inputs"](3, flip))
-        depends = depends_on_user_input(ns["ep"])
-        for node in ns["ep"].graph.nodes:
-            if node.target is torch.ops.higher_order.cond and depends[node.args[0]]:
-                runtime_conds += 1
-                assert taken[node.name] == {True, False}, (program.seed, node.name, taken[node.name])
-    assert set(CONTROL_FLOW_FAMILIES) <= seen_families, set(CONTROL_FLOW_FAMILIES) - seen_families
-    assert runtime_conds >= 5
 
 
 def test_dead_leftovers_are_caught():
@@ -104,60 +33,6 @@ def test_dead_leftovers_are_caught():
         folded.graph.get_attr("left_behind")
     problem = new_leftovers(ep, folded)
     assert problem and "get_attr left_behind" in problem, problem
-
-
-# Campaign cases that found folding bugs (docs/fuzzing.md): each must now pass every ATen check.
-# 11000385: randn_like of a permuted constant (layout observed); 13001881: a view kept for a
-# random op, updated in place, whose base was folded (the update wrote the stored constant).
-FOUND = [11000385, 13001881, 8001662]
-
-
-@pytest.mark.parametrize("seed", FOUND)
-def test_cases_that_found_bugs_pass(seed):
-    outcome = check(generate(seed), Options())
-    assert outcome.status == "ok", (outcome.kind, outcome.message)
-
-
-# Control-flow campaign cases that found folding bugs: 26000094, a no_grad region's output
-# written in place by a runtime op (the region call folded, its getitem kept: KeyError in lift);
-# 27000333, a region folded again after a pin stood for a glue getitem (a decision named None);
-# 29000135, a scan given one stored tensor as its carry and as a closure value (alias refused).
-CONTROL_FLOW_FOUND = [26000094, 27000333, 29000135, 32000380]
-
-
-@pytest.mark.parametrize("seed", CONTROL_FLOW_FOUND)
-def test_control_flow_cases_that_found_bugs_pass(seed):
-    outcome = check(generate(seed, CONTROL_FLOW), Options(pte=True))
-    assert outcome.status == "ok", (outcome.kind, outcome.message)
-
-
-def test_control_flow_case_whose_pte_executorch_got_wrong_passes():
-    """Control-flow campaign seed 11, case 11000257 (`python -m tests.fuzz --control-flow --case
-    11000257`): its folded portable .pte returned another cond's value, executorch issue 21490
-    (`tests/test_executorch_upstream.py`); every .pte is now lowered with that worked around."""
-    outcome = check(generate(11000257, CONTROL_FLOW), Options(pte=True))
-    assert outcome.status == "ok", (outcome.kind, outcome.message)
-
-
-def test_control_flow_case_whose_xnnpack_pte_left_a_cond_output_to_the_next_cond_passes():
-    """Control-flow campaign seed 26, case 26000182: XNNPACK's delegation left the first cond's
-    getitem after the second cond, past the copy that works around executorch issue 21490; the
-    copy now moves each getitem right after its call (`tests.lowering.CopyControlFlowOutputs`)."""
-    outcome = check(generate(26000182, CONTROL_FLOW), Options(pte=True))
-    assert outcome.status == "ok", (outcome.kind, outcome.message)
-
-
-@pytest.mark.parametrize("seed", [23000074, 23000294])
-def test_control_flow_cases_where_inlining_handed_xnnpack_its_own_faults_pass(seed):
-    """Control-flow campaign seed 23 (`python -m tests.fuzz --control-flow --case SEED`): inlining a
-    constant-predicate cond gave XNNPACK code the unfolded program ran on portable kernels in the
-    branch. 23000074: ``sqrt`` of an inf (from a ``-inf`` mask added into a buffer) is NaN on
-    XNNPACK; 23000294: a value returned through two clones fails XNNPACK's preprocess. Both are
-    XNNPACK's, without folding (`tests/test_executorch_upstream.py`)."""
-    outcome = check(generate(seed, CONTROL_FLOW), Options(pte=True))
-    assert outcome.status == "ok", (outcome.kind, outcome.message)
-    if seed == 23000074:
-        assert any("aten.sqrt.default reads a non-finite value" in n for n in outcome.notes), outcome.notes
 
 
 class _Masked(torch.nn.Module):
@@ -192,6 +67,43 @@ def test_generation_is_deterministic_and_in_range():
     families = {op.family for seed in range(60) for op in generate(seed).ops}
     assert {"elementwise", "cast", "view", "index", "norm", "conv", "inplace", "factory", "mutation",
             "random"} <= families
+
+
+# The seed of the default tier's control-flow campaign (tests/test_fuzz_control_flow_campaign.py):
+# the test below looks at the first 40 programs of that campaign's seed.
+CONTROL_FLOW_SEED = 2027
+
+
+@pytest.mark.slow
+def test_control_flow_programs_hold_every_family_and_take_both_branches():
+    """The generator makes each control-flow family, and a cond whose predicate reads the
+    inputs takes one branch on the example inputs and the other on the flipped ones (slow tier:
+    40 programs exported; the default tier's campaign checks each case on both branches)."""
+    from tests.control_flow_checks import BranchRecorder
+    from tests.fold_checks import depends_on_user_input
+
+    seen_families, runtime_conds = set(), 0
+    for seed in range(40):
+        program = generate(CONTROL_FLOW_SEED * 1_000_003 + seed, CONTROL_FLOW)
+        seen_families |= {op.family for op in program.ops}
+        if not any(op.family == "cond" for op in program.ops):
+            continue
+        ns = execute(module_source(program))
+        try:
+            execute("import copy\n" + export_source(program), ns)
+        except Exception:
+            continue  # an export failure is a discard, not a case
+        taken: dict[str, set] = {}
+        with torch.no_grad():
+            for flip in (False, True):
+                BranchRecorder(ns["ep"].module(), taken).run(*ns["make_inputs"](3, flip))
+        depends = depends_on_user_input(ns["ep"])
+        for node in ns["ep"].graph.nodes:
+            if node.target is torch.ops.higher_order.cond and depends[node.args[0]]:
+                runtime_conds += 1
+                assert taken[node.name] == {True, False}, (program.seed, node.name, taken[node.name])
+    assert set(CONTROL_FLOW_FAMILIES) <= seen_families, set(CONTROL_FLOW_FAMILIES) - seen_families
+    assert runtime_conds >= 5
 
 
 def _inplace_fold(ep, policy, inplace=False):
