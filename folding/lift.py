@@ -248,6 +248,10 @@ def _lifted_rows(placement: Placement, specs: dict, state_dict: dict, constants:
                  nonfinite: NonfiniteScan) -> list[LiftedConstant]:
     """The report rows of the new constants (private copies have theirs from `place`), then of
     the stored placeholders reused."""
+    computed = [c for c in placement.new_constants if c.computed and not c.private]
+    nonfinite.scan_many([(c.value, (c.source,)) for c in computed]
+                        + [(stored_tensor(specs[p.name], state_dict, constants), tuple(nodes))
+                           for p, nodes in placement.reused.items()])
     rows = []
     for c in placement.new_constants:
         if not c.private:

@@ -4,12 +4,14 @@ A folded ``log(0)`` or ``x / 0`` is usually a bug in the model, so the report na
 that only rearranges stored data (Edge's ``permute_copy`` of every ``linear`` weight, a
 ``view``, ``clone``, ``expand``) holds a NaN only where the weights already held one: the fold
 computed nothing there, and scanning it would read every weight byte of a large model once more.
-Such values are not scanned. Each other tensor is scanned at most once per fold.
+Such values are not scanned. Each other tensor is scanned at most once per fold, and the small
+ones of a fold together (`NonfiniteScan.scan_many`): one ``isfinite`` over them all per dtype.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 
 import torch
 import torch.fx
@@ -75,6 +77,33 @@ class NonfiniteScan:
     def __init__(self) -> None:
         self._scanned: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor kept alive, result)
         self._moves_stored: dict[torch.fx.Node, bool] = {}
+        self.batches = 0  # batches `scan_many` read
+
+    def scan_many(self, values: list[tuple[torch.Tensor, tuple[torch.fx.Node, ...]]]) -> None:
+        """Scan ahead the tensors of `values` (tensor, its sources) that later calls will ask
+        about: the small floating-point CPU tensors of one dtype (at most `_SMALL` elements)
+        are read together, concatenated, by one ``isfinite``; a batch that holds no NaN or Inf
+        answers for each of its tensors (the common case: one kernel call instead of two per
+        tensor), a batch that holds one leaves its tensors to be scanned one by one. Values
+        that only move stored data are not read."""
+        batches: dict[torch.dtype, dict[int, torch.Tensor]] = defaultdict(dict)
+        for t, sources in values:
+            if (id(t) in self._scanned or is_subclass(t) or not t.dtype.is_floating_point
+                    or t.device.type != "cpu" or not 0 < t.numel() <= _SMALL):
+                continue
+            if sources and all(self.moves_stored_data(s) for s in sources):
+                continue
+            batches[t.dtype][id(t)] = t
+        for batch in batches.values():
+            if len(batch) < 2:
+                continue
+            try:
+                finite = bool(torch.isfinite(torch.cat([t.reshape(-1) for t in batch.values()])).all())
+            except (RuntimeError, NotImplementedError):  # float8 and other dtypes without cat/isfinite
+                continue
+            if finite:
+                self._scanned.update((i, (t, False)) for i, t in batch.items())
+            self.batches += 1
 
     @property
     def scanned(self) -> int:

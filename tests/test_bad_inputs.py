@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -174,6 +175,34 @@ def test_nonfinite_scan_reads_each_tensor_once_and_moved_data_never():
     value = weight.log()
     assert scan(value, log) and scan(value, log) and scan(value) and scan.scanned == 1
     assert not scan(torch.ones(3)) and scan.scanned == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32]),
+                          st.integers(1, 40), st.sampled_from([None, "nan", "inf", "-inf"])),
+                min_size=1, max_size=12),
+       st.integers(0, 2**31 - 1))
+def test_nonfinite_scan_of_many_small_tensors_answers_like_one_by_one(specs, seed):
+    """`NonfiniteScan.scan_many` reads the small tensors of a dtype together; what it answers
+    for each tensor is what scanning it alone answers (`holds_nonfinite`), wherever the NaN or
+    Inf sits, and a batch without one is read by a single kernel call."""
+    from folding.nonfinite import NonfiniteScan, holds_nonfinite
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for dtype, n, bad in specs:
+        t = (torch.randn(n, generator=gen) * 100).to(dtype)
+        if bad is not None and dtype.is_floating_point:
+            t[int(torch.randint(n, (1,), generator=gen))] = float(bad)
+        tensors.append(t.reshape(1, n).t() if n % 2 else t)  # some non-contiguous
+    scan = NonfiniteScan()
+    scan.scan_many([(t, ()) for t in tensors])
+    assert [scan(t) for t in tensors] == [holds_nonfinite(t) for t in tensors]
+    clean = {}
+    for t in tensors:
+        if t.dtype.is_floating_point:
+            clean.setdefault(t.dtype, []).append(not holds_nonfinite(t))
+    assert scan.batches == sum(len(c) >= 2 for c in clean.values())
 
 
 def test_saved_and_reloaded_program_with_shared_buffers(tmp_path):
