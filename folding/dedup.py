@@ -7,13 +7,15 @@ buffers by the SHA-256 of their bytes, whatever their dtype or shape
 Deciding that by hashing every weight costs more than the rest of a fold on weight-heavy
 programs, so the decision reads as few bytes as it can:
 
-1. tensors that view one storage the same way (data pointer, offset, shape, strides, dtype)
-   are identical without reading them;
+0. a tensor's class is decided once per fold (`fold_scope`) and version: every later index
+   of the fold that meets it (bytes before and after, placeholder savings, reuse) looks it up;
+1. tensors that view one storage the same way (data pointer, offset, shape, strides, dtype,
+   version) are identical without reading them;
 2. tensors of different byte lengths cannot be identical;
 3. among the rest, a fingerprint of a few sampled bytes (all of them for small tensors)
    separates tensors that differ;
 4. only tensors whose fingerprints collide are read whole: compared byte for byte with the
-   first tensor of each group they collide with while there are at most `_COMPARED_GROUPS`
+   a live tensor of each class they collide with while there are at most `_COMPARED_GROUPS`
    (a comparison reads bytes about 8x faster than a digest hashes them), digested beyond
    that, each at most once per fold (`fold_scope`), so that many colliding groups cost one
    digest per tensor rather than a comparison per pair.
@@ -57,35 +59,84 @@ class _Entry:
     version: Optional[int]
     fingerprint: Optional[tuple] = None
     digest: Optional[bytes] = None
+    content: Optional[int] = None  # its content class in the memo
 
 
 class _Memo:
-    """Fingerprints and digests of tensors, keyed by identity. Entries hold weak references
-    (a memo never keeps an intermediate alive) and the tensor's version counter (an in-place
-    write invalidates them)."""
+    """What a fold learnt of its tensors' bytes, keyed by identity: fingerprints, digests, and
+    each tensor's content class (tensors of one class hold identical bytes), decided once per
+    tensor and version however many indexes meet it (the byte counts before and after a fold,
+    the placeholder savings and the reuse of a stored tensor all group the same stored
+    tensors). Entries hold weak references (a memo never keeps an intermediate alive) and the
+    tensor's version counter (an in-place write invalidates them)."""
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
         # (id, version) of two tensors compared -> (weak references, same bytes)
         self._compared: dict[tuple, tuple[weakref.ref, weakref.ref, bool]] = {}
-        # (id, version) of each tensor of a sequence -> (weak references, first of each content)
-        self._firsts: dict[tuple, tuple[list[weakref.ref], list[int]]] = {}
+        # view key (`_view_key`) -> (content class, weak reference to the tensor it was taken of)
+        self._by_view: dict[tuple, tuple[int, weakref.ref]] = {}
+        self._by_fingerprint: dict[tuple, list[int]] = {}
+        # per content class: (weak reference, version) of each tensor classified into it
+        self._members: list[list[tuple[weakref.ref, Optional[int]]]] = []
 
-    def firsts(self, plain: list[torch.Tensor]) -> list[int]:
-        """`first_of_each_content(plain)`, grouped once per sequence of the same tensors (the
-        stored tensors before and after a fold that stores nothing new are the same)."""
-        key = tuple((id(p), version_counter(p)) for p in plain)
-        hit = self._firsts.get(key)
-        if hit is not None and all(r() is p for r, p in zip(hit[0], plain)):
-            return hit[1]
-        index = IdenticalBytes(self)
-        firsts = []
-        for i, p in enumerate(plain):
-            if len(index.groups[index.add(p)]) == 1:
-                firsts.append(i)
-        self._firsts[key] = ([weakref.ref(p) for p in plain], firsts)
-        count("dedup.groupings")
-        return firsts
+    def content_class(self, p: torch.Tensor) -> int:
+        """The class of the plain tensor `p`: equal for two tensors of identical bytes (the rule
+        of `IdenticalBytes`). A meta tensor holds no bytes: it is its own class."""
+        e = self._entry(p)
+        if e.content is None:
+            if p.nbytes <= _SAMPLES and p.device.type != "meta":  # its fingerprint is its content
+                e.content = self._class_of_content(self.fingerprint(p))
+            else:
+                view = _view_key(p, e.version)
+                hit = self._by_view.get(view)
+                if hit is not None and hit[1]() is not None:  # its storage is alive: the address is its
+                    e.content = hit[0]
+                else:
+                    e.content = self._match(p)
+                    self._by_view[view] = (e.content, e.ref)
+                self._members[e.content].append((e.ref, e.version))
+            count("dedup.classified")
+        return e.content
+
+    def _class_of_content(self, fingerprint: tuple) -> int:
+        """The class of a tensor whose fingerprint holds all its bytes."""
+        candidates = self._by_fingerprint.setdefault(fingerprint, [])
+        if not candidates:
+            candidates.append(self._new_class())
+        return candidates[0]
+
+    def _new_class(self) -> int:
+        self._members.append([])
+        return len(self._members) - 1
+
+    def _match(self, p: torch.Tensor) -> int:
+        """The class holding the bytes of `p` (more than `_SAMPLES` bytes, or a meta tensor),
+        created when there is none."""
+        if p.device.type == "meta":  # no bytes: its own class
+            return self._new_class()
+        candidates = self._by_fingerprint.setdefault(self.fingerprint(p), [])
+        live = [(c, m) for c in candidates if (m := self._member(c)) is not None]
+        if 0 < len(live) <= _COMPARED_GROUPS:
+            for c, m in live:
+                if self.same_bytes(p, m):
+                    return c
+        elif live:
+            digest = self.digest(p)
+            for c, m in live:
+                if self.digest(m) == digest:
+                    return c
+        candidates.append(self._new_class())
+        return candidates[-1]
+
+    def _member(self, c: int) -> Optional[torch.Tensor]:
+        """A live tensor of class `c`, unwritten since it was classified; None when none is
+        left (the class cannot take new members)."""
+        for ref, version in self._members[c]:
+            t = ref()
+            if t is not None and version_counter(t) == version:
+                return t
+        return None
 
     def _entry(self, p: torch.Tensor) -> _Entry:
         e = self._entries.get(id(p))
@@ -146,50 +197,39 @@ def fold_scope() -> Iterator[_Memo]:
 class IdenticalBytes:
     """Plain tensors grouped by identical serialized bytes (row-major, the emitter's
     ``buffer_data``), in first-seen order: ``groups[i][0]`` is the first tensor of group i.
-    Meta tensors hold no bytes: each is its own group."""
+    Meta tensors hold no bytes: each is its own group. The groups are the content classes of
+    the memo (`_Memo.content_class`): within a `fold_scope`, a tensor another index already
+    grouped costs one lookup."""
 
     def __init__(self, memo: Optional[_Memo] = None) -> None:
         self._memo = memo or _ACTIVE.get() or _Memo()
-        self._by_view: dict[tuple, int] = {}
-        self._by_fingerprint: dict[tuple, list[int]] = {}
+        self._by_class: dict[int, int] = {}
         self.groups: list[list[torch.Tensor]] = []
 
     def add(self, p: torch.Tensor) -> int:
         """Record the plain tensor `p`; returns its group's index."""
-        view = _view_key(p)
-        g = self._by_view.get(view)
+        c = self._memo.content_class(p)
+        g = self._by_class.get(c)
         if g is None:
-            g = self._match(p)
-            self._by_view[view] = g
+            g = self._by_class[c] = len(self.groups)
+            self.groups.append([])
         self.groups[g].append(p)
         return g
-
-    def _match(self, p: torch.Tensor) -> int:
-        """The group holding `p`'s bytes, created when there is none (`p` not added yet)."""
-        key = ("meta", id(p)) if p.device.type == "meta" else self._memo.fingerprint(p)
-        candidates = self._by_fingerprint.setdefault(key, [])
-        if candidates and p.nbytes <= _SAMPLES:  # the fingerprint is the whole content
-            return candidates[0]
-        if 0 < len(candidates) <= _COMPARED_GROUPS:
-            for g in candidates:
-                if self._memo.same_bytes(p, self.groups[g][0]):
-                    return g
-        elif candidates:
-            digest = self._memo.digest(p)
-            for g in candidates:
-                if self._memo.digest(self.groups[g][0]) == digest:
-                    return g
-        candidates.append(len(self.groups))
-        self.groups.append([])
-        return candidates[-1]
 
 
 def first_of_each_content(plain: list[torch.Tensor]) -> list[int]:
     """Indices into `plain` (plain tensors, no subclasses) of the first tensor of each distinct
-    byte content, in order (the rule of `IdenticalBytes`). Within a `fold_scope` a sequence of
-    the same tensors (identity and version) is grouped once."""
-    memo = _ACTIVE.get()
-    return (memo or _Memo()).firsts(plain)
+    byte content, in order (the rule of `IdenticalBytes`). Within a `fold_scope` a tensor
+    (identity and version) is classified once."""
+    memo = _ACTIVE.get() or _Memo()
+    seen: set[int] = set()
+    firsts = []
+    for i, p in enumerate(plain):
+        c = memo.content_class(p)
+        if c not in seen:
+            seen.add(c)
+            firsts.append(i)
+    return firsts
 
 
 class IdenticalTensors:
@@ -220,12 +260,13 @@ class IdenticalTensors:
         return (t.dtype, tuple(t.shape), self._bytes.add(t))
 
 
-def _view_key(p: torch.Tensor) -> tuple:
-    """Equal for two tensors that read the same bytes of one storage in the same order."""
+def _view_key(p: torch.Tensor, version: Optional[int]) -> tuple:
+    """Equal for two tensors that read the same bytes of one storage in the same order, at one
+    version of its contents (views of a tensor share its version counter)."""
     if p.device.type == "meta":
         return ("meta", id(p))
     # the address of its first element: storage and offset in one (no storage object made)
-    return (p.device, p.data_ptr(), p.shape, p.stride(), p.dtype)
+    return (p.device, p.data_ptr(), p.shape, p.stride(), p.dtype, version)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -7,7 +7,7 @@ test wraps the call it measures in `counting()` and reads the counts; outside su
 Counted names:
     ``attempts``: attempts of the top-level fold, discarded ones included (`fold.py`);
     ``analysis_nodes``: nodes visited by `analysis.analyze`, top-level graph and bodies;
-    ``dedup.fingerprints``, ``dedup.groupings``, ``dedup.compared_bytes``,
+    ``dedup.fingerprints``, ``dedup.classified``, ``dedup.compared_bytes``,
     ``dedup.digested_bytes``: `dedup`'s reads of stored tensors; ``("dedup.digests", id)``:
     digests of the tensor with that ``id``.
 """

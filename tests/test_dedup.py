@@ -174,24 +174,42 @@ class NothingToFold(nn.Module):
         return self.layers(x) * self.scale
 
 
-def test_stored_tensors_that_a_fold_leaves_alone_are_grouped_once():
-    """The bytes before and after a fold that stores nothing new come from one grouping of the
-    same tensors, and they are the serialized bytes (`assert_report_bytes_true`)."""
+def test_a_stored_tensor_is_classified_once_per_fold():
+    """The bytes before and after a fold, the placeholder savings and the reuse of stored
+    tensors all group the same stored tensors: each is classified (`_Memo.content_class`) once
+    in the fold, and the counts are the serialized bytes (`assert_report_bytes_true`)."""
     ep = torch.export.export(NothingToFold().eval(), (torch.randn(3, 32),))
     with fold_scope(), counting() as work:
         result = fold_constants(ep)
     assert not result.report.folded and not result.report.lifted
-    assert work["dedup.groupings"] == 1, work
+    stored = {id(t) for t in (*ep.state_dict.values(), *ep.constants.values())}
+    assert work["dedup.classified"] == len(stored), work
     assert_report_bytes_true(result)
 
 
-def test_a_repeated_sequence_is_grouped_again_after_an_in_place_write():
+def test_a_tensor_is_classified_again_after_an_in_place_write():
     a, b = torch.ones(1024), torch.ones(1024)
     with fold_scope(), counting() as work:
         assert distinct_bytes([a, b]) == aligned(4096)
-        assert distinct_bytes([a, b]) == aligned(4096) and work["dedup.groupings"] == 1
+        assert distinct_bytes([a, b]) == aligned(4096) and work["dedup.classified"] == 2
         b[3] = 2.0
-        assert distinct_bytes([a, b]) == 2 * aligned(4096) and work["dedup.groupings"] == 2
+        assert distinct_bytes([a, b]) == 2 * aligned(4096) and work["dedup.classified"] == 3
+        a[3] = 2.0  # a's first class holds nothing live now: a joins b's
+        assert distinct_bytes([a, b]) == aligned(4096) and work["dedup.classified"] == 4
+
+
+def test_a_class_outlives_its_first_tensor():
+    """A class whose first tensor died is still found through a live member; a new tensor at
+    a dead tensor's address is not taken for it."""
+    with fold_scope():
+        index = IdenticalBytes()
+        first, second = torch.arange(4096.0), torch.arange(4096.0)
+        g = index.add(first)
+        assert index.add(second) == g
+        del index, first
+        later = IdenticalBytes()
+        assert later.add(torch.arange(4096.0)) == later.add(second)
+        assert later.add(torch.zeros(4096)) != later.add(second)
 
 
 def test_meta_tensors_are_never_identical():
