@@ -23,16 +23,7 @@ import torch
 import torch.fx
 from torch.export.graph_signature import ExportGraphSignature, InputSpec
 
-from .ops import (
-    OpKind,
-    aliased_arg_position,
-    arg_at,
-    classify,
-    written_arg_positions,
-    op_name,
-    packet_name,
-    reads_only_metadata,
-)
+from .ops import OpKind, arg_at, op_facts, op_name, packet_name, written_arg_positions
 from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
@@ -111,7 +102,7 @@ def analyze(
     skip = policy.skip_names()
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
-    kind = {n: classify(n.target) for n in nodes if n.op == "call_function"}
+    kind = {n: op_facts(n.target).kind for n in nodes if n.op == "call_function"}
     alias_root, mutators, writes = _alias_classes(nodes, kind, extra_writes or {})
     analysis = Analysis(
         order, {}, {}, kind, specs, alias_root, mutators, writes, fold_asserts=policy.fold_asserts, forced=forced
@@ -137,11 +128,13 @@ def _alias_classes(nodes, kind, extra_writes):
             if isinstance(src, torch.fx.Node) and src in alias_root:
                 alias_root[n] = alias_root[src]
             continue
-        pos = aliased_arg_position(n.target)
-        if pos is not None:
-            src = arg_at(n, pos)
+        facts = op_facts(n.target)
+        if facts.aliased_position is not None:
+            src = arg_at(n, facts.aliased_position)
             if isinstance(src, torch.fx.Node):
                 alias_root[n] = alias_root.get(src, src)
+        if not (facts.mutated_positions or facts.undeclared_writes or n in extra_writes):
+            continue  # writes nothing
         written = [arg_at(n, p) for p in written_arg_positions(n)] + list(extra_writes.get(n, ()))
         for dst in dict.fromkeys(d for d in written if isinstance(d, torch.fx.Node)):
             writes.setdefault(n, []).append(dst)
@@ -230,7 +223,7 @@ def _metadata_only_arg(n: torch.fx.Node) -> Optional[torch.fx.Node]:
     runtime-dependent. A size with a free symbol (a dynamic input's ``s77``, or a
     data-dependent ``u0`` of a runtime value) is known only at runtime, so the op is then never
     evaluated (`_runtime_reason`)."""
-    if not reads_only_metadata(n.target) or not n.args or not isinstance(n.args[0], torch.fx.Node):
+    if not op_facts(n.target).metadata_only or not n.args or not isinstance(n.args[0], torch.fx.Node):
         return None
     val = n.args[0].meta.get("val")
     if isinstance(val, torch.Tensor) and not has_symbols(val):
@@ -246,7 +239,7 @@ def _runtime_reason(n: torch.fx.Node, runtime: list[torch.fx.Node], reason) -> t
     ``full_like`` of a slice of a dynamic input). Such a value is known only
     at runtime, so it is never evaluated; the detail names the free symbols. Else
     ``RUNTIME_INPUT``."""
-    shape_source = n.args[0] if reads_only_metadata(n.target) and n.args else None
+    shape_source = n.args[0] if op_facts(n.target).metadata_only and n.args else None
     sized = [i for i in runtime if reason[i] is Reason.SYMBOLIC or isinstance(i.meta.get("val"), SYM_TYPES)]
     shaped = [i for i in runtime if i is shape_source and input_symbols(i.meta.get("val"))]
     if len(sized) + len(shaped) < len(runtime):

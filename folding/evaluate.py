@@ -15,8 +15,7 @@ import torch.fx
 from torch.fx.node import map_arg
 
 from .torch_internals import is_cow_tensor, lazy_clone
-from .ops import (OpKind, aliased_arg_position, arg_at, aten_overload, is_uninitialised_allocation, reads_only_metadata,
-                  writes_only_its_outputs)
+from .ops import OpKind, arg_at, op_facts
 from .reasons import Reason
 from .layout import owned_canonical
 from .sizes import storage_pointers
@@ -145,24 +144,28 @@ class FoldInterpreter(torch.fx.Interpreter):
     def call_function(self, target, args, kwargs):
         # Edge ops are their ATen overloads plus dtype checks; call the ATen op.
         try:
-            return (aten_overload(target) or target)(*args, **kwargs)
+            return op_facts(target).call(*args, **kwargs)
         except Exception as e:  # the op fails at runtime the same way: keep the node
             raise _OpRaised(f"{type(e).__name__}: {e}".strip()) from e
 
     def _evaluate_node(self, node: torch.fx.Node) -> object:
         """Run `node`; returns the value ``env`` holds for it."""
         out = self.out
-        blocked = next((i for i in node.all_input_nodes if i in out.kept), None)
+        blocked = next((i for i in node.all_input_nodes if i in out.kept), None) if out.kept else None
         if blocked is not None:
             return self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
-        guard = _WriteGuard(node, self.analysis)
-        lookup = guard.wrap(_metadata_lookup(node, self._load, self.analysis))
+        facts = op_facts(node.target)  # every evaluated node is a call_function
+        lookup = _metadata_lookup(node, self._load, self.analysis) if facts.metadata_only else self._load
+        guard = None if facts.trusted else _WriteGuard(node, self.analysis)
+        if guard is not None:
+            lookup = guard.wrap(lookup)
         try:
-            result = getattr(self, node.op)(node.target, map_arg(node.args, lookup), map_arg(node.kwargs, lookup))
+            result = self.call_function(node.target, map_arg(node.args, lookup), map_arg(node.kwargs, lookup))
         except _OpRaised as e:
             return self._keep(node, Reason.EVALUATION_ERROR, str(e))
         out.evaluated += 1
-        guard.check()
+        if guard is not None:
+            guard.check()
         out.symbols.update(bindings(node, result))
         if self.analysis.kind[node] is OpKind.ASSERTION:
             return _NO_VALUE
@@ -170,7 +173,7 @@ class FoldInterpreter(torch.fx.Interpreter):
             return result  # a scalar: never stored; `lift` inlines it into readers
         if not holds_tensors(result):
             return self._keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
-        if is_uninitialised_allocation(node.target):
+        if facts.uninitialised:
             result.zero_()
         if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):
             self._live.add(node, result.nbytes)
@@ -239,11 +242,9 @@ def _release_schedule(plan: Plan) -> dict[int, list[torch.fx.Node]]:
 def _metadata_lookup(
     node: torch.fx.Node, load: Callable[[torch.fx.Node], object], analysis: Analysis
 ) -> Callable[[torch.fx.Node], object]:
-    """`load`, except that an op reading only the metadata of its first argument (``size``,
-    ``empty_like`` ...) gets a zero tensor of that argument's static shape when it is not
-    constant."""
-    if not reads_only_metadata(node.target):
-        return load
+    """For an op reading only the metadata of its first argument (``size``, ``empty_like`` ...):
+    `load`, except that this argument, when it is not constant, is a zero tensor of its static
+    shape."""
     meta_arg = node.args[0] if node.args else None
 
     def lookup(n: torch.fx.Node):
@@ -262,19 +263,17 @@ class _WriteGuard:
     nor go unnoticed: a kernel that writes materialises its clone (even one that, like
     ``batch_norm``'s, writes through the data pointer without bumping the version counter).
     An op whose kernel is known to write only its results (`ops.writes_only_its_outputs`:
-    ATen's pointwise and view_copy ops) gets its inputs as they are."""
+    ATen's pointwise and view_copy ops) gets no guard (`FoldInterpreter._evaluate_node`)."""
 
     def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:
         self.node = node
         self.passed_whole = set(analysis.writes.get(node, ()))
-        position = aliased_arg_position(node.target)
+        position = op_facts(node.target).aliased_position
         if position is not None:
             self.passed_whole.add(arg_at(node, position))
         self.clones: list[tuple[torch.fx.Node, torch.Tensor]] = []
 
     def wrap(self, lookup: Callable[[torch.fx.Node], object]) -> Callable[[torch.fx.Node], object]:
-        if writes_only_its_outputs(self.node.target):
-            return lookup
         written_storages: Optional[set[int]] = None
 
         def guarded(n: torch.fx.Node) -> object:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.fx
@@ -128,8 +128,7 @@ def packet_name(target: Any) -> str:
     return op_name(target)
 
 
-@_cached
-def classify(target: Any) -> OpKind:
+def _classify(target: Any) -> OpKind:
     """The `OpKind` of a call_function target (ATen, Edge, higher-order or Python callable)."""
     if target is operator.getitem:
         return OpKind.GETITEM
@@ -149,8 +148,7 @@ def classify(target: Any) -> OpKind:
     return OpKind.PURE
 
 
-@_cached
-def mutated_arg_positions(target: Any) -> tuple[int, ...]:
+def _mutated_arg_positions(target: Any) -> tuple[int, ...]:
     """Positions of schema arguments the op writes to (``relu_``'s self, ``copy_``'s self, out=)."""
     overload = aten_overload(target)
     if overload is None:
@@ -180,8 +178,7 @@ _UNDECLARED_WRITES: dict[str, tuple[int, tuple[int, ...]]] = {
 }
 
 
-@_cached
-def writes_only_its_outputs(target: Any) -> bool:
+def _writes_only_its_outputs(target: Any) -> bool:
     """True for the ATen ops whose kernels are known to write nothing but their results: the
     elementwise ops torch tags ``pointwise`` (TensorIterator kernels) and the ``view_copy`` ops
     (a view, then a copy of it), when their schema marks no argument written. Evaluation hands
@@ -192,7 +189,7 @@ def writes_only_its_outputs(target: Any) -> bool:
     if overload is None or not packet_name(target).startswith("aten.") or packet_name(target) in _UNDECLARED_WRITES:
         return False
     tags = overload.tags
-    return (torch.Tag.pointwise in tags or torch.Tag.view_copy in tags) and not mutated_arg_positions(target)
+    return (torch.Tag.pointwise in tags or torch.Tag.view_copy in tags) and not _mutated_arg_positions(target)
 
 
 def arg_at(node, position: int) -> Any:
@@ -210,8 +207,8 @@ def written_arg_positions(node) -> tuple[int, ...]:
     """Positions of the schema arguments `node`'s op writes to: those its schema marks
     mutable (`mutated_arg_positions`) plus the undeclared writes of `_UNDECLARED_WRITES` when
     the flag that enables them is not literally False."""
-    declared = mutated_arg_positions(node.target)
-    rule = _UNDECLARED_WRITES.get(packet_name(node.target))
+    facts = op_facts(node.target)
+    declared, rule = facts.mutated_positions, facts.undeclared_writes
     if rule is None:
         return declared
     flag_position, positions = rule
@@ -223,8 +220,7 @@ def written_arg_positions(node) -> tuple[int, ...]:
     return declared if flag is False else tuple(sorted(set(declared) | set(positions)))
 
 
-@_cached
-def aliased_arg_position(target: Any) -> Optional[int]:
+def _aliased_arg_position(target: Any) -> Optional[int]:
     """Position of the argument the op's output aliases (views and in-place ops), or None."""
     overload = aten_overload(target)
     if overload is None:
@@ -238,18 +234,87 @@ def aliased_arg_position(target: Any) -> Optional[int]:
     return None
 
 
-@_cached
-def is_uninitialised_allocation(target: Any) -> bool:
+def _is_uninitialised_allocation(target: Any) -> bool:
     """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
     overload = aten_overload(target)
     return overload is not None and overload.overloadpacket in _UNINITIALISED_PACKETS
 
 
-@_cached
-def reads_only_metadata(target: Any) -> bool:
+def _reads_only_metadata(target: Any) -> bool:
     """True for ops whose first argument contributes only its shape/dtype/device/strides."""
     overload = aten_overload(target)
     return overload is not None and overload.overloadpacket in _METADATA_ONLY_PACKETS
+
+
+class OpFacts(NamedTuple):
+    """Every per-target answer of this module for one call_function target, computed once
+    (`op_facts`): a graph has few distinct targets and many nodes, and each stage asks several
+    of these per node."""
+
+    kind: OpKind  # `classify`
+    call: Callable  # the ATen overload behind an Edge op (`aten_overload`), else the target itself
+    mutated_positions: tuple[int, ...]  # `mutated_arg_positions`
+    undeclared_writes: Optional[tuple[int, tuple[int, ...]]]  # its `_UNDECLARED_WRITES` rule
+    aliased_position: Optional[int]  # `aliased_arg_position`
+    trusted: bool  # `writes_only_its_outputs`
+    metadata_only: bool  # `reads_only_metadata`
+    uninitialised: bool  # `is_uninitialised_allocation`
+
+
+# id(target) -> (target, facts). Keyed by identity: an ATen OpOverload hashes in Python (about
+# as slow as computing a small answer), and the entry keeps its target alive, so no other
+# object can take its id.
+_FACTS: dict[int, tuple[Any, OpFacts]] = {}
+
+
+def op_facts(target: Any) -> OpFacts:
+    """The `OpFacts` of `target` (any call_function target, hashable or not)."""
+    hit = _FACTS.get(id(target))
+    if hit is not None:
+        return hit[1]
+    overload = aten_overload(target)
+    facts = OpFacts(
+        kind=_classify(target),
+        call=overload or target,
+        mutated_positions=_mutated_arg_positions(target),
+        undeclared_writes=_UNDECLARED_WRITES.get(packet_name(target)) if overload is not None else None,
+        aliased_position=_aliased_arg_position(target),
+        trusted=_writes_only_its_outputs(target),
+        metadata_only=_reads_only_metadata(target),
+        uninitialised=_is_uninitialised_allocation(target),
+    )
+    _FACTS[id(target)] = (target, facts)
+    return facts
+
+
+def classify(target: Any) -> OpKind:
+    """The `OpKind` of a call_function target (ATen, Edge, higher-order or Python callable)."""
+    return op_facts(target).kind
+
+
+def mutated_arg_positions(target: Any) -> tuple[int, ...]:
+    """Positions of schema arguments the op writes to (``relu_``'s self, ``copy_``'s self, out=)."""
+    return op_facts(target).mutated_positions
+
+
+def writes_only_its_outputs(target: Any) -> bool:
+    """`_writes_only_its_outputs` of `target`: its kernel writes nothing but its results."""
+    return op_facts(target).trusted
+
+
+def aliased_arg_position(target: Any) -> Optional[int]:
+    """Position of the argument the op's output aliases (views and in-place ops), or None."""
+    return op_facts(target).aliased_position
+
+
+def is_uninitialised_allocation(target: Any) -> bool:
+    """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
+    return op_facts(target).uninitialised
+
+
+def reads_only_metadata(target: Any) -> bool:
+    """True for ops whose first argument contributes only its shape/dtype/device/strides."""
+    return op_facts(target).metadata_only
 
 
 def _returns_nothing(target: Any) -> bool:
