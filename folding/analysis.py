@@ -67,10 +67,12 @@ class Analysis:
 
     def is_check(self, node: torch.fx.Node) -> bool:
         """An assertion on constant inputs, evaluated at fold time and dropped."""
-        return self.reason.get(node) is None and self.kind.get(node) is OpKind.ASSERTION
+        return self.kind.get(node) is OpKind.ASSERTION and self.reason.get(node) is None
 
     def class_of(self, node: torch.fx.Node) -> Optional[torch.fx.Node]:
         """The alias root of `node` when its class is updated in place, else None."""
+        if not self.mutators:  # no in-place op in the graph
+            return None
         root = self.alias_root.get(node, node)
         return root if root in self.mutators else None
 

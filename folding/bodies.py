@@ -31,8 +31,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from .torch_internals import program_with
-from .hops import (bodies, copy_uncompiled, drop_unused_attributes, free_attribute, graph_module, hop_kind, move_attribute,
-                   recompile_shallow)
+from .hops import (bodies, copy_uncompiled, drop_unused_attributes, free_attribute, graph_module, hop_kind, hop_nodes,
+                   move_attribute, recompile_shallow)
 from .names import copy_keeping_name, reserve_node_names
 from .node_meta import GLUE, body_path, mark_glue, mark_hoisted, pin_name, report_names
 from .ops import OpKind, op_name, structural_key
@@ -41,7 +41,7 @@ from .reasons import Reason
 from .report import Decision
 
 def has_bodies(gm: torch.fx.GraphModule) -> bool:
-    return any(hop_kind(n) is not None for n in gm.graph.nodes)
+    return bool(hop_nodes(gm.graph))
 
 
 @dataclass(frozen=True)
@@ -218,9 +218,8 @@ class _Hoist:
         return copied, env
 
     def graph(self, gm: torch.fx.GraphModule, is_constant: Callable[[torch.fx.Node], bool], prefix: str) -> None:
-        for hop in list(gm.graph.nodes):
-            if hop_kind(hop) is not None:
-                self.hop(gm, hop, is_constant, prefix)
+        for hop in hop_nodes(gm.graph):
+            self.hop(gm, hop, is_constant, prefix)
 
     def hop(self, gm, hop, is_constant, prefix) -> None:
         kind = hop_kind(hop)

@@ -142,11 +142,7 @@ class FoldInterpreter(torch.fx.Interpreter):
         return self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
 
     def call_function(self, target, args, kwargs):
-        # Edge ops are their ATen overloads plus dtype checks; call the ATen op.
-        try:
-            return op_facts(target).call(*args, **kwargs)
-        except Exception as e:  # the op fails at runtime the same way: keep the node
-            raise _OpRaised(f"{type(e).__name__}: {e}".strip()) from e
+        return _call(op_facts(target).call, args, kwargs)
 
     def _evaluate_node(self, node: torch.fx.Node) -> object:
         """Run `node`; returns the value ``env`` holds for it."""
@@ -160,7 +156,7 @@ class FoldInterpreter(torch.fx.Interpreter):
         if guard is not None:
             lookup = guard.wrap(lookup)
         try:
-            result = self.call_function(node.target, map_arg(node.args, lookup), map_arg(node.kwargs, lookup))
+            result = _call(facts.call, map_arg(node.args, lookup), map_arg(node.kwargs, lookup))
         except _OpRaised as e:
             return self._keep(node, Reason.EVALUATION_ERROR, str(e))
         out.evaluated += 1
@@ -213,6 +209,15 @@ class FoldInterpreter(torch.fx.Interpreter):
         if node.op == "placeholder" and isinstance(value, torch.Tensor):
             self._caller_storages.update(storage_pointers(value))
         return value
+
+
+def _call(op: Callable, args, kwargs) -> object:
+    """`op` on `args`; an error it raises becomes `_OpRaised`. Edge ops are called as their
+    ATen overloads (`ops.OpFacts.call`): the Edge op adds only dtype checks."""
+    try:
+        return op(*args, **kwargs)
+    except Exception as e:  # the op fails at runtime the same way: keep the node
+        raise _OpRaised(f"{type(e).__name__}: {e}".strip()) from e
 
 
 class _LiveBytes:

@@ -94,6 +94,12 @@ def hop_kind(node: torch.fx.Node) -> Optional[HopKind]:
         return None
 
 
+def hop_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The nodes of `graph` that call a HOP with plain bodies (`HOPS`), in graph order: found
+    through torch.fx's index of nodes by target, not a walk over the graph."""
+    return sorted(n for target in HOPS for n in graph.find_nodes(op="call_function", target=target, sort=False))
+
+
 def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
     """(attribute name, GraphModule) of each body of a HOP node, in argument order."""
     kind = hop_kind(node)
@@ -222,9 +228,7 @@ def body_paths(gm: torch.fx.GraphModule, prefix: str = "") -> set[str]:
     """The report paths (`node_meta.body_path`) of every body called from `gm`, nested ones
     included."""
     out: set[str] = set()
-    for hop in gm.graph.nodes:
-        if hop_kind(hop) is None:
-            continue
+    for hop in hop_nodes(gm.graph):
         for attr, body in bodies(hop):
             path = body_path(prefix, hop, attr)
             out.add(path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .hops import bodies, copy_uncompiled, hop_kind, recompile_shallow
+from .hops import bodies, copy_uncompiled, hop_kind, hop_nodes, recompile_shallow
 
 
 def merge_duplicate_operands(gm: torch.fx.GraphModule, owned: frozenset = frozenset()) -> bool:
@@ -24,10 +24,8 @@ def merge_duplicate_operands(gm: torch.fx.GraphModule, owned: frozenset = frozen
     starts from, and is copied. Returns True when something changed (the caller recompiles
     `gm`; the bodies are recompiled here)."""
     changed = False
-    for hop in gm.graph.nodes:
+    for hop in hop_nodes(gm.graph):
         kind = hop_kind(hop)
-        if kind is None:
-            continue
         operands = kind.invariant_operands(hop)
         repeats = _repeats(operands)
         if not repeats:

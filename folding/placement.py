@@ -21,7 +21,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
 from .dedup import IdenticalTensors
-from .hops import hop_kind
+from .hops import hop_kind, hop_nodes
 from .layout import canonical_copy, owned_canonical
 from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_program_names
 from .nonfinite import NonfiniteScan
@@ -289,9 +289,9 @@ def _add_distinct_loop_operands(placer: _Placer) -> None:
     One node passed twice (a buffer as the carry and read by the body) is the caller's own
     aliasing, which folding did not make, and a reader's private placeholder would replace
     both occurrences: it is left as it is."""
-    for hop in placer.source.graph.nodes:
+    for hop in hop_nodes(placer.source.graph):
         kind = hop_kind(hop)
-        if kind is None or hop in placer.folded:
+        if hop in placer.folded:
             continue
         varying = kind.varying_operands(hop)
         if not varying:
