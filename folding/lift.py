@@ -113,7 +113,7 @@ class _Edit:
         self.graph, self.folded, self.placement = program.graph, folded, placement
         self.specs = input_specs_by_name(program.graph_signature)
         self.named_by_outputs = {s.target for s in program.graph_signature.output_specs if s.target is not None}
-        self.fake_mode = detect_fake_mode([p.meta.get("val") for p in self._placeholders()]) or FakeTensorMode()
+        self.fake_mode = _fake_mode_of(self._placeholders())
         self.input_specs: list[InputSpec] = []
         self.removed: list[str] = []  # names of the dropped placeholders
         self.removed_targets: set = set()
@@ -285,6 +285,18 @@ def _copy_provenance(source: torch.fx.Node, node: torch.fx.Node) -> None:
     for key in _PROVENANCE_KEYS:
         if key in source.meta:
             node.meta[key] = source.meta[key]
+
+
+def _fake_mode_of(placeholders: list[torch.fx.Node]) -> FakeTensorMode:
+    """The FakeTensorMode of the program's ``meta["val"]`` tensors (torch.export makes all of a
+    program's in one mode): that of the first placeholder holding a fake tensor, rather than
+    torch's ``detect_fake_mode`` over all of them; a new one when none does."""
+    for p in placeholders:
+        val = p.meta.get("val")
+        mode = detect_fake_mode([val]) if isinstance(val, torch.Tensor) else None
+        if mode is not None:
+            return mode
+    return FakeTensorMode()
 
 
 def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.Tensor:

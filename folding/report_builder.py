@@ -49,22 +49,21 @@ def inlining_decisions(inlining: Inlining) -> list[Decision]:
 
 
 def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting) -> list[Decision]:
-    """One decision per call_function node of `considered`, under its report names (a node
-    moved out of a body is reported under its body path; glue under none)."""
-    decisions = _decisions(considered, analysis, plan, evaluation, lambda name: lifting.lifted_as.get(name, name))
-    return [Decision(name, d.target, d.reason, d.detail, lifting.lifted_as.get(d.node))
-            for n, d in zip(considered, decisions) for name in report_names(n, d.node)]
+    """One decision per call_function node of `considered` (`outcome.outcome`; a kept encoding
+    is described), under each of its report names (a node moved out of a body is reported
+    under its body path; glue under none)."""
+    lifted_as = lifting.lifted_as
 
+    def rename(name: str) -> str:
+        return lifted_as.get(name, name)
 
-def _decisions(nodes, analysis, plan, evaluation, rename) -> list[Decision]:
-    """One decision per node of `nodes` (call_function nodes of the folded graph), from the
-    attempt's records (`outcome.outcome`); a kept encoding is described."""
     out = []
-    for n in nodes:
+    for n in considered:
         reason, detail = outcome(n, analysis, plan, evaluation)
         if reason is Reason.KEEPS_ENCODING:
             detail = describe_encoding(n, rename)
-        out.append(Decision(n.name, op_name(n.target), reason, detail))
+        target, placeholder = op_name(n.target), lifted_as.get(n.name)
+        out.extend(Decision(name, target, reason, detail, placeholder) for name in report_names(n, n.name))
     return out
 
 
