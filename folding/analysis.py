@@ -17,7 +17,7 @@ rooted at a parameter or buffer makes that placeholder a mutated buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import torch
 import torch.fx
@@ -49,6 +49,7 @@ class Analysis:
         writes: per op that writes to some of its inputs, those input nodes (schema-declared
             writes, the known undeclared ones of `ops.written_arg_positions`, and the writes
             found at fold time, `extra_writes`).
+        targets: the distinct call_function targets of the graph, by ``id`` (`calls_any`).
     """
 
     order: dict[torch.fx.Node, int]
@@ -59,8 +60,15 @@ class Analysis:
     alias_root: dict[torch.fx.Node, torch.fx.Node]
     mutators: dict[torch.fx.Node, list[torch.fx.Node]]
     writes: dict[torch.fx.Node, list[torch.fx.Node]] = field(default_factory=dict)
+    targets: dict[int, object] = field(default_factory=dict)
     fold_asserts: bool = True
     forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
+
+    def calls_any(self, predicate: Callable[[object], bool]) -> bool:
+        """Whether a call_function node of the graph calls a target `predicate` accepts, asked
+        once per distinct target: a rule that concerns only some ops skips its walk over the
+        nodes when the graph calls none of them."""
+        return any(predicate(t) for t in self.targets.values())
 
     def is_constant(self, node: torch.fx.Node) -> bool:
         return node in self.reason and self.reason[node] is None
@@ -107,7 +115,8 @@ def analyze(
     kind = {n: op_facts(n.target).kind for n in nodes if n.op == "call_function"}
     alias_root, mutators, writes = _alias_classes(nodes, kind, extra_writes or {})
     analysis = Analysis(
-        order, {}, {}, kind, specs, alias_root, mutators, writes, fold_asserts=policy.fold_asserts, forced=forced
+        order, {}, {}, kind, specs, alias_root, mutators, writes, targets={id(n.target): n.target for n in kind},
+        fold_asserts=policy.fold_asserts, forced=forced,
     )
 
     while True:

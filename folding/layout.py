@@ -95,13 +95,19 @@ def observes_layout(node: torch.fx.Node) -> bool:
       ``randn_like(w.permute(3, 1, 0, 2))`` draws different values for a contiguous ``w'``;
     - ``as_strided`` reads its input's storage.
     """
+    if node.op != "call_function" or not may_observe_layout(node.target):
+        return False
     if packet_name(node.target) in _STORAGE_READERS:
         return True
-    if node.op != "call_function" or classify(node.target) is not OpKind.RANDOM:
-        return False
     if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
         return False
     return any(isinstance(i.meta.get("val"), torch.Tensor) for i in node.all_input_nodes)
+
+
+def may_observe_layout(target: object) -> bool:
+    """True for the targets `observes_layout` may accept: a random op, or ``as_strided`` and
+    its siblings."""
+    return packet_name(target) in _STORAGE_READERS or classify(target) is OpKind.RANDOM
 
 
 def reads_storage(node: torch.fx.Node) -> bool:

@@ -31,8 +31,8 @@ import torch
 
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
-from .layout import observes_layout, reads_storage, strided_like_stored
-from .ops import aliased_arg_position, structural_key, reads_only_metadata
+from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
+from .ops import OpKind, aliased_arg_position, classify, structural_key, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -94,15 +94,16 @@ def make_plan(
     """
     candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
     plan = Plan(candidates)
-    _keep_output_copies(plan)
+    _keep_output_copies(plan, analysis)
     _keep_scalar_outputs(plan)
-    _keep_encodings(plan)
+    _keep_encodings(plan, analysis)
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
     while True:  # the size limits count what is stored; each rule after them may change it
         _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
         limited = len(plan.runtime)
-        _keep_until_stable(plan, analysis, _keep_observed_layouts)
+        if analysis.calls_any(may_observe_layout):
+            _keep_until_stable(plan, analysis, _keep_observed_layouts)
         _keep_until_stable(plan, analysis, _keep_unstorable_inputs)
         if len(plan.runtime) == limited:
             break
@@ -173,10 +174,12 @@ def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
     return any(not plan.folded(u) for u in node.users)
 
 
-def _keep_output_copies(plan: Plan) -> None:
+def _keep_output_copies(plan: Plan, analysis: Analysis) -> None:
     """A copy of a constant placeholder returned only as an output is how a folded program
     returns a constant (ExecuTorch cannot return a stored buffer): folding it again would only
     insert the same copy under a new name, so folding a folded program changes nothing."""
+    if not analysis.calls_any(is_clone):
+        return
     for n in plan.candidates:
         if (
             is_clone(n.target)  # what `lift` itself inserts before an output returning a stored constant
@@ -197,7 +200,7 @@ def _keep_scalar_outputs(plan: Plan) -> None:
                 plan.runtime[n] = (Reason.NOT_A_TENSOR, "a scalar returned as an output")
 
 
-def _keep_encodings(plan: Plan) -> None:
+def _keep_encodings(plan: Plan, analysis: Analysis) -> None:
     """Leave in the graph every dequantize (and float op after it) whose value would otherwise be
     stored for a runtime op to read; what is stored instead is the dequantize's integer input.
 
@@ -205,6 +208,8 @@ def _keep_encodings(plan: Plan) -> None:
     dequantize (QNN's AnnotateQuantAttrs/FoldQDQ), and a dequantize the output alone reads
     carries none. Left in, it is constant-only work that HTP refuses to build (``could not
     create op``, executorch issues 17732/18622); folded, the program returns its float value."""
+    if not analysis.calls_any(is_dequantize):
+        return
     dq = dequantized_values(plan.candidates)
     work = [n for n in plan.candidates if n in dq and any(u.op != "output" and not plan.folded(u) for u in n.users)]
     while work:
@@ -223,6 +228,8 @@ def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
     ``x.new_zeros(...)``, the zero attention bias that SDPA's decomposition builds) whose value
     only runtime ops read. Storing it costs all its bytes and saves one fill at runtime; kept,
     it reads a runtime input, so it never forms a constant-only partition."""
+    if not analysis.calls_any(reads_only_metadata):
+        return
     for n in plan.candidates:
         if (
             plan.folded(n)
@@ -242,6 +249,8 @@ def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
     rule keeps one member at runtime (a dequantize keeping its encoding, whose result a later
     ``narrow(...).fill_()`` overwrites), the in-place updates must run on that runtime value,
     so every member stays."""
+    if not analysis.mutators:  # no in-place op: no class
+        return
     members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for n in plan.candidates:
         root = analysis.class_of(n)
@@ -330,6 +339,8 @@ def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:
     """A check (``_assert_tensor_metadata`` …) is evaluated at fold time only when every value it
     reads is folded: a value that stays at runtime may be updated in place by a runtime op
     before the check reads it, so the check stays with it."""
+    if not analysis.calls_any(lambda t: classify(t) is OpKind.ASSERTION):
+        return
     for n in plan.candidates:
         if analysis.is_check(n) and plan.folded(n):
             kept = next((i for i in n.all_input_nodes if i in plan.runtime), None)
