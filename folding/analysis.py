@@ -28,7 +28,7 @@ from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
 from .signature import input_specs_by_name, mutated_targets
-from .symbols import has_symbols, input_symbols
+from .symbols import has_symbolic_sizes_strides, has_symbols, input_symbols
 from .sizes import STORED_KINDS
 from .values import SYM_TYPES, holds_tensors, is_scalar
 from .work_counts import count
@@ -222,7 +222,7 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     # concrete value, which `lift` substitutes for the symbol.
     if "val" in n.meta and not (holds_tensors(val) or is_scalar(val)):
         return Reason.NOT_A_TENSOR, type(val).__name__
-    symbols = input_symbols(val)
+    symbols = () if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val) else input_symbols(val)
     if symbols:  # never evaluated: only a runtime call gives these sizes
         return Reason.SYMBOLIC, f"its shape has free symbols {', '.join(symbols)}"
     return None, ""

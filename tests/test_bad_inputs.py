@@ -60,7 +60,7 @@ def test_state_dict_missing_a_parameter_is_named():
         folding.fold_constants(ep)
 
 
-@pytest.mark.parametrize("kind", ["meta", "fake"])
+@pytest.mark.parametrize("kind", ["meta", "fake", "fake parameter"])
 def test_constants_without_data_are_named(kind):
     ep = _ep()
     if kind == "meta":
@@ -68,8 +68,9 @@ def test_constants_without_data_are_named(kind):
     else:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        ep.state_dict["w"] = FakeTensorMode().from_tensor(torch.randn(4, 4))
-    with pytest.raises(InvalidProgramError, match=f"p_w.*{kind}"):
+        fake = FakeTensorMode().from_tensor(torch.randn(4, 4))
+        ep.state_dict["w"] = torch.nn.Parameter(fake) if kind == "fake parameter" else fake
+    with pytest.raises(InvalidProgramError, match=f"p_w.*{kind.split()[0]}"):
         folding.fold_constants(ep)
 
 
