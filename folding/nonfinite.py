@@ -123,6 +123,8 @@ class NonfiniteScan:
     def moves_stored_data(self, node: torch.fx.Node) -> bool:
         """`node` is a stored value (placeholder, attribute) or `rearranges_elements` of such values."""
         stored = ("placeholder", "get_attr")
+        if node.op == "call_function" and not _rearranging_op(node.target):
+            return False  # computed here (most values): no walk
         stack = [(node, False)]
         while stack:  # iterative post-order: a chain of views may be long
             n, inputs_done = stack.pop()
