@@ -16,11 +16,6 @@ from .sizes import STORED_KINDS, inner_tensors, stored_tensor
 from .torch_internals import is_fake, program_with, verify_signature
 
 
-# Tensor types that are never fake: an ``nn.Parameter`` of a tensor subclass (a FakeTensor) has
-# the subclass's type (``Parameter.__new__``).
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
 def check_stored_tensors(program: ExportedProgram) -> None:
     """Every parameter, buffer and lifted constant the signature names is stored, as a tensor
     with data (folding evaluates them).
@@ -39,7 +34,7 @@ def check_stored_tensors(program: ExportedProgram) -> None:
                 f"placeholder {spec.arg.name!r}: its {spec.kind.name.lower()} {spec.target!r} is not in the program's {where}"
             )
         for p in inner_tensors(t):
-            if p.device.type == "meta" or (type(p) not in _PLAIN and is_fake(p)):
+            if p.device.type == "meta" or is_fake(p):
                 raise InvalidProgramError(
                     f"placeholder {spec.arg.name!r}: {spec.target!r} is a {'fake' if is_fake(p) else 'meta'} tensor "
                     "without data; folding evaluates constants, so load real weights first"

@@ -68,7 +68,13 @@ class _Memo:
     tensor and version however many indexes meet it (the byte counts before and after a fold,
     the placeholder savings and the reuse of a stored tensor all group the same stored
     tensors). Entries hold weak references (a memo never keeps an intermediate alive) and the
-    tensor's version counter (an in-place write invalidates them)."""
+    tensor's version counter (an in-place write invalidates them).
+
+    Relied on: within one memo (one fold) no tensor the memo classified is written except
+    through itself or a view sharing its version counter. A fold writes only the values it
+    computes, during evaluation, before any of them is classified, and never a stored tensor
+    (an in-place op on one keeps it at runtime); an inference tensor, which has no version
+    counter, or a ``.data`` alias written meanwhile would keep a stale class."""
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
@@ -266,7 +272,7 @@ def _view_key(p: torch.Tensor, version: Optional[int]) -> tuple:
     if p.device.type == "meta":
         return ("meta", id(p))
     # the address of its first element: storage and offset in one (no storage object made)
-    return (p.device, p.data_ptr(), p.shape, p.stride(), p.dtype, version)
+    return (p.device, p.data_ptr(), p.shape, p.stride(), p.dtype, p.is_conj(), p.is_neg(), version)
 
 
 @functools.lru_cache(maxsize=4096)

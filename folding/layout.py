@@ -73,6 +73,8 @@ def canonical_copy(t: torch.Tensor) -> torch.Tensor:
 def raw_bytes(t: torch.Tensor) -> memoryview:
     """`t`'s values as bytes in canonical (row-major) order; copies only when `t` is not
     already laid out that way."""
+    if t.is_conj() or t.is_neg():  # a lazy conjugate or negation: its values, not its storage's
+        t = t.resolve_conj().resolve_neg()
     if not (has_canonical_layout(t) and t.device.type == "cpu"):
         t = canonical_copy(t.detach().cpu())
     flat = t.detach().reshape(-1)

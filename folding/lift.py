@@ -290,13 +290,14 @@ def _copy_provenance(source: torch.fx.Node, node: torch.fx.Node) -> None:
 def _fake_mode_of(placeholders: list[torch.fx.Node]) -> FakeTensorMode:
     """The FakeTensorMode of the program's ``meta["val"]`` tensors (torch.export makes all of a
     program's in one mode): that of the first placeholder holding a fake tensor, rather than
-    torch's ``detect_fake_mode`` over all of them; a new one when none does."""
+    torch's ``detect_fake_mode`` over all of them; when none does, the active tracing context's
+    (``detect_fake_mode``), else a new one."""
     for p in placeholders:
         val = p.meta.get("val")
         mode = detect_fake_mode([val]) if isinstance(val, torch.Tensor) else None
         if mode is not None:
             return mode
-    return FakeTensorMode()
+    return detect_fake_mode([]) or FakeTensorMode()
 
 
 def _fake_value(source: torch.fx.Node, value: torch.Tensor, fake_mode) -> torch.Tensor:

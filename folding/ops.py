@@ -277,7 +277,7 @@ def op_facts(target: Any) -> OpFacts:
         kind=_classify(target),
         call=overload or target,
         mutated_positions=_mutated_arg_positions(target),
-        undeclared_writes=_UNDECLARED_WRITES.get(packet_name(target)) if overload is not None else None,
+        undeclared_writes=_UNDECLARED_WRITES.get(packet_name(target)),
         aliased_position=_aliased_arg_position(target),
         trusted=_writes_only_its_outputs(target),
         metadata_only=_reads_only_metadata(target),

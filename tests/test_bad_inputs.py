@@ -60,7 +60,7 @@ def test_state_dict_missing_a_parameter_is_named():
         folding.fold_constants(ep)
 
 
-@pytest.mark.parametrize("kind", ["meta", "fake", "fake parameter"])
+@pytest.mark.parametrize("kind", ["meta", "fake", "fake parameter", "fake functional"])
 def test_constants_without_data_are_named(kind):
     ep = _ep()
     if kind == "meta":
@@ -69,7 +69,8 @@ def test_constants_without_data_are_named(kind):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake = FakeTensorMode().from_tensor(torch.randn(4, 4))
-        ep.state_dict["w"] = torch.nn.Parameter(fake) if kind == "fake parameter" else fake
+        wrapped = {"fake parameter": torch.nn.Parameter, "fake functional": torch._to_functional_tensor}
+        ep.state_dict["w"] = wrapped.get(kind, lambda t: t)(fake)  # the wrappers' type is not FakeTensor
     with pytest.raises(InvalidProgramError, match=f"p_w.*{kind.split()[0]}"):
         folding.fold_constants(ep)
 

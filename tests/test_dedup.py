@@ -212,6 +212,18 @@ def test_a_class_outlives_its_first_tensor():
         assert later.add(torch.zeros(4096)) != later.add(second)
 
 
+@pytest.mark.parametrize("n", [4, 400])  # all bytes in the fingerprint; sampled
+def test_a_lazy_conjugate_holds_its_values_not_its_storage(n):
+    """``x.conj()`` views `x`'s storage with the conjugate bit set: the serializer stores its
+    values, so it is identical to its resolved copy, not to `x`."""
+    x = torch.randn(n, dtype=torch.complex64)
+    with fold_scope():
+        index = IdenticalBytes()
+        gx, gc, gr = index.add(x), index.add(x.conj()), index.add(x.conj().resolve_conj())
+        assert gc == gr != gx
+        assert index.add(-x) == index.add(x._neg_view())
+
+
 def test_meta_tensors_are_never_identical():
     index = IdenticalBytes()
     assert index.add(torch.empty(8, device="meta")) != index.add(torch.empty(8, device="meta"))
