@@ -69,6 +69,35 @@ def test_without_qnn_libraries_the_qnn_rows_say_skipped_and_the_run_succeeds(tmp
 def test_cpu_ratio_prints_the_fold_against_one_evaluation(capsys):
     from benchmarks import cpu_ratio
 
-    assert cpu_ratio.main(["--dialect", "ATEN", "--layers", "20", "--repeat", "1"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("ATEN nodes 182 ") and line.count("x)") == 2, line
+    assert cpu_ratio.main(["--dialect", "ATEN", "--layers", "20", "--repeat", "1", "--budget"]) == 0
+    ratio, budget, phases, prices = capsys.readouterr().out.strip().splitlines()[-4:]
+    assert ratio.startswith("ATEN nodes 182 ") and ratio.count("x)") == 2, ratio
+    assert budget.startswith("floor ") and "1.5x leaves" in budget and "x the budget)" in budget, budget
+    named = dict(p.rsplit(" ", 1) for p in phases.split(": ", 1)[1].split("; ")[0].split(", "))
+    assert {"analysis", "lift"} <= named.keys() and "evaluation" not in named, phases
+    assert prices.startswith("price per pass over 182 nodes"), prices
+
+
+def test_scale_writes_the_fold_beside_one_evaluation_its_floor_and_constant_prop_pass(tmp_path):
+    from benchmarks import scale
+
+    assert scale.main(["--sizes", "200", "--dialects", "ATEN", "--cpp-max-nodes", "200", "--bodies", "0",
+                       "--repeat", "2", "--out", str(tmp_path)]) == 0
+    rows = {r["method"]: r for r in json.loads((tmp_path / "scale.json").read_text())}
+    assert rows.keys() == {"fold_constants", "constant_prop_pass"}
+    fold = rows["fold_constants"]
+    assert fold["interpreter_s"] > 0 and fold["floor_s"] > 0 and fold["folded"] > 0
+    assert 0 <= fold["peak_rss_growth_kib"] < 16 * 1024, fold  # a 200-node program: a few MiB at most
+
+
+def test_own_peak_growth_sees_what_a_run_holds_at_its_peak():
+    import torch
+
+    from benchmarks.scale import own_peak_growth
+
+    def peak_of_64_mib():
+        t = torch.ones(16 * 1024 * 1024)  # 64 MiB, written: resident
+        del t
+
+    assert own_peak_growth(peak_of_64_mib) >= 60 * 1024 * 1024
+    assert own_peak_growth(lambda: None) < 8 * 1024 * 1024
