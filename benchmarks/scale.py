@@ -7,7 +7,8 @@ erased, nothing else).
     python -m benchmarks.scale [--sizes 1000,5000,20000,50000] [--dialects EDGE,ATEN]
                                [--cpp-max-nodes 10000] [--out results/scale]
 
-Each (size, dialect, method) runs in a fresh subprocess so that its peak RSS is its own.
+Each (size, dialect, method) runs in a fresh subprocess; its peak RSS growth is that of one
+in-place run on a copy made beforehand (`own_peak_growth`), before the timed runs.
 Programs come from `benchmarks.synthetic.chain_program`. Prints a Markdown table and writes
 ``scale.json`` and ``scale.md`` to ``--out``.
 """
