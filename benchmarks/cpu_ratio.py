@@ -13,7 +13,7 @@ To time another commit's fold with this benchmark, pass ``--folding-root`` a che
 and the torch.fx surgery: `scale.floor_seconds`), per node, against the fold's own phases (the
 fastest in-place run's `FoldReport.timings`) and the CPU price, on the same graph, of the Python
 steps every per-node rule is made of: a walk over the nodes, a walk that reads each node's
-inputs, and one slotted frozen dataclass per node (the report's row).
+inputs, and one report row per node (`folding.report.Decision`).
 """
 
 from __future__ import annotations
@@ -82,21 +82,14 @@ def main(argv=None) -> int:
 
 def _print_budget(ep, evaluation: float, folded: float, timings: dict, repeat: int) -> None:
     """The 1.5x budget left beside the floor, the fold's phases, and the price of a walk (ms)."""
-    from dataclasses import dataclass
+    from folding.reasons import Reason
+    from folding.report import Decision
 
     from .scale import floor_seconds
 
     nodes = list(ep.graph.nodes)
     floor = floor_seconds(ep, {d.node for d in timings["folded"]}, repeat, clock=time.process_time)
     budget = 1.5 * evaluation - floor
-
-    @dataclass(frozen=True, slots=True)
-    class Row:  # the shape of `folding.report.Decision`
-        node: str
-        target: str
-        reason: object
-        detail: str = ""
-        placeholder: object = None
 
     def cpu_ms(step) -> float:
         best = float("inf")
@@ -109,16 +102,17 @@ def _print_budget(ep, evaluation: float, folded: float, timings: dict, repeat: i
     seen: dict = {}
     walk = cpu_ms(lambda: [seen.get(n) for n in nodes])
     inputs = cpu_ms(lambda: [n.all_input_nodes for n in nodes])
-    rows = cpu_ms(lambda: [Row(n.name, "t", None) for n in nodes])
+    rows = cpu_ms(lambda: [Decision(n.name, "t", Reason.FOLDED) for n in nodes])
     phases = {k: v for k, v in timings.items() if k not in ("seconds", "folded", "total", "evaluation")}
     per_node = 1e6 / len(nodes)
+    over = f"{(folded - floor) / budget:.1f}x the budget" if budget > 0 else "no budget left"
     print(f"floor {floor * 1e3:.1f} ms ({floor / evaluation:.2f}x); 1.5x leaves {budget * 1e3:.1f} ms beside it "
           f"({budget * per_node:.1f} us per node); the fold spends {(folded - floor) * 1e3:.1f} ms beside it "
-          f"({(folded - floor) * per_node:.1f} us per node, {(folded - floor) / budget:.1f}x the budget)")
+          f"({(folded - floor) * per_node:.1f} us per node, {over})")
     print("the fold's other phases (ms, wall, fastest in-place run; lift holds the surgery): " + ", ".join(
         f"{k} {v * 1e3:.1f}" for k, v in phases.items() if v >= 5e-5) + f"; sum {sum(phases.values()) * 1e3:.1f}")
     print(f"price per pass over {len(nodes):,} nodes (ms, CPU): a walk {walk:.2f}, a walk reading inputs "
-          f"{inputs:.2f}, a slotted dataclass per node {rows:.2f}")
+          f"{inputs:.2f}, a report row (Decision) per node {rows:.2f}")
 
 
 if __name__ == "__main__":
