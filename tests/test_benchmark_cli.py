@@ -78,16 +78,23 @@ def test_cpu_ratio_prints_the_fold_against_one_evaluation(capsys):
     assert prices.startswith("price per pass over 182 nodes"), prices
 
 
-def test_scale_writes_the_fold_beside_one_evaluation_its_floor_and_constant_prop_pass(tmp_path):
+def test_scale_measures_the_fold_beside_one_evaluation_its_floor_and_constant_prop_pass():
+    # `_measure` in this process (the CLI runs it in a spawned one per method; spawning two
+    # costs ~10 s of imports for nothing the test checks).
     from benchmarks import scale
 
-    assert scale.main(["--sizes", "200", "--dialects", "ATEN", "--cpp-max-nodes", "200", "--bodies", "0",
-                       "--repeat", "2", "--out", str(tmp_path)]) == 0
-    rows = {r["method"]: r for r in json.loads((tmp_path / "scale.json").read_text())}
-    assert rows.keys() == {"fold_constants", "constant_prop_pass"}
-    fold = rows["fold_constants"]
+    class Rows(list):
+        put = list.append
+
+    rows = Rows()
+    for method in ("fold_constants", "constant_prop_pass"):
+        scale._measure(method, 22, "ATEN", 1, rows)
+    fold = next(r for r in rows if r["method"] == "fold_constants")
+    assert fold["nodes"] == rows[1]["nodes"] > 150
     assert fold["interpreter_s"] > 0 and fold["floor_s"] > 0 and fold["folded"] > 0
     assert 0 <= fold["peak_rss_growth_kib"] < 16 * 1024, fold  # a 200-node program: a few MiB at most
+    table = scale.growth_table(rows)
+    assert table[2].startswith(f"| ATEN | {fold['nodes']:,} | ") and "| 0.1 |" in table[2], table[:3]
 
 
 def test_own_peak_growth_sees_what_a_run_holds_at_its_peak():
