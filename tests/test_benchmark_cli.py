@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,51 @@ def test_own_peak_growth_sees_what_a_run_holds_at_its_peak():
     held, nothing = int(out[-2]), int(out[-1])
     assert held >= 60 * 1024 * 1024, out
     assert nothing < 8 * 1024 * 1024, out
+
+
+def _help(main, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    return capsys.readouterr().out
+
+
+def test_every_documented_benchmark_command_uses_flags_its_module_has(capsys):
+    """Each ``python -m benchmarks[.module] ...`` command in docs/benchmarks.md and README names only
+    flags that module's ``--help`` lists (a benchmark run by ``--scale``, ``--weight-scale`` or
+    ``--fold-time`` also takes that benchmark's flags)."""
+    from benchmarks import cpu_ratio, fold_time, lowering_memory, scale, weight_scale
+
+    helps = {name: _help(mod.main, capsys) for name, mod in
+             {"scale": scale, "weight_scale": weight_scale, "fold_time": fold_time,
+              "cpu_ratio": cpu_ratio, "lowering_memory": lowering_memory}.items()}
+    helps[""] = _help(parse_args, capsys)
+    runs = {"--scale": "scale", "--weight-scale": "weight_scale", "--fold-time": "fold_time"}
+    text = (REPO / "docs" / "benchmarks.md").read_text() + (REPO / "README.md").read_text()
+    commands = re.findall(r"python -m benchmarks(?:\.(\w+))?((?:(?:[ \t]+|[ \t]*\n[ \t]*(?=[-\[]))[^`\s#]+)*)", text)
+    assert len(commands) > 20, commands
+    for module, args in commands:
+        flags = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", args))
+        allowed = helps[module] + "".join(helps[runs[f]] for f in flags if not module and f in runs)
+        unknown = {f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", allowed)}
+        assert not unknown, f"python -m benchmarks{'.' + module if module else ''}{args}: {sorted(unknown)}"
+
+
+def test_the_documented_flag_defaults_are_the_parsers():
+    """docs/benchmarks.md, "Running": the flag table's defaults (``off``, a number, or ``N (quick M)``)."""
+    table = (REPO / "docs" / "benchmarks.md").read_text().split("| flag | default | meaning |", 1)[1].split("\n\n", 1)[0]
+    full, quick = vars(parse_args([])), vars(parse_args(["--quick"]))
+    checked = 0
+    for flag, default in re.findall(r"^\| `(-[-\w]+)[^`]*` \| ([^|]+) \|", table, re.M):
+        key = "verbose" if flag == "-v" else flag.lstrip("-").replace("-", "_")
+        number = re.fullmatch(r"([0-9.]+)(?: \(quick ([0-9.]+)\))?", default.strip())
+        if default.strip() == "off":
+            assert full[key] is False, flag
+        elif number:
+            assert full[key] == float(number.group(1)), flag
+            assert quick[key] == float(number.group(2) or number.group(1)), flag
+        elif flag == "--backends":
+            assert ",".join(full[key]) == default.strip().strip("`"), flag
+        else:
+            continue
+        checked += 1
+    assert checked >= 10, table

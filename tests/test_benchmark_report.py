@@ -151,3 +151,19 @@ def test_the_run_fails_on_cpu_errors_and_on_fold_on_qnn_regressions_only():
     regression = [_qnn("none", "16a4w"), _qnn("fold_constants", "16a4w", status="error (lower): RuntimeError: x")]
     assert [r["precision"] for r in failures(by_design + regression, regressions)] == ["16a4w"]
     assert len(failures([_row(status="error (run): x")], regressions)) == 1
+
+
+def test_the_exit_status_is_as_documented_for_judged_rows():
+    """docs/benchmarks.md, "Exit status": a CPU ``mismatch`` or ``unverified`` row fails the run; a
+    QNN fold-on status other than an error counts unless it is the fold-off row's text, so a fold-on
+    mismatch beside a fold-off mismatch with other numbers counts (the doc says so; change both)."""
+    from benchmarks import verdict
+    from benchmarks.__main__ import failures
+    from benchmarks.qnn_unit import regressions
+
+    for status in (verdict.judge("fp32", 1.0, 1.0), verdict.judge("fp32", 0.0, 1e-9)):
+        assert len(failures([_row(status=status)], regressions)) == 1, status
+    off, on = verdict.judge("8a8w", 1.77, 1.53), verdict.judge("8a8w", 1.76, 1.53)
+    assert off.startswith("mismatch") and on.startswith("mismatch")
+    assert failures([_qnn("none", "8a8w", status=off), _qnn("fold_constants", "8a8w", status=off)], regressions) == []
+    assert len(failures([_qnn("none", "8a8w", status=off), _qnn("fold_constants", "8a8w", status=on)], regressions)) == 1
