@@ -135,8 +135,10 @@ def fill_row(row: Row, q: Any) -> None:
 
 
 def regressions(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """``fold_constants`` QNN rows that failed where ``none`` of the same model and precision did
-    not fail at the same stage (a model QNN refuses either way is QNN's limit, not the fold's)."""
+    """``fold_constants`` QNN rows neither ``ok`` nor ``skipped`` whose status differs from the
+    ``none`` row's of the same model and precision (a model QNN refuses either way is QNN's limit,
+    not the fold's). Two ``error (<stage>)`` statuses are the same when the stage is; any other
+    status (``mismatch: ...``) must be the same text, numbers included."""
     none = {(r["model"], r.get("precision")): r["status"] for r in rows
             if r["backend"] == "qnn" and r["variant"] == "none"}
 

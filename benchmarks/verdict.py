@@ -8,23 +8,25 @@ the float eager model, or for a quantized row the converted q/dq program run in 
 - ``fp32`` (portable, XNNPACK): `FLOAT_RTOL`. fp32 kernels reorder sums; measured <= 1.1e-5 of
   the scale on the benchmark models.
 - ``fp16`` (HTP): `FP16_RTOL`. HTP computes every op in fp16 (unit roundoff 2^-11 = 4.9e-4) and
-  the models chain tens to hundreds of ops; measured 5.5e-4 (resnet18) to 4.7e-3 (swin_v2_t, 48
+  the models chain tens to hundreds of ops; measured 5.5e-4 (resnet18) to 4.7e-3 (swin_v2_t, 12
   blocks) of the scale on the benchmark models (`docs/benchmarks.md`), so 1e-2 (about 20 unit
   roundoffs, 2.1x the deepest model's) separates rounding from a wrong result.
 - ``8a8w`` (XNNPACK ``*_q8`` rows, HTP): `QUANTIZED_RTOL`. The eager q/dq program computes each
   op in fp32 between fake-quantizations while the ``.pte`` runs integer kernels that requantize
   at every op, each rounding by up to half a step of that op's 8-bit encoding (about 0.4 % of
   its range); measured 5.9 % (portable) and 8.3 % (XNNPACK) of the scale on
-  mobilenet_v3_small_q8, and 0.7 % to 10 % on HTP for resnet18, t5_encoder and llama. 0.15 is
-  about 19 steps of an 8-bit output encoding spanning +-scale.
+  mobilenet_v3_small_q8, and 1.4 % (resnet18) to 10 % (llama) on HTP outside the known
+  faults. 0.15 is about 19 steps of an 8-bit output encoding spanning +-scale.
 - ``16a4w`` (HTP): `A16_RTOL`. 16-bit activations round 256 times finer than 8-bit ones, and
   the 4-bit weights are the same integers on both sides, so requantization alone stays far below
   1 %; HTP computes some ops (softmax, normalisations) through fp16 internally, whose bound above
   applies. Measured 0.5 % on llama 16a4w; 0.03 leaves a 6x margin.
 
 A reference whose scale is below `MIN_SCALE` proves nothing by matching (a randomly initialised
-model can output ~1e-9): such a row is not passed but reported as ``unverified``. Integer
-outputs must match exactly.
+model can output ~1e-9): such a row is not passed but reported as ``unverified``, whatever the
+difference. Integer outputs must match exactly. A NaN difference or scale is not caught
+(``NaN > tolerance`` is false): a known gap, held by a strict xfail in
+``tests/test_benchmark_verdict.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Counts of the work a fold does, for tests that rule out repeated or quadratic work.
 
-Nothing here is part of a result: `FoldReport` and the stages' records carry no counters. A
-test wraps the call it measures in `counting()` and reads the counts; outside such a block
+Nothing counted here is part of a result (the counts a result does carry are kept by their own
+stage: `FoldReport.evaluated_nodes`, `evaluate.Evaluation.evaluated`, `NonfiniteScan.batches`).
+A test wraps the call it measures in `counting()` and reads the counts; outside such a block
 `count` does nothing but one list check.
 
 Counted names:

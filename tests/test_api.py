@@ -210,6 +210,25 @@ def test_command_line_reports_a_missing_input_without_traceback(tmp_path, capsys
     assert not (tmp_path / "o.pt2").exists()
 
 
+def test_the_documented_command_lines_use_flags_the_command_has(capsys):
+    """README and docs/design.md write ``python -m folding IN.pt2 -o OUT.pt2 [--flag ...]``: each flag
+    they name is one ``python -m folding --help`` lists."""
+    import re
+
+    from folding.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    root = Path(__file__).resolve().parents[1]
+    commands = [c for doc in ("README.md", "docs/design.md")
+                for c in re.findall(r"`python -m folding ([^`]*)`", (root / doc).read_text())]
+    assert len(commands) >= 2, commands
+    for command in commands:
+        flags = re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", command)
+        assert flags and all(re.search(rf"(?<![\w-]){f}(?![\w-])", help_text) for f in flags), command
+
+
 # Report -------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """QNN tests run on the real Qualcomm HTP backend (QNN 2.49.40 from ``onnxruntime-qnn==2.5.0``).
 
-``qnn.load_qnn_sdk`` finds and opens the libraries when `qnn` is imported; here it must succeed:
-a machine without them fails every QNN test with `qnn.QnnSdkError` saying what to install,
+`import qnn` opens no library; ``qnn.load_qnn_sdk`` finds and opens them at the first QNN use.
+The session fixture `qnn_sdk` calls it before any QNN test, and here it must succeed: a machine
+without the libraries fails every QNN test with `qnn.QnnSdkError` saying what to install,
 rather than skipping them.
 """
 
