@@ -72,7 +72,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2,
                    help="parallel build processes (export/fold/lower); timing is always serial")
     p.add_argument("--out", default=None,
-                   help="output directory (default: results/<timestamp>[-quick])")
+                   help="output directory (default: results/<timestamp>[-quick][-sweep][-qnn])")
     p.add_argument("--keep-pte", action="store_true", help="keep the .pte files in OUT/pte")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr (INFO)")
     p.add_argument("--fold-time", action="store_true",
