@@ -129,6 +129,7 @@ class Unit:
     quick: bool
     work_dir: str
     precision: Optional[str] = None
+    source: Optional[Any] = None  # a saved program's `benchmarks.saved_program.ProgramSource`; None: a built-in model
 
     @property
     def is_qnn(self) -> bool:
@@ -157,7 +158,10 @@ _fail = fail
 
 
 def export_model(spec: models.ModelSpec) -> ExportedProgram:
-    """``torch.export.export`` (non-strict) of ``spec.module`` on ``spec.inputs``."""
+    """``torch.export.export`` (non-strict) of ``spec.module`` on ``spec.inputs``; a saved
+    program's spec already holds its program (`benchmarks.saved_program`)."""
+    if spec.program is not None:
+        return spec.program
     with torch.no_grad():
         return torch.export.export(spec.module, spec.inputs, strict=False)
 
@@ -294,11 +298,11 @@ def build_unit(unit: Unit) -> List[Row]:
     if unit.is_qnn:
         from . import qnn_unit
 
-        return qnn_unit.build_unit(unit.model, unit.variants, unit.precision, unit.quick)
+        return qnn_unit.build_unit(unit.model, unit.variants, unit.precision, unit.quick, unit.source)
     (variant,) = unit.variants
     rows = [Row(unit.model, variant, b, precision=cpu_precision(unit.model)) for b in unit.backends]
     try:
-        spec = models.build(unit.model, quick=unit.quick)
+        spec = models.build(unit.model, quick=unit.quick, source=unit.source)
         with torch.no_grad():
             expected = spec.module(*spec.inputs)
         start = time.perf_counter()
@@ -326,6 +330,7 @@ def build_unit(unit: Unit) -> List[Row]:
         row.aten_const_only_nodes = aten["const_only_nodes"]
         row.aten_const_bytes = aten["const_bytes"]
         row.fold_report = prepared.fold_report
+        row.note = spec.row_note or None
         rep = prepared.fold_report or {}
         row.fold_bytes_before = rep.get("constant_bytes_before", rep.get("bytes_before"))
         row.fold_bytes_after = rep.get("constant_bytes_after", rep.get("bytes_after"))
@@ -452,21 +457,25 @@ def _drain(messages: Any, on_building: Callable[[str], None]) -> None:
 
 
 def plan_units(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
-               quick: bool, work_dir: str) -> List[Unit]:
+               quick: bool, work_dir: str, sources: Optional[Dict[str, Any]] = None,
+               precisions: Optional[Sequence[str]] = None) -> List[Unit]:
     """The build units of a run, slowest first: per model, one unit per variant for its CPU
-    backends and one per QNN precision (`benchmarks.qnn_unit.precisions`) for ``qnn``, each
-    limited to the backends the model is built for (`benchmarks.models.backends_of`)."""
+    backends and one per QNN precision (`benchmarks.qnn_unit.precisions`; `precisions` when
+    given) for ``qnn``, each limited to the backends the model is built for
+    (`benchmarks.models.backends_of`; a saved program, named in `sources`, for all three)."""
     from . import qnn_unit
 
+    sources = sources or {}
     units: List[Unit] = []
     for m in model_names:
-        allowed = models.backends_of(m)
+        source = sources.get(m)
+        allowed = BACKENDS if source is not None else models.backends_of(m)
         cpu = tuple(b for b in backends if b in CPU_BACKENDS and b in allowed)
         if cpu:
-            units += [Unit(m, (v,), cpu, quick, work_dir) for v in variant_names]
+            units += [Unit(m, (v,), cpu, quick, work_dir, source=source) for v in variant_names]
         if "qnn" in backends and "qnn" in allowed:
-            units += [Unit(m, tuple(variant_names), ("qnn",), quick, work_dir, precision=p)
-                      for p in qnn_unit.precisions(m, quick)]
+            units += [Unit(m, tuple(variant_names), ("qnn",), quick, work_dir, precision=p, source=source)
+                      for p in qnn_unit.precisions(m, quick, precisions, program=source is not None)]
 
     def cost(u: Unit) -> float:
         base = _MODEL_COST.get(u.model.removesuffix(QUANTIZED_SUFFIX), 1)
@@ -487,15 +496,18 @@ def run_all(model_names: Sequence[str], variant_names: Sequence[str], backends: 
             runs: int, work_dir: str, quick: bool = False, jobs: int = 2,
             latency_budget_s: float = 3.0, log_path: Optional[str] = None,
             on_step: Callable[[str, Row], None] = lambda phase, row: None,
-            on_building: Callable[[str], None] = lambda text: None) -> List[Row]:
+            on_building: Callable[[str], None] = lambda text: None,
+            sources: Optional[Dict[str, Any]] = None, precisions: Optional[Sequence[str]] = None) -> List[Row]:
     """Benchmark every (model, variant, backend[, precision]); returns all rows, failed and
-    skipped ones included.
+    skipped ones included. `sources` names the models that are saved programs
+    (`benchmarks.saved_program.ProgramSource`); `precisions` chooses the QNN precisions
+    (`plan_units`).
 
     ``on_step(phase, row)`` is called once per row after the build phase (``"build"``) and,
     for CPU rows, once after the time phase (``"time"``); ``on_building(text)`` when a worker
     starts a row (`benchmarks._worker.announce`).
     """
-    units = plan_units(model_names, variant_names, backends, quick, work_dir)
+    units = plan_units(model_names, variant_names, backends, quick, work_dir, sources, precisions)
     rows: List[Row] = []
 
     def done(unit_rows: List[Row]) -> None:
@@ -516,6 +528,7 @@ def run_all(model_names: Sequence[str], variant_names: Sequence[str], backends: 
 
 
 def total_rows(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
-               quick: bool) -> int:
+               quick: bool, sources: Optional[Dict[str, Any]] = None,
+               precisions: Optional[Sequence[str]] = None) -> int:
     """How many rows `run_all` returns for these arguments."""
-    return sum(u.rows for u in plan_units(model_names, variant_names, backends, quick, ""))
+    return sum(u.rows for u in plan_units(model_names, variant_names, backends, quick, "", sources, precisions))
