@@ -171,7 +171,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except saved_program.ProgramError as exc:
             print(f"python -m benchmarks: error: {exc}", file=sys.stderr)
             return 2
-    by_name = {s.name: s for s in sources}
+    by_name = {s.name: s for s, _ in sources}
     names = list(args.models) + list(by_name)
     os.makedirs(args.out, exist_ok=True)
     work_dir = os.path.join(args.out, "pte") if args.keep_pte else tempfile.mkdtemp(prefix="bench-pte-")

@@ -69,6 +69,7 @@ class ProgramSource:
             inputs, note = example_args(program, self.path), "the program's example inputs"
         else:
             inputs, note = random_inputs(program), RANDOM_INPUTS_NOTE
+        row_note = RANDOM_INPUTS_NOTE if note == RANDOM_INPUTS_NOTE else ""
         where = f"{self.path}: inputs {self.inputs_path}" if self.inputs_path else self.path
         check_inputs(program, inputs, where)
         if has_dynamic_inputs(program):
@@ -77,13 +78,14 @@ class ProgramSource:
                     program = torch.export.export(program.module(), inputs, strict=False)
             except Exception as exc:  # noqa: BLE001 - the constraints the inputs break, one line
                 raise ProgramError(f"{where}: do not match the program's dynamic dimensions: {_first_line(exc)}") from None
-            note += ", dynamic dimensions at these sizes"
-        row_note = RANDOM_INPUTS_NOTE if note == RANDOM_INPUTS_NOTE else ""
+            note += "; dynamic dimensions at their sizes " + ", ".join(str(tuple(t.shape)) for t in inputs)
         return models.ModelSpec(self.name, program.module(), inputs, note, program=program, row_note=row_note)
 
 
-def sources(paths: Sequence[str], inputs_paths: Sequence[str] = (), taken: Sequence[str] = ()) -> List[ProgramSource]:
-    """One `ProgramSource` per ``--program`` path, each checked by building its spec once.
+def sources(paths: Sequence[str], inputs_paths: Sequence[str] = (),
+            taken: Sequence[str] = ()) -> List[Tuple[ProgramSource, str]]:
+    """One `ProgramSource` per ``--program`` path, each checked by building its spec once, with
+    the spec's note (where its inputs come from).
 
     Each is named after its file (``convnet.pt2`` -> ``convnet``), or by its file name, then its
     path, where that name is in `taken` (the built-in models of the run) or already used.
@@ -102,8 +104,7 @@ def sources(paths: Sequence[str], inputs_paths: Sequence[str] = (), taken: Seque
         used.add(name)
         inputs = inputs_paths[0] if len(inputs_paths) == 1 else (inputs_paths[i] if inputs_paths else None)
         source = ProgramSource(name, path, inputs)
-        source.spec()
-        out.append(source)
+        out.append((source, source.spec().note))
     return out
 
 
@@ -121,7 +122,9 @@ def load_program(path: str) -> ExportedProgram:
         raise ProgramError(f"{path}: not a file")
     if not zipfile.is_zipfile(path):
         raise ProgramError(f"{path}: not a program saved with torch.export.save (not a .pt2 archive)")
-    methods, edge = _archive_models(path)
+    methods, edge, torch_save = _archive_models(path)
+    if not methods and torch_save:
+        raise ProgramError(f"{path}: saved with torch.save, not a program saved with torch.export.save")
     if len(methods) > 1:
         raise ProgramError(f"{path}: {len(methods)} methods ({', '.join(methods)}); --program takes a program "
                            "with one method, saved with torch.export.save")
@@ -143,15 +146,18 @@ def load_program(path: str) -> ExportedProgram:
     return program
 
 
-def _archive_models(path: str) -> Tuple[List[str], bool]:
+def _archive_models(path: str) -> Tuple[List[str], bool, bool]:
     """The program names a ``.pt2`` archive holds (``<root>/models/<name>.json``, torch's
-    ``pt2_archive.constants.MODELS_FILENAME_FORMAT``) and whether one calls Edge-dialect ops."""
+    ``pt2_archive.constants.MODELS_FILENAME_FORMAT``), whether one calls Edge-dialect ops, and
+    whether the archive is ``torch.save``'s (its ``<root>/data.pkl``)."""
     from torch.export.pt2_archive.constants import MODELS_DIR
 
     with zipfile.ZipFile(path) as archive:
-        files = [n for n in archive.namelist() if n.split("/", 1)[-1].startswith(MODELS_DIR) and n.endswith(".json")]
+        names = archive.namelist()
+        files = [n for n in names if n.split("/", 1)[-1].startswith(MODELS_DIR) and n.endswith(".json")]
         edge = any(b"executorch.exir.dialects.edge" in archive.read(n) for n in files)
-    return [os.path.splitext(os.path.basename(n))[0] for n in files], edge
+    torch_save = any(n.split("/", 1)[-1] == "data.pkl" for n in names)
+    return [os.path.splitext(os.path.basename(n))[0] for n in files], edge, torch_save
 
 
 def example_args(program: ExportedProgram, path: str) -> Optional[Tuple[torch.Tensor, ...]]:
@@ -174,14 +180,14 @@ def load_inputs(path: str) -> Tuple[torch.Tensor, ...]:
     Raises:
         ProgramError: a missing or unreadable file, or anything but tensors."""
     if not os.path.isfile(path):
-        raise ProgramError(f"{path}: no such file")
+        raise ProgramError(f"inputs {path}: no such file")
     try:
         value = torch.load(path, weights_only=True)
     except Exception as exc:  # noqa: BLE001
-        raise ProgramError(f"{path}: not a tuple of tensors saved with torch.save ({_first_line(exc)})") from None
+        raise ProgramError(f"inputs {path}: not a tuple of tensors saved with torch.save ({_first_line(exc)})") from None
     value = (value,) if isinstance(value, torch.Tensor) else value
     if not isinstance(value, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in value):
-        raise ProgramError(f"{path}: holds {type(value).__name__}, not a tuple of tensors saved with torch.save")
+        raise ProgramError(f"inputs {path}: holds a {type(value).__name__}, not a tuple of tensors saved with torch.save")
     return tuple(value)
 
 
@@ -217,16 +223,15 @@ def check_inputs(program: ExportedProgram, inputs: Sequence[torch.Tensor], where
         if value.dtype != want.dtype:
             raise ProgramError(f"{said} is {value.dtype}, the program takes {want.dtype}")
         if value.dim() != want.dim():
-            raise ProgramError(f"{said} has shape {tuple(value.shape)}, the program takes {_shape(want)}")
+            raise ProgramError(f"{said} has shape {tuple(value.shape)}, the program takes {_shape(program, want)}")
         for size, dim in zip(value.shape, want.shape):
             if not isinstance(dim, torch.SymInt):
                 if size != dim:
-                    raise ProgramError(f"{said} has shape {tuple(value.shape)}, the program takes {_shape(want)}")
+                    raise ProgramError(f"{said} has shape {tuple(value.shape)}, the program takes {_shape(program, want)}")
                 continue
             bounds = program.range_constraints.get(dim.node.expr)
             if bounds is not None and not (bounds.lower <= size <= bounds.upper):
-                raise ProgramError(f"{said} has shape {tuple(value.shape)}, the program takes {_shape(want)} "
-                                   f"with {dim.node.expr} in [{bounds.lower}, {bounds.upper}]")
+                raise ProgramError(f"{said} has shape {tuple(value.shape)}, the program takes {_shape(program, want)}")
 
 
 def random_inputs(program: ExportedProgram) -> Tuple[torch.Tensor, ...]:
@@ -257,16 +262,26 @@ def _smallest(program: ExportedProgram, dim: torch.SymInt) -> int:
     return size if bounds.upper >= size else int(bounds.upper)
 
 
-def _shape(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(d) for d in t.shape) + ("," if t.dim() == 1 else "") + ")"
+def _shape(program: ExportedProgram, t: torch.Tensor) -> str:
+    """``(lo..hi, 8)``: a placeholder's shape, a dynamic dimension as its range."""
+    def dim(d) -> str:
+        if not isinstance(d, torch.SymInt):
+            return str(d)
+        bounds = program.range_constraints.get(d.node.expr)
+        return str(d) if bounds is None else f"{bounds.lower}..{bounds.upper}"
+
+    return "(" + ", ".join(dim(d) for d in t.shape) + ("," if t.dim() == 1 else "") + ")"
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, chars: int = 160) -> str:
+    """``Type: first line`` of an exception, at most `chars` characters (torch's load errors
+    run to paragraphs)."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    line = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    return line if len(line) <= chars else line[:chars - 1] + "…"
 
 
-def describe(sources_: Sequence[ProgramSource]) -> str:
-    """The run's programs for the results' header: ``name = path (inputs)``."""
-    return "; ".join(f"{s.name} = {s.path}" + (f" (inputs {s.inputs_path})" if s.inputs_path else "") for s in sources_)
+def describe(sources_: Sequence[Tuple[ProgramSource, str]]) -> str:
+    """The run's programs for the results' header: ``name = path (where the inputs come from)``."""
+    return "; ".join(f"{s.name} = {s.path} ({note})" for s, note in sources_)
 
