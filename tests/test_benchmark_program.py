@@ -143,6 +143,33 @@ def test_a_program_saved_without_example_inputs_runs_on_random_ones_and_the_tabl
     assert x.shape == (2, 8) and x.dtype == torch.float32
 
 
+class TwoOutputs(torch.nn.Module):
+    """``(linear(x) * (2 * scale + 1), argmax)``: a float and an integer output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ScaledLinear()
+
+    def forward(self, x: torch.Tensor):
+        y = self.inner(x)
+        return y, y.argmax(-1)
+
+
+def test_a_program_with_a_float_and_an_integer_output_is_judged_on_both(tmp_path):
+    torch.manual_seed(0)
+    path = save(tmp_path, "two_outputs", TwoOutputs(), (torch.randn(3, 8),))
+    rows = run(tmp_path, "--program", str(path), "--backends", "portable", "--variants", "fold_constants")["rows"]
+    (row,) = rows
+    assert_judged(row)
+    spec = saved_program.ProgramSource("two_outputs", str(path)).spec()
+    with torch.no_grad():
+        y, index = spec.module(*spec.inputs)
+    assert row["eager_max_abs"] == float(y.abs().max())  # the float output's scale, not the indices'
+    # the judge holds integer outputs to exact equality beside float ones
+    wrong = runner.Row("two_outputs", "none", "portable", precision="fp32", max_abs_diff=0.0)
+    assert runner.judge_cpu_row(wrong, [y, index], integer_mismatch=1 / 3).startswith("mismatch: 33.3 % of integer")
+
+
 def _edge_program(tmp_path: Path) -> Path:
     from executorch.exir import to_edge
 

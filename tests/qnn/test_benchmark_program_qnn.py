@@ -24,10 +24,11 @@ README = REPO / "README.md"
 STRANDED = "was not decomposed or delegated"
 
 
-class SortedTable(torch.nn.Module):
-    """README's model: ``proj(x) + sort(cumsum(proj(table)))``. QNN takes the constant-only
-    ``proj(table)`` but not the sort after it; HTP refuses that partition (no runtime input) and
-    the linear, kept whole for QNN, cannot run on the CPU: fold off does not lower."""
+class ErfOfTable(torch.nn.Module):
+    """README's model: ``proj(x) + erf(proj(table))``. QNN takes the constant-only
+    ``proj(table)`` but not the erf after it (no QNN builder); HTP refuses that partition (no
+    runtime input) and the linear, kept whole for QNN, cannot run on the CPU: fold off does not
+    lower. The portable and XNNPACK rows lower either way."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,7 +36,7 @@ class SortedTable(torch.nn.Module):
         self.register_buffer("table", torch.randn(4, 16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x) + torch.cumsum(self.proj(self.table), 0).sort(0).values
+        return self.proj(x) + torch.erf(self.proj(self.table))
 
 
 class LinearStack(torch.nn.Module):
@@ -74,14 +75,14 @@ def assert_judged(row: dict) -> None:
 
 def test_a_saved_program_gets_fp16_rows_and_a_row_qnn_refuses_leaves_the_others(tmp_path):
     torch.manual_seed(0)
-    path = save(tmp_path, "sorted_table", SortedTable(), (torch.randn(4, 16),))
+    path = save(tmp_path, "erf_of_table", ErfOfTable(), (torch.randn(4, 16),))
     rows = run(tmp_path, "--program", str(path), "--backends", "qnn", "--variants", "none,fold_constants")
     off, on = rows
     assert [(r["model"], r["backend"], r["precision"], r["variant"]) for r in rows] == [
-        ("sorted_table", "qnn", "fp16", v) for v in ("none", "fold_constants")]
+        ("erf_of_table", "qnn", "fp16", v) for v in ("none", "fold_constants")]
     assert off["status"].startswith("error (lower): RuntimeError: ") and STRANDED in off["status"], off["status"]
     assert_judged(on)
-    assert on["cpu_ops"] == {}  # the constant branch, sort included, computed ahead of time
+    assert on["cpu_ops"] == {}  # the constant branch, erf included, computed ahead of time
     assert on["fold_bytes_after"] is not None and on["note"] is None  # the fold lifted it
 
 
