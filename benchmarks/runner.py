@@ -339,6 +339,11 @@ def build_unit(unit: Unit) -> List[Row]:
         start = time.perf_counter()
         ep = export_model(spec)
         export_time = time.perf_counter() - start
+        if unit.source is not None:  # a saved program: judged at its own precision
+            from .saved_program import cpu_precision as program_precision
+
+            for row in rows:
+                row.precision = program_precision(ep)
         inputs_path = os.path.join(unit.work_dir, f"{unit.model}__{variant}.inputs.pt")
         torch.save(spec.inputs, inputs_path)
     except Exception as exc:  # noqa: BLE001

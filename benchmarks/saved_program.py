@@ -254,6 +254,16 @@ def random_inputs(program: ExportedProgram) -> Tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
+def cpu_precision(program: ExportedProgram) -> str:
+    """The precision a saved program's CPU rows are judged at (`benchmarks.verdict`): ``8a8w``
+    when it is already quantized (calls ``quantized_decomposed`` q/dq ops, what PT2E's
+    ``convert_pt2e`` inserts; its eager reference is then the q/dq program, as for the built-in
+    ``*_q8`` models), else ``fp32``."""
+    quantized = any(n.op == "call_function" and str(n.target).startswith("quantized_decomposed.")
+                    for n in program.graph.nodes)
+    return "8a8w" if quantized else "fp32"
+
+
 def _smallest(program: ExportedProgram, dim: torch.SymInt) -> int:
     bounds = program.range_constraints.get(dim.node.expr)
     if bounds is None:

@@ -170,6 +170,27 @@ def test_a_program_with_a_float_and_an_integer_output_is_judged_on_both(tmp_path
     assert runner.judge_cpu_row(wrong, [y, index], integer_mismatch=1 / 3).startswith("mismatch: 33.3 % of integer")
 
 
+def test_an_already_quantized_program_is_judged_at_8a8w(tmp_path):
+    """A program the user quantized (PT2E, XNNPACKQuantizer) is judged against its q/dq program
+    at 8a8w's tolerance, as the built-in ``*_q8`` models are."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(1, 3, 16, 16),)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared = prepare_pt2e(torch.export.export(ConvNet().eval(), inputs).module(), quantizer)
+    prepared(*inputs)
+    path = tmp_path / "convnet_q.pt2"
+    torch.export.save(torch.export.export(convert_pt2e(prepared), inputs), path)
+    (row,) = run(tmp_path, "--program", str(path), "--backends", "portable", "--variants", "fold_constants")["rows"]
+    assert row["precision"] == "8a8w"
+    assert_judged(row)
+
+
 def _edge_program(tmp_path: Path) -> Path:
     from executorch.exir import to_edge
 
