@@ -86,6 +86,25 @@ def test_a_saved_program_gets_fp16_rows_and_a_row_qnn_refuses_leaves_the_others(
     assert on["fold_bytes_after"] is not None and on["note"] is None  # the fold lifted it
 
 
+def test_a_saved_program_gets_the_qnn_row_of_the_built_in_model_it_was_exported_from(tmp_path, monkeypatch):
+    """Same unit, same code: a saved export of a built-in model's module lowers for HTP to that
+    model's row: the same `.pte` and context-binary sizes, partitions, folded bytes and HTP
+    output (the rows do not keep the `.pte` itself)."""
+    from benchmarks import models, qnn_unit, runner, saved_program
+
+    torch.manual_seed(0)
+    module, inputs = ErfOfTable().eval(), (torch.randn(4, 16),)
+    monkeypatch.setitem(models.BUILDERS, "erf_of_table", lambda quick=False: models.ModelSpec("erf_of_table", module, inputs))
+    torch.export.save(runner.export_model(models.build("erf_of_table")), tmp_path / "erf_of_table.pt2")
+    source = saved_program.ProgramSource("erf_of_table", str(tmp_path / "erf_of_table.pt2"))
+    (built_in,), (saved,) = (qnn_unit.build_unit("erf_of_table", ["fold_constants"], "fp16", False, src)
+                             for src in (None, source))
+    assert built_in.status == saved.status == "ok", (built_in.traceback, saved.traceback)
+    for field in ("pte_bytes", "context_binary_bytes", "partitions", "cpu_ops", "max_abs_diff", "eager_max_abs",
+                  "constant_bytes_in_partitions", "fold_bytes_after"):
+        assert getattr(built_in, field) == getattr(saved, field), field
+
+
 def test_a_saved_linear_stack_is_quantized_for_htp_on_its_inputs(tmp_path):
     torch.manual_seed(0)
     path = save(tmp_path, "stack", LinearStack(), (torch.randn(4, 32),))
