@@ -1,5 +1,9 @@
 """CLI: ``python -m benchmarks [--quick] [--models ...] [--variants ...] [--backends portable,xnnpack,qnn]``.
 
+``python -m benchmarks --program PATH.pt2 [--inputs PATH.pt] [--precisions fp16,8a8w,16a4w]``: the
+same rows for a program saved with ``torch.export.save`` (`benchmarks.saved_program`), named after
+its file; with ``--models`` too, both. A bad file or inputs file: one line on stderr, exit status 2.
+
 QNN/HTP is a backend of the run (on by default; `benchmarks.qnn_unit`); ``--qnn`` is short for
 ``--backends qnn``.
 
@@ -47,6 +51,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help=f"comma-separated subset of: {','.join(models.BUILDERS)} "
                         f"(default: all but swin_v2_t_q8; {','.join(models.QNN_ONLY_MODELS)} for qnn only; "
                         f"with --quick: {','.join(models.QUICK_MODELS)})")
+    p.add_argument("--program", type=_csv, action="append", default=None, metavar="PATH.pt2",
+                   help="a program saved with torch.export.save, benchmarked like a built-in model and "
+                        "named after its file (repeatable, or comma-separated); without --models, only these")
+    p.add_argument("--inputs", type=_csv, action="append", default=None, metavar="PATH.pt",
+                   help="--program's inputs: a tuple of tensors saved with torch.save, for the run and for "
+                        "QNN's calibration (default: the program's example inputs; random ones, said in the "
+                        "table, when it was saved without); one for all programs or one per program")
+    p.add_argument("--precisions", type=_csv, default=None,
+                   help="QNN precisions, a subset of fp16,8a8w,16a4w (default: fp16 for --program; each "
+                        "built-in model's own)")
     p.add_argument("--variants", type=_csv, default=None,
                    help=f"comma-separated subset of: {','.join(variants.VARIANTS)} "
                         f"(default: {','.join(variants.DEFAULT_VARIANTS)}; with --sweep: "
@@ -96,6 +110,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     elif args.qnn and args.backends != ["qnn"]:
         p.error("--qnn is short for --backends qnn; give one of them")
     _check(args.backends, list(runner.BACKENDS), "backend")
+    args.program = [path for group in args.program or [] for path in group]
+    args.inputs = [path for group in args.inputs or [] for path in group]
+    if args.inputs and not args.program:
+        p.error("--inputs goes with --program")
+    if args.precisions is not None:
+        from .qnn_unit import ALL_PRECISIONS
+
+        _check(args.precisions, list(ALL_PRECISIONS), "precision")
+    if args.models is None and args.program:
+        args.models = []
     if args.models is None:
         args.models = list(models.QUICK_MODELS if args.quick else models.DEFAULT_MODELS)
         if not args.quick and "qnn" in args.backends:
@@ -138,23 +162,38 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
 
     torch.set_num_threads(2)
+    sources = []
+    if args.program:
+        from . import saved_program
+
+        try:
+            sources = saved_program.sources(args.program, args.inputs, taken=args.models)
+        except saved_program.ProgramError as exc:
+            print(f"python -m benchmarks: error: {exc}", file=sys.stderr)
+            return 2
+    by_name = {s.name: s for s, _ in sources}
+    names = list(args.models) + list(by_name)
     os.makedirs(args.out, exist_ok=True)
     work_dir = os.path.join(args.out, "pte") if args.keep_pte else tempfile.mkdtemp(prefix="bench-pte-")
     os.makedirs(work_dir, exist_ok=True)
-    shown = progress.Progress(runner.total_rows(args.models, args.variants, args.backends, args.quick))
-    print(f"benchmark: {shown.total} rows ({', '.join(args.backends)}; {', '.join(args.models)}); "
+    shown = progress.Progress(runner.total_rows(names, args.variants, args.backends, args.quick, by_name, args.precisions))
+    print(f"benchmark: {shown.total} rows ({', '.join(args.backends)}; {', '.join(names)}); "
           f"worker logs in {os.path.join(args.out, 'workers.log')}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        rows = runner.run_all(args.models, args.variants, args.backends, args.runs, work_dir,
+        rows = runner.run_all(names, args.variants, args.backends, args.runs, work_dir,
                               quick=args.quick, jobs=args.jobs, latency_budget_s=args.latency_budget,
                               log_path=os.path.join(args.out, "workers.log"), on_step=shown.step,
-                              on_building=shown.building)
+                              on_building=shown.building, sources=by_name, precisions=args.precisions)
     finally:
         if not args.keep_pte:
             shutil.rmtree(work_dir, ignore_errors=True)
     wall = time.perf_counter() - start
     meta = dict(_meta(args, argv, wall), runs=args.runs, latency_budget_s=args.latency_budget, jobs=args.jobs)
+    if sources:
+        from .saved_program import describe
+
+        meta["programs"] = describe(sources)
     dicts = [r.to_dict() for r in rows]
     from .qnn_unit import regressions, sdk_text
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -21,12 +21,18 @@ SEED = 0
 
 @dataclasses.dataclass
 class ModelSpec:
-    """A benchmark model: an eval-mode module and its example inputs."""
+    """A benchmark model: an eval-mode module and its example inputs.
+
+    ``program``: the ATen program to fold and lower when the model is a saved one
+    (`benchmarks.saved_program`; built-in models are exported from ``module``: None).
+    ``row_note``: said in every row of the model (e.g. that its inputs are random)."""
 
     name: str
     module: nn.Module
     inputs: Tuple[torch.Tensor, ...]
     note: str = ""
+    program: Optional[torch.export.ExportedProgram] = None
+    row_note: str = ""
 
 
 class _FirstOutput(nn.Module):
@@ -312,8 +318,14 @@ def backends_of(name: str) -> Tuple[str, ...]:
     return ("portable", "xnnpack", "qnn")
 
 
-def build(name: str, quick: bool = False) -> ModelSpec:
-    """Build the named benchmark model (see :data:`BUILDERS`)."""
+def build(name: str, quick: bool = False, source=None) -> ModelSpec:
+    """Build the named benchmark model (see :data:`BUILDERS`), or the saved program `source`
+    (a `benchmarks.saved_program.ProgramSource`, named `name`).
+
+    Raises:
+        ValueError: an unknown name; `benchmarks.saved_program.ProgramError` for a bad source."""
+    if source is not None:
+        return source.spec()
     try:
         builder = BUILDERS[name]
     except KeyError:

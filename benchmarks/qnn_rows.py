@@ -159,12 +159,14 @@ def compiler_specs(precision: str, fold: bool) -> list:
     return qnn.generate_qnn_executorch_compiler_spec(getattr(QcomChipset, SOC_NAME), options, fold_constants=fold)
 
 
-def quantize_for_htp(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str) -> torch.fx.GraphModule:
+def quantize_for_htp(module: "torch.nn.Module | torch.export.ExportedProgram", inputs: Tuple[torch.Tensor, ...],
+                     precision: str) -> torch.fx.GraphModule:
     """PT2E with executorch's QnnQuantizer (``8a8w`` or ``16a4w``; per-channel conv and linear
     weights), calibrated on `CALIBRATION_BATCHES` seeded random batches and `inputs`. Nodes whose
     calibration values are not finite are left unquantized (`_non_finite_observed`).
 
-    Export is non-strict (``torch.export.export``'s default; HF models do not trace strictly)."""
+    Export is non-strict (``torch.export.export``'s default; HF models do not trace strictly);
+    an ``ExportedProgram`` (a saved program, `benchmarks.saved_program`) is quantized as it is."""
     import qnn  # noqa: F401  (sets QNN_SDK_ROOT: QnnQuantizer downloads an SDK when it is unset)
     from qnn.control_flow import require_no_control_flow
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
@@ -177,8 +179,7 @@ def quantize_for_htp(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], 
         quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=getattr(QcomChipset, SOC_NAME))
         quantizer.set_default_quant_config(dtype, is_conv_per_channel=True, is_linear_per_channel=True)
         quantizer.add_discard_nodes(sorted(discard))
-        with torch.no_grad():
-            program = torch.export.export(module.eval(), inputs, strict=False)
+        program = module if isinstance(module, torch.export.ExportedProgram) else _export_eval(module, inputs)
         require_no_control_flow(program)  # typed, not QNN's AttributeError
         prepared = prepare_pt2e(program.module(), quantizer)
         g = torch.Generator().manual_seed(models.SEED + 2)
@@ -192,6 +193,11 @@ def quantize_for_htp(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], 
         logger.info("not quantizing %s: non-finite values in calibration", sorted(unobservable))
         discard |= unobservable
     raise RuntimeError(f"calibration still sees non-finite values after discarding {sorted(discard)}")
+
+
+def _export_eval(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...]) -> "torch.export.ExportedProgram":
+    with torch.no_grad():
+        return torch.export.export(module.eval(), inputs, strict=False)
 
 
 def _non_finite_observed(prepared: torch.fx.GraphModule) -> set:

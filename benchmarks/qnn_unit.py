@@ -33,10 +33,19 @@ ONLY_PRECISIONS: Dict[str, Tuple[str, ...]] = {"llama_1b": ("16a4w",)}
 # position buckets; llama's mask and rotary code in fp16), to keep the newcomer's run short.
 QUICK_PRECISIONS: Dict[str, Tuple[str, ...]] = {"t5_encoder": ("8a8w",)}
 QUICK_DEFAULT_PRECISIONS: Tuple[str, ...] = ("fp16",)
+PROGRAM_PRECISIONS: Tuple[str, ...] = ("fp16",)
+"""A saved program's (``--program``) QNN precisions unless ``--precisions`` chooses."""
+ALL_PRECISIONS: Tuple[str, ...] = ("fp16", "8a8w", "16a4w")
 
 
-def precisions(model: str, quick: bool = False) -> Tuple[str, ...]:
-    """The precisions `model` is built in for QNN."""
+def precisions(model: str, quick: bool = False, chosen: Optional[Sequence[str]] = None,
+               program: bool = False) -> Tuple[str, ...]:
+    """The precisions `model` is built in for QNN: `chosen` (``--precisions``) when given, else
+    `PROGRAM_PRECISIONS` for a saved `program`, else the built-in model's own."""
+    if chosen:
+        return tuple(chosen)
+    if program:
+        return PROGRAM_PRECISIONS
     if model in ONLY_PRECISIONS:
         return ONLY_PRECISIONS[model]
     if quick:
@@ -44,16 +53,18 @@ def precisions(model: str, quick: bool = False) -> Tuple[str, ...]:
     return PRECISIONS + EXTRA_PRECISIONS.get(model, ())
 
 
-def build_unit(model: str, variants: Sequence[str], precision: str, quick: bool) -> List[Row]:
+def build_unit(model: str, variants: Sequence[str], precision: str, quick: bool, source: Any = None) -> List[Row]:
     """Build, quantize when `precision` is quantized, and lower `model` for HTP in every variant;
-    run each ``.pte`` on the emulated HTP. Never raises: failures and skips are in the rows.
+    run each ``.pte`` on the emulated HTP. `source`: the saved program `model` is
+    (`benchmarks.saved_program.ProgramSource`), None for a built-in model. Never raises:
+    failures and skips are in the rows.
 
     QnnQuantizer's and QNN's prints go to stderr (the worker log), not to the parent's output."""
     with contextlib.redirect_stdout(sys.stderr):
-        return _build_unit(model, list(variants), precision, quick)
+        return _build_unit(model, list(variants), precision, quick, source)
 
 
-def _build_unit(model: str, variants: List[str], precision: str, quick: bool) -> List[Row]:
+def _build_unit(model: str, variants: List[str], precision: str, quick: bool, source: Any = None) -> List[Row]:
     rows = {v: Row(model, v, "qnn", precision=precision) for v in variants}
     supported = [v for v in variants if v in VARIANT_MODES]
     for v in variants:
@@ -76,14 +87,15 @@ def _build_unit(model: str, variants: List[str], precision: str, quick: bool) ->
     _worker.announce(f"{model} · qnn {precision} · " + ("export" if precision == "fp16" else "quantize"))
     start = time.perf_counter()
     try:
-        spec = models.build(model, quick=quick)
+        spec = models.build(model, quick=quick, source=source)
         if precision == "fp16":
             # non-strict export first; the QNN wrapper's strict export then traces a plain GraphModule
-            with torch.no_grad():
-                module = torch.export.export(spec.module, spec.inputs, strict=False).module()
+            from .runner import export_model
+
+            module = export_model(spec).module()
             quantize_time = None
         else:
-            module = qnn_rows.quantize_for_htp(spec.module, spec.inputs, precision)
+            module = qnn_rows.quantize_for_htp(spec.program or spec.module, spec.inputs, precision)
             quantize_time = time.perf_counter() - start
     except Exception as exc:  # noqa: BLE001
         for v in supported:
@@ -100,6 +112,7 @@ def _build_unit(model: str, variants: List[str], precision: str, quick: bool) ->
     for q in lowered:
         row = rows[variant_of[q.mode]]
         fill_row(row, q)
+        row.note = "; ".join(filter(None, [spec.row_note, row.note])) or None
         row.backend_version = version
         row.export_time_s = export_time
     return list(rows.values())

@@ -129,6 +129,7 @@ class Unit:
     quick: bool
     work_dir: str
     precision: Optional[str] = None
+    source: Optional[Any] = None  # a saved program's `benchmarks.saved_program.ProgramSource`; None: a built-in model
 
     @property
     def is_qnn(self) -> bool:
@@ -157,7 +158,10 @@ _fail = fail
 
 
 def export_model(spec: models.ModelSpec) -> ExportedProgram:
-    """``torch.export.export`` (non-strict) of ``spec.module`` on ``spec.inputs``."""
+    """``torch.export.export`` (non-strict) of ``spec.module`` on ``spec.inputs``; a saved
+    program's spec already holds its program (`benchmarks.saved_program`)."""
+    if spec.program is not None:
+        return spec.program
     with torch.no_grad():
         return torch.export.export(spec.module, spec.inputs, strict=False)
 
@@ -231,18 +235,46 @@ def _native_stderr_to(log_path: Optional[str]):
         os.close(saved)
 
 
-def _forward(module, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    return module.forward(tuple(inputs))[0]
+def _forward(module, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    return list(module.forward(tuple(inputs)))
 
 
-def _max_abs_diff(got: torch.Tensor, want: torch.Tensor) -> float:
-    if tuple(got.shape) != tuple(want.shape):
-        raise ValueError(f"output shape {tuple(got.shape)} != eager {tuple(want.shape)}")
-    return float((got.float() - want.float()).abs().max())
+def eager_outputs(value: Any) -> List[torch.Tensor]:
+    """The tensors of a model's output in the order a ``.pte`` returns them (pytree leaves; a
+    built-in model returns one tensor, a saved program may return several)."""
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _compared(got: List[torch.Tensor], want: List[torch.Tensor]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """The (got, want) pairs judged by difference: the float outputs, or every output when none is
+    float. Raises ValueError when the outputs' count or shapes differ."""
+    if len(got) != len(want) or any(tuple(g.shape) != tuple(w.shape) for g, w in zip(got, want)):
+        raise ValueError(f"output shapes {[tuple(g.shape) for g in got]} != eager {[tuple(w.shape) for w in want]}")
+    pairs = list(zip(got, want))
+    return [(g, w) for g, w in pairs if w.dtype.is_floating_point] or pairs
+
+
+def _max_abs_diff(got: List[torch.Tensor], want: List[torch.Tensor]) -> float:
+    return max((float((g.float() - w.float()).abs().max()) for g, w in _compared(got, want) if w.numel()), default=0.0)
+
+
+def output_scale(expected: List[torch.Tensor]) -> float:
+    """max |eager output| over the outputs `_max_abs_diff` compares."""
+    return max((float(w.float().abs().max()) for _, w in _compared(expected, expected) if w.numel()), default=0.0)
+
+
+def _integer_mismatch(got: List[torch.Tensor], want: List[torch.Tensor]) -> Optional[float]:
+    """Fraction of integer output elements that differ, beside float outputs (None: no such output)."""
+    ints = [(g, w) for g, w in zip(got, want) if not w.dtype.is_floating_point]
+    if not ints or len(ints) == len(want):
+        return None
+    return sum(int((g != w).sum()) for g, w in ints) / max(sum(w.numel() for _, w in ints), 1)
 
 
 def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSpec,
-                     expected: torch.Tensor, work_dir: str) -> None:
+                     expected: List[torch.Tensor], work_dir: str) -> None:
     _worker.announce(f"{row.model} · {row.backend} · {row.variant}")
     passes = variants.fresh_edge_passes(prepared)
     try:
@@ -272,21 +304,24 @@ def _lower_and_check(row: Row, prepared: variants.Prepared, spec: models.ModelSp
         out = _forward(module, spec.inputs)
         row.cold_run_ms = (time.perf_counter() - start) * 1e3
         row.max_abs_diff = _max_abs_diff(out, expected)
+        integer_mismatch = _integer_mismatch(out, expected)
     except Exception as exc:  # noqa: BLE001
         _fail(row, "run", exc)
         return
-    row.tolerance = verdict.tolerance(row.precision or cpu_precision(row.model), float(expected.float().abs().max()))
-    row.status = judge_cpu_row(row, expected)
+    row.tolerance = verdict.tolerance(row.precision or cpu_precision(row.model), output_scale(expected))
+    row.status = judge_cpu_row(row, expected, integer_mismatch)
     if row.status != "ok":
         logger.warning("%s/%s/%s: %s", row.model, row.variant, row.backend, row.status)
 
 
-def judge_cpu_row(row: Row, expected: torch.Tensor) -> str:
-    """The status of a CPU row whose ``.pte`` ran: its max abs diff against eager judged by
-    `benchmarks.verdict` at the row's precision (an integer output must match exactly)."""
-    if not expected.dtype.is_floating_point:
+def judge_cpu_row(row: Row, expected: List[torch.Tensor], integer_mismatch: Optional[float] = None) -> str:
+    """The status of a CPU row whose ``.pte`` ran: its max abs diff against eager over the float
+    outputs judged by `benchmarks.verdict` at the row's precision; integer outputs must match
+    exactly (`integer_mismatch`: the fraction of their elements that differ, beside float ones)."""
+    if not any(w.dtype.is_floating_point for w in expected):
         return "ok" if row.max_abs_diff == 0 else f"mismatch: integer output differs from eager by {row.max_abs_diff:.3g}"
-    return verdict.judge(row.precision or cpu_precision(row.model), row.max_abs_diff, float(expected.float().abs().max()))
+    return verdict.judge(row.precision or cpu_precision(row.model), row.max_abs_diff, output_scale(expected),
+                         integer_mismatch)
 
 
 def build_unit(unit: Unit) -> List[Row]:
@@ -294,16 +329,21 @@ def build_unit(unit: Unit) -> List[Row]:
     if unit.is_qnn:
         from . import qnn_unit
 
-        return qnn_unit.build_unit(unit.model, unit.variants, unit.precision, unit.quick)
+        return qnn_unit.build_unit(unit.model, unit.variants, unit.precision, unit.quick, unit.source)
     (variant,) = unit.variants
     rows = [Row(unit.model, variant, b, precision=cpu_precision(unit.model)) for b in unit.backends]
     try:
-        spec = models.build(unit.model, quick=unit.quick)
+        spec = models.build(unit.model, quick=unit.quick, source=unit.source)
         with torch.no_grad():
-            expected = spec.module(*spec.inputs)
+            expected = eager_outputs(spec.module(*spec.inputs))
         start = time.perf_counter()
         ep = export_model(spec)
         export_time = time.perf_counter() - start
+        if unit.source is not None:  # a saved program: judged at its own precision
+            from .saved_program import cpu_precision as program_precision
+
+            for row in rows:
+                row.precision = program_precision(ep)
         inputs_path = os.path.join(unit.work_dir, f"{unit.model}__{variant}.inputs.pt")
         torch.save(spec.inputs, inputs_path)
     except Exception as exc:  # noqa: BLE001
@@ -321,11 +361,12 @@ def build_unit(unit: Unit) -> List[Row]:
     for row in rows:
         row.export_time_s = export_time
         row.inputs_path = inputs_path
-        row.eager_max_abs = float(expected.float().abs().max())
+        row.eager_max_abs = output_scale(expected)
         row.aten_nodes = aten["nodes"]
         row.aten_const_only_nodes = aten["const_only_nodes"]
         row.aten_const_bytes = aten["const_bytes"]
         row.fold_report = prepared.fold_report
+        row.note = spec.row_note or None
         rep = prepared.fold_report or {}
         row.fold_bytes_before = rep.get("constant_bytes_before", rep.get("bytes_before"))
         row.fold_bytes_after = rep.get("constant_bytes_after", rep.get("bytes_after"))
@@ -452,21 +493,25 @@ def _drain(messages: Any, on_building: Callable[[str], None]) -> None:
 
 
 def plan_units(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
-               quick: bool, work_dir: str) -> List[Unit]:
+               quick: bool, work_dir: str, sources: Optional[Dict[str, Any]] = None,
+               precisions: Optional[Sequence[str]] = None) -> List[Unit]:
     """The build units of a run, slowest first: per model, one unit per variant for its CPU
-    backends and one per QNN precision (`benchmarks.qnn_unit.precisions`) for ``qnn``, each
-    limited to the backends the model is built for (`benchmarks.models.backends_of`)."""
+    backends and one per QNN precision (`benchmarks.qnn_unit.precisions`; `precisions` when
+    given) for ``qnn``, each limited to the backends the model is built for
+    (`benchmarks.models.backends_of`; a saved program, named in `sources`, for all three)."""
     from . import qnn_unit
 
+    sources = sources or {}
     units: List[Unit] = []
     for m in model_names:
-        allowed = models.backends_of(m)
+        source = sources.get(m)
+        allowed = BACKENDS if source is not None else models.backends_of(m)
         cpu = tuple(b for b in backends if b in CPU_BACKENDS and b in allowed)
         if cpu:
-            units += [Unit(m, (v,), cpu, quick, work_dir) for v in variant_names]
+            units += [Unit(m, (v,), cpu, quick, work_dir, source=source) for v in variant_names]
         if "qnn" in backends and "qnn" in allowed:
-            units += [Unit(m, tuple(variant_names), ("qnn",), quick, work_dir, precision=p)
-                      for p in qnn_unit.precisions(m, quick)]
+            units += [Unit(m, tuple(variant_names), ("qnn",), quick, work_dir, precision=p, source=source)
+                      for p in qnn_unit.precisions(m, quick, precisions, program=source is not None)]
 
     def cost(u: Unit) -> float:
         base = _MODEL_COST.get(u.model.removesuffix(QUANTIZED_SUFFIX), 1)
@@ -487,15 +532,18 @@ def run_all(model_names: Sequence[str], variant_names: Sequence[str], backends: 
             runs: int, work_dir: str, quick: bool = False, jobs: int = 2,
             latency_budget_s: float = 3.0, log_path: Optional[str] = None,
             on_step: Callable[[str, Row], None] = lambda phase, row: None,
-            on_building: Callable[[str], None] = lambda text: None) -> List[Row]:
+            on_building: Callable[[str], None] = lambda text: None,
+            sources: Optional[Dict[str, Any]] = None, precisions: Optional[Sequence[str]] = None) -> List[Row]:
     """Benchmark every (model, variant, backend[, precision]); returns all rows, failed and
-    skipped ones included.
+    skipped ones included. `sources` names the models that are saved programs
+    (`benchmarks.saved_program.ProgramSource`); `precisions` chooses the QNN precisions
+    (`plan_units`).
 
     ``on_step(phase, row)`` is called once per row after the build phase (``"build"``) and,
     for CPU rows, once after the time phase (``"time"``); ``on_building(text)`` when a worker
     starts a row (`benchmarks._worker.announce`).
     """
-    units = plan_units(model_names, variant_names, backends, quick, work_dir)
+    units = plan_units(model_names, variant_names, backends, quick, work_dir, sources, precisions)
     rows: List[Row] = []
 
     def done(unit_rows: List[Row]) -> None:
@@ -516,6 +564,7 @@ def run_all(model_names: Sequence[str], variant_names: Sequence[str], backends: 
 
 
 def total_rows(model_names: Sequence[str], variant_names: Sequence[str], backends: Sequence[str],
-               quick: bool) -> int:
+               quick: bool, sources: Optional[Dict[str, Any]] = None,
+               precisions: Optional[Sequence[str]] = None) -> int:
     """How many rows `run_all` returns for these arguments."""
-    return sum(u.rows for u in plan_units(model_names, variant_names, backends, quick, ""))
+    return sum(u.rows for u in plan_units(model_names, variant_names, backends, quick, "", sources, precisions))

@@ -17,7 +17,7 @@ from .errors import FoldingError, PolicyError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m folding", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m folding", description=__doc__.splitlines()[0], epilog="To lower, run and judge a saved program on portable, XNNPACK and QNN/HTP: python -m benchmarks --program IN.pt2 (README, \"Your own model\").")
     p.add_argument("input", type=Path, help="program saved with torch.export.save (.pt2)")
     p.add_argument("-o", "--output", type=Path, required=True, help="where to save the folded program (.pt2)")
     p.add_argument("--report", type=Path, help="also write the report as JSON here")
