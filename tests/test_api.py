@@ -72,6 +72,40 @@ def test_inplace_folds_and_returns_the_callers_program_object():
     assert_same(ref, ep, (torch.randn(2, 8, 8),))
 
 
+@pytest.mark.parametrize("raised, error", [
+    (lambda: folding.FoldInvariantError("the folded program fails lint"), folding.FoldInvariantError),
+    (lambda: RuntimeError("a bug after lift"), folding.FoldInternalError),
+])
+def test_inplace_fold_that_raises_leaves_the_callers_program_unchanged(monkeypatch, raised, error):
+    """Invariant 7: an in-place fold works on a copy and replaces the caller's contents only
+    once the folded program has passed its checks. Here `lift` really rebuilds the graph it is
+    given, then the stage fails (as a failed check or a bug would): the caller's graph,
+    signature, dicts, tensors and outputs are those it had."""
+    import folding.fold as fold_module
+
+    ep = export(Block(), (torch.randn(2, 8, 8),))
+    x = torch.randn(2, 8, 8)
+    before_out, snapshot = outputs(ep, (x,)), state_snapshot(ep)
+    graph_module, signature, nodes = ep.graph_module, ep.graph_signature, [n.name for n in ep.graph.nodes]
+    real_lift = fold_module.lift
+    lifted = []
+
+    def lift_then_fail(*args, **kwargs):
+        lifted.append(real_lift(*args, **kwargs))
+        raise raised()
+
+    monkeypatch.setattr(fold_module, "lift", lift_then_fail)
+    with pytest.raises(error):
+        folding.fold_constants(ep, inplace=True)
+    assert lifted and lifted[0][1] is not None  # the graph lift was given was edited
+    assert [n.name for n in lifted[0][0].graph.nodes] != nodes
+    assert ep.graph_module is graph_module and ep.graph_signature is signature
+    assert [n.name for n in ep.graph.nodes] == nodes
+    assert_snapshot_equal(snapshot, state_snapshot(ep))
+    assert_valid_program(ep)
+    assert_close_all(before_out, outputs(ep, (x,)))
+
+
 # 9. Determinism -----------------------------------------------------------------------------
 
 
