@@ -4,8 +4,6 @@ then operands and inline between rounds (docs/design.md, "Pipeline inside `fold_
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 from dataclasses import dataclass
 
@@ -92,7 +90,7 @@ def fold_constants(
         repairs = check_signature(program)
         check_stored_tensors(program)
     try:
-        with _no_cyclic_gc(), fold_scope():
+        with fold_scope():
             result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
     except FoldingError:
         raise
@@ -106,21 +104,6 @@ def fold_constants(
         replace_contents(program, result.program)
         result = FoldResult(program, result.report)
     return result
-
-
-@contextlib.contextmanager
-def _no_cyclic_gc():
-    """Pause the cyclic garbage collector while folding. The fold allocates hundreds of
-    thousands of small, acyclic objects (fx nodes, argument tuples); every generation-0 pass
-    walks them all (its cost shows in `python -m benchmarks.scale`).
-    Tensors are freed by reference counting as before; cycles are collected afterwards."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:

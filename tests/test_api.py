@@ -106,6 +106,42 @@ def test_inplace_fold_that_raises_leaves_the_callers_program_unchanged(monkeypat
     assert_close_all(before_out, outputs(ep, (x,)))
 
 
+@torch.library.custom_op("fold_api_test::collector_state", mutates_args=())
+def _collector_state(x: torch.Tensor) -> torch.Tensor:
+    """The identity, recording whether the cyclic garbage collector is on when it runs."""
+    import gc
+
+    _COLLECTOR_SEEN.append(gc.isenabled())
+    return x.clone()
+
+
+_collector_state.register_fake(lambda x: torch.empty_like(x))
+_COLLECTOR_SEEN: list[bool] = []
+
+
+class _ReadsTheCollector(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x + _collector_state(self.w * 2)
+
+
+def test_a_fold_changes_no_process_wide_state():
+    """A library call leaves the process's settings alone: the cyclic garbage collector runs
+    while the fold evaluates its ops (another thread of the caller's process may need it)."""
+    import gc
+
+    ep = export(_ReadsTheCollector(), (torch.randn(4),))
+    thresholds = gc.get_threshold()
+    _COLLECTOR_SEEN.clear()
+    result = folding.fold_constants(ep)
+    assert result.report.folded
+    assert _COLLECTOR_SEEN == [gc.isenabled()] and gc.isenabled()
+    assert gc.get_threshold() == thresholds
+
+
 # 9. Determinism -----------------------------------------------------------------------------
 
 
