@@ -35,6 +35,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
+from .executorch_internals import edge_ops
 from .hops import bodies
 
 logger = logging.getLogger(__name__)
@@ -89,9 +90,7 @@ class CopyControlFlowOutputs(PassBase):
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         clone_op = self.clone_op
         if clone_op is None:
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            clone_op = exir_ops.edge.aten.clone.default
+            clone_op = edge_ops().edge.aten.clone.default
         copies = _copy_outputs(graph_module, clone_op)
         logger.debug("copied %d control-flow outputs out of the shared body arena", copies)
         return PassResult(graph_module, copies > 0)
