@@ -188,6 +188,24 @@ def test_only_executorch_internals_imports_a_private_executorch_module(package):
         f"{internals_path} imports no private executorch module: the rule checks nothing")
 
 
+def test_nothing_in_folding_but_its_xnnpack_leaf_depends_on_xnnpack():
+    """`folding` is backend-independent: the XNNPACK workaround (`folding.xnnpack`) is a leaf that
+    no other folding module imports (the package's lazy `__init__` names it), and no other
+    module imports an executorch XNNPACK module, so the fold and its report never load XNNPACK."""
+    found = []
+    for path, tree in _sources("folding"):
+        if path == "folding/xnnpack.py":
+            assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0], (
+                "folding/xnnpack.py imports another folding module: it is no longer a leaf")
+            continue
+        found += [f"{path} imports {module}" for module, _ in _executorch_imports(tree) if "xnnpack" in module]
+        found += [f"{path} imports .{n.module}" for n in ast.walk(tree)
+                  if isinstance(n, ast.ImportFrom) and n.level > 0 and n.module == "xnnpack"]
+    assert not found, "\n".join(found)
+    xnnpack = _executorch_imports(ast.parse((ROOT / "folding/xnnpack.py").read_text()))
+    assert any("xnnpack" in module for module, _ in xnnpack), "folding/xnnpack.py no longer builds the partitioner"
+
+
 def test_only_executorch_internals_names_executorchs_meta_keys():
     """The ``node.meta`` keys executorch writes or reads (``delegation_tag``, QNN's ``QCOM_*``
     constants from backends/qualcomm/utils/constants.py) appear in `qnn.executorch_internals` only."""
