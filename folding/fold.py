@@ -1,6 +1,7 @@
-"""`fold_constants`: the constant-propagation stage, the driver and the only caller of its
-steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
-then operands and inline between rounds (docs/design.md, "Pipeline inside `fold_constants`")."""
+"""`fold_constants`: the constant-propagation stage, the driver and the only module that imports
+its steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
+then operands and inline between rounds (prepare's `bodies` runs `analyze` on each body, as a
+function the driver hands it; docs/design.md, "Pipeline inside `fold_constants`")."""
 
 from __future__ import annotations
 

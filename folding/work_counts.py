@@ -1,15 +1,18 @@
 """Counts of the work a fold does, for tests that rule out repeated or quadratic work.
 
-Nothing here is part of a result: `FoldReport` and the stages' records carry no counters. A
-test wraps the call it measures in `counting()` and reads the counts; outside such a block
-`count` does nothing but one list check.
+Nothing here is part of a result, and no record carries a count that only tests read: a test
+wraps the call it measures in `counting()` and reads the counts; outside such a block `count`
+does nothing but one list check. (The one count a result carries is the report's
+`FoldReport.evaluated_nodes`, the ops run at fold time, from `Evaluation.evaluated`: public,
+in the report's JSON and `benchmarks.scale`'s table.)
 
 Counted names:
     ``attempts``: attempts of the top-level fold, discarded ones included (`fold.py`);
     ``analysis_nodes``: nodes visited by `analysis.analyze`, top-level graph and bodies;
     ``dedup.fingerprints``, ``dedup.classified``, ``dedup.compared_bytes``,
     ``dedup.digested_bytes``: `dedup`'s reads of stored tensors; ``("dedup.digests", id)``:
-    digests of the tensor with that ``id``.
+    digests of the tensor with that ``id``;
+    ``nonfinite.batches``: the batches `nonfinite.NonfiniteScan.scan_many` read with one kernel call.
 """
 
 from __future__ import annotations
