@@ -17,27 +17,25 @@ import folding
 from folding import FoldConstantsPass, FoldPolicy, Reason
 from folding.work_counts import counting
 from tests.fold_checks import (
-    assert_close_all,
     assert_edge_pte_matches,
-    assert_same,
     call_targets,
-    check_folded,
+    assert_fold_invariants,
     decision,
     edge,
     export,
     fold,
     reference,
 )
+from tests.invariants import assert_close_all, assert_same_outputs
 from tests.programs import Block
 from tests.invariants import (
     assert_pte_matches,
     assert_snapshot_equal,
     assert_valid_program,
-    lower_pte,
     outputs,
-    run_pte,
     state_snapshot,
 )
+from tests.lowering import lower_pte, run_pte
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,11 +63,11 @@ def test_inplace_folds_and_returns_the_callers_program_object():
     ep = export(Block(), (torch.randn(2, 8, 8),))
     ref = reference(ep)
     result = folding.fold_constants(ep, inplace=True)
-    check_folded(ref, result, storages_of=ref)
+    assert_fold_invariants(ref, result, storages_of=ref)
     assert result.program is ep
     assert "aten.t.default" not in call_targets(ep) and "aten.triu.default" not in call_targets(ep)
     assert_valid_program(ep)
-    assert_same(ref, ep, (torch.randn(2, 8, 8),))
+    assert_same_outputs(ref, ep, (torch.randn(2, 8, 8),))
 
 
 @pytest.mark.parametrize("raised, error", [
@@ -148,7 +146,7 @@ def test_a_fold_changes_no_process_wide_state():
 def test_folding_twice_gives_identical_programs_and_byte_identical_pte():
     ep = export(Block(), (torch.randn(2, 8, 8),))
     a, b = folding.fold_constants(ep), folding.fold_constants(ep)
-    check_folded(ep, a)
+    assert_fold_invariants(ep, a)
     assert str(a.program.graph) == str(b.program.graph)
     assert str(a.program.graph_signature) == str(b.program.graph_signature)
     assert list(a.program.constants) == list(b.program.constants)
@@ -228,7 +226,7 @@ def test_fold_pass_in_exported_program_pass_manager(dialect):
     assert_valid_program(program)
     assert "aten.exp.default" not in call_targets(program)
     x = torch.randn(2, 8, 8)
-    want = assert_same(ref, program, (x,))
+    want = assert_same_outputs(ref, program, (x,))
     if dialect == "edge":
         assert_edge_pte_matches(program, (x,), want)
 
@@ -268,7 +266,7 @@ def test_command_line_folds_a_saved_program_and_writes_the_report(tmp_path):
     reasons = {d["node"]: d["reason"] for d in report["decisions"]}
     assert reasons["triu"] == "SKIPPED_TARGET" and reasons["exp"] == "FOLDED"
     assert report["constant_bytes_after"] == folding.sizes.stored_constant_bytes(folded)
-    assert_same(ep, folded, (torch.randn(2, 8, 8),))
+    assert_same_outputs(ep, folded, (torch.randn(2, 8, 8),))
 
 
 def test_command_line_reports_a_missing_input_without_traceback(tmp_path, capsys):
@@ -322,7 +320,7 @@ def _work(layers):
     report = result.report
     assert len(report.folded) == 5 * layers and len(report.lifted) == layers
     assert report.evaluated_nodes == len(report.folded)  # each folded op runs exactly once
-    assert_same(ep, result.program, (torch.randn(2, 4),), atol=1e-3)
+    assert_same_outputs(ep, result.program, (torch.randn(2, 4),), atol=1e-3)
     return work["analysis_nodes"] / n_nodes, report.evaluated_nodes / layers, report.peak_intermediate_bytes
 
 

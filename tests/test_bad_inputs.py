@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import folding
 from folding import FoldPolicy, InvalidProgramError, PolicyError
-from tests.fold_checks import assert_close_all, export, fold
+from tests.fold_checks import export, fold
+from tests.invariants import assert_close_all
 from tests.invariants import outputs
 
 
