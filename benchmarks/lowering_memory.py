@@ -53,29 +53,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from .peak_memory import hwm_bytes, reset_hwm, rss_bytes
+
 MODES = ("off", "on")
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def rss_bytes() -> int:
-    """Current resident set size (``/proc/self/statm``)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
-def hwm_bytes() -> int:
-    """The kernel's resident-set high-water mark since its last reset (``VmHWM``)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status")
-
-
-def reset_hwm() -> None:
-    """Reset ``VmHWM`` to the current RSS (``clear_refs`` 5)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 class PhaseRecorder:

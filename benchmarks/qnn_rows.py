@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import models, quantized
+from .peak_memory import hwm_bytes, reset_hwm
 
 logger = logging.getLogger(__name__)
 
@@ -367,12 +368,12 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
         on_start(mode)
         row = QnnRow(model, precision, mode, quantize_time_s=quantize_time_s)
         rows.append(row)
-        _reset_peak_rss()
+        reset_hwm()
         start = time.perf_counter()
         outputs = _lower_one(row, module, inputs, expected, skip_node_op_set, run, start, fold_off)
         if mode == "off":
             fold_off = outputs
-        row.peak_rss_bytes = _peak_rss_bytes()
+        row.peak_rss_bytes = hwm_bytes()
     return sorted(rows, key=lambda r: list(modes).index(r.mode))
 
 
@@ -433,27 +434,6 @@ def context_binary_bytes(manager) -> int:
         total += sum(len(m.processed_bytes) for _, m in module.named_modules()
                      if isinstance(m, LoweredBackendModule) and m.backend_id == "QnnBackend")
     return total
-
-
-def _reset_peak_rss() -> None:
-    """Reset the kernel's peak-RSS mark of this process (Linux ``clear_refs`` 5; ignored elsewhere)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _peak_rss_bytes() -> Optional[int]:
-    """Peak resident set size since the last reset, bytes (``VmHWM``); None where unavailable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def header(sdk: Optional[str]) -> str:

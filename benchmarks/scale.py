@@ -92,12 +92,12 @@ def _measure(method: str, layers: int, dialect: str, repeat: int, queue) -> None
 
 def own_peak_growth(run) -> int:
     """Bytes by which the resident set's high-water mark rises above the current RSS while
-    `run()` runs (the kernel's ``VmHWM``, reset just before: `lowering_memory.reset_hwm`).
+    `run()` runs (the kernel's ``VmHWM``, reset just before: `peak_memory.reset_hwm`).
     Measure in a fresh process: memory the process freed earlier may still be resident, and
     what `run` allocates then reuses it without raising the mark."""
     import gc
 
-    from .lowering_memory import hwm_bytes, reset_hwm, rss_bytes
+    from .peak_memory import hwm_bytes, reset_hwm, rss_bytes
 
     gc.collect()
     base = rss_bytes()

@@ -11,11 +11,11 @@ program of the same kind, so the result validates like an exported program.
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import torch
 import torch.nn as nn
-from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
     ExportGraphSignature,
@@ -25,6 +25,8 @@ from torch.export.graph_signature import (
     OutputSpec,
     TensorArgument,
 )
+
+from folding.torch_internals import detect_fake_mode
 
 WIDTH = 4
 NODES_PER_LAYER = 9  # 2 placeholders + 6 constant-only ops + 1 runtime add
@@ -117,7 +119,7 @@ def chain_program(layers: int, dialect: str = "EDGE", seed: int = 0) -> Exported
     g.output((h,))
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     signature = ExportGraphSignature(specs, [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(h.name), None)])
-    return template._update(gm, signature, state_dict=state_dict, constants={})
+    return _program_like(template, gm, signature, state_dict)
 
 
 def control_flow_program(calls: int, seed: int = 0) -> ExportedProgram:
@@ -183,7 +185,18 @@ def control_flow_program(calls: int, seed: int = 0) -> ExportedProgram:
     g.output((h,))
     gm = torch.fx.GraphModule(root, g)
     signature = ExportGraphSignature(specs, [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(h.name), None)])
-    return template._update(gm, signature, state_dict=state_dict, constants={})
+    return _program_like(template, gm, signature, state_dict)
+
+
+def _program_like(template: ExportedProgram, gm: torch.fx.GraphModule, signature, state_dict) -> ExportedProgram:
+    """An ExportedProgram of `gm` and `signature` with `template`'s dialect, verifiers and call
+    graph (torch's public constructor, as ``ExportedProgram._update`` builds one)."""
+    return ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=signature, state_dict=state_dict,
+        range_constraints=copy.deepcopy(template.range_constraints),
+        module_call_graph=copy.deepcopy(template.module_call_graph),
+        example_inputs=template.example_inputs, constants={}, verifiers=template.verifiers,
+    )
 
 
 def node_count(ep: ExportedProgram) -> int:

@@ -36,7 +36,7 @@ growth at most 5 %); when that policy keeps a constant-only value for its size
 on the input and its logits are compared with the unfolded program's (outside the clock).
 
 Units: bytes and seconds unless a column says MiB; RSS is resident set size read from
-``/proc/self/status`` (``VmRSS``, peak ``VmHWM``). Writes ``weight_scale.json``,
+``/proc/self/status`` (``VmRSS``, peak ``VmHWM``: `benchmarks.peak_memory`). Writes ``weight_scale.json``,
 ``weight_scale.md`` and ``weight_scale.png`` to ``--out`` and prints the Markdown tables.
 """
 
@@ -53,6 +53,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
+
+from .peak_memory import hwm_bytes, reset_hwm, rss_bytes
 
 GiB = 1024**3
 MiB = 1024**2
@@ -222,30 +224,6 @@ def relative_error(out, ref) -> float:
 # Memory
 
 
-def _status_bytes(field_name: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field_name} not in /proc/self/status")
-
-
-def rss_bytes() -> int:
-    """Current resident set size of this process, in bytes (``VmRSS``)."""
-    return _status_bytes("VmRSS")
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size since the process started or `reset_peak_rss`, bytes (``VmHWM``)."""
-    return _status_bytes("VmHWM")
-
-
-def reset_peak_rss() -> None:
-    """Reset the kernel's peak-RSS mark to the current RSS (Linux >= 4.0: ``clear_refs`` 5)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 # --------------------------------------------------------------------------------------------
 # One method, in a process forked from the builder
 
@@ -293,12 +271,12 @@ def measure(method: str, ep, ids, reference, policy_name: str = "default", warm_
     state_before = set(ep.state_dict)
     gc.collect()
     rss_before = rss_bytes()
-    reset_peak_rss()
+    reset_hwm()
     extra: dict = {}
     start = time.perf_counter()
     program, result = _apply(method, ep, policy, extra)
     seconds = time.perf_counter() - start
-    peak = peak_rss_bytes()
+    peak = hwm_bytes()
     rss_after = rss_bytes()
     if method.startswith("fold"):
         report = result.report

@@ -27,7 +27,7 @@ _LAZY = {
     "executorch_backend_config": ".executorch_workarounds",
     "fold_constants": ".fold",
     "reserve_node_names": ".names",
-    "xnnpack_partitioner": ".executorch_workarounds",
+    "xnnpack_partitioner": ".xnnpack",
 }
 
 

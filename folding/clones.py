@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from .executorch_internals import edge_ops
 from .ops import packet_name
 
 # The copy ops of both dialects, by overload packet: ATen ``clone`` and Edge's
@@ -25,8 +26,7 @@ def clone_op_of(program: ExportedProgram):
     ``EdgeCompileConfig(_skip_dim_order=True)`` (executorch/exir/verification/verifier.py)."""
     if getattr(program, "dialect", "ATEN") != "EDGE":
         return torch.ops.aten.clone.default
-    from executorch.exir.dialects._ops import ops as exir_ops
-
+    exir_ops = edge_ops()
     use_dim_order = True
     for verifier in program.verifiers:
         try:

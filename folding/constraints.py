@@ -1,8 +1,8 @@
 """What one attempt of a fold teaches the next: the state of the fold's fixpoint loop.
 
-An attempt runs analysis, planning, evaluation and lift on the same program (`lift` may edit
-it when the attempt owns it, `working.Working`; the next attempt then folds a fresh copy, and
-the constraints follow their nodes by name, `Constraints.rebound`). Three things only a later
+An attempt runs analysis, planning, evaluation and lift on the same program (`lift` edits the
+attempt's own copy, `working.Working`; the next attempt then folds a fresh copy, and the
+constraints follow their nodes by name, `Constraints.rebound`). Three things only a later
 step can see send it back to the start, each as data:
 
 - an op of an in-place alias class had to stay (`KeepAliasClass`): the class is
@@ -15,14 +15,11 @@ step can see send it back to the start, each as data:
   bytes at all (``budget_cut``).
 
 A fourth, a node moved out of a control-flow body that the attempt keeps at runtime, is pinned
-in its body (`fold._fold_once`'s ``pins``) and the program prepared again. A fifth, an
-in-place attempt on the caller's own graph that something could still discard after `lift`
-(`fold._undoable_only_on_a_copy`), is redone on a copy, once: from then on every attempt works
-on a copy.
+in its body (`fold._fold_once`'s ``pins``) and the program prepared again.
 
 Each attempt that does not end the loop adds one forced class, one write, one pin, or one
-cut, or is the one move to a copy; there are at most two cuts, so a fold of a graph with N
-nodes, whose bodies hold B, makes at most 2N + B + 4 attempts.
+cut; there are at most two cuts, so a fold of a graph with N nodes, whose bodies hold B,
+makes at most 2N + B + 3 attempts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Lowering a program, folded or not, to a `.pte` that returns the right numbers with
-executorch 1.5.1: the workarounds for two executorch faults, as objects to pass to its own
-lowering functions.
+executorch 1.5.1: the workaround for an executorch fault, as objects to pass to its own
+lowering functions. (An XNNPACK fault's workaround, `folding.xnnpack_partitioner`, is the
+leaf module `folding.xnnpack`: nothing the fold or its report runs imports it.)
 
     from executorch.exir import to_edge_transform_and_lower
     import folding
@@ -8,21 +9,19 @@ lowering functions.
     folded = folding.fold_constants(ep).program
     pte = to_edge_transform_and_lower(folded).to_executorch(folding.executorch_backend_config())
 
-1. executorch issue 21490 (open in 1.5.1; PRs 21494 and 21818 fix it upstream): the emitter
-   hands the outputs of a ``cond``/``map``/``scan`` body to the caller with a ``MoveCall``, a
-   pointer move, so they stay in the memory arena that every control-flow body shares, and the
-   next control-flow call overwrites them. The `.pte` returns wrong numbers without an error,
-   folded or not; which programs hit it depends on the memory plan, so a fold can move a
-   program from right by luck to wrong. `CopyControlFlowOutputs` copies each such output into
-   the caller's memory right after the call; `executorch_backend_config` puts it in the
-   ``ExecutorchBackendConfig`` of ``to_executorch``, `copy_control_flow_outputs` applies it to
-   an ``EdgeProgramManager`` that is already lowered (for wrappers that hand the manager to
-   their caller).
-2. XNNPACK (executorch 1.5.1): a value returned as itself and as a clone, or as two clones,
-   fails to lower. `xnnpack_partitioner` keeps clones on portable kernels.
+executorch issue 21490 (open in 1.5.1; PRs 21494 and 21818 fix it upstream): the emitter
+hands the outputs of a ``cond``/``map``/``scan`` body to the caller with a ``MoveCall``, a
+pointer move, so they stay in the memory arena that every control-flow body shares, and the
+next control-flow call overwrites them. The `.pte` returns wrong numbers without an error,
+folded or not; which programs hit it depends on the memory plan, so a fold can move a
+program from right by luck to wrong. `CopyControlFlowOutputs` copies each such output into
+the caller's memory right after the call; `executorch_backend_config` puts it in the
+``ExecutorchBackendConfig`` of ``to_executorch``, `copy_control_flow_outputs` applies it to
+an ``EdgeProgramManager`` that is already lowered (for wrappers that hand the manager to
+their caller).
 
-Each can go once executorch is fixed: `tests/test_executorch_upstream.py` pins both faults with
-strict xfails, which start passing (and so fail) on the release that fixes them.
+It can go once executorch is fixed: `tests/test_executorch_upstream.py` pins the fault with
+strict xfails, which start passing (and so fail) on the release that fixes it.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
+from .executorch_internals import edge_ops
 from .hops import bodies
 
 logger = logging.getLogger(__name__)
@@ -89,9 +89,7 @@ class CopyControlFlowOutputs(PassBase):
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         clone_op = self.clone_op
         if clone_op is None:
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            clone_op = exir_ops.edge.aten.clone.default
+            clone_op = edge_ops().edge.aten.clone.default
         copies = _copy_outputs(graph_module, clone_op)
         logger.debug("copied %d control-flow outputs out of the shared body arena", copies)
         return PassResult(graph_module, copies > 0)
@@ -208,36 +206,6 @@ def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
     for name, copy_pass in passes.items():
         copy_pass(edge_manager.exported_program(name).graph_module)
     return edge_manager
-
-
-def xnnpack_partitioner(**kwargs):
-    """executorch's ``XnnpackPartitioner`` without its clone configs (``CloneConfig``,
-    ``CloneDimOrderConfig``): clones run on portable kernels.
-
-    Works around an XNNPACK fault of executorch 1.5.1: a value returned both as itself and as a
-    clone (``return c, c.clone()``), or as two clones, fails to lower.
-    ``XNNPACKRemoveCloneOpsTransform`` (added by executorch PR 15884) removes the clones inside
-    the delegate, so the delegate returns ``c`` twice, and
-    ``xnnpack_preprocess.generate_node_to_external_map`` rejects the repeated output ("Output
-    node ... is already in the inputs"). Folding a ``cond`` whose predicate is constant brings
-    such clones out of a branch, where XNNPACK never saw them, to the top level. Can go once
-    XNNPACK lowers that program: the strict xfail
-    ``test_xnnpack_lowers_a_value_returned_twice_through_clones`` in
-    `tests/test_executorch_upstream.py` then passes, and so fails.
-
-    Args:
-        kwargs: ``XnnpackPartitioner`` arguments (``config_precisions``, ``per_op_mode`` …);
-            ``configs`` defaults to all of XNNPACK's, and clone configs are dropped from it.
-
-    Returns:
-        an ``executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner``.
-    """
-    from executorch.backends.xnnpack.partition.config import (
-        ALL_PARTITIONER_CONFIGS, CloneConfig, CloneDimOrderConfig)
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    configs = kwargs.pop("configs", None) or ALL_PARTITIONER_CONFIGS
-    return XnnpackPartitioner(configs=[c for c in configs if c not in (CloneConfig, CloneDimOrderConfig)], **kwargs)
 
 
 def control_flow_calls(program: ExportedProgram) -> list[str]:

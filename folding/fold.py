@@ -1,11 +1,10 @@
-"""`fold_constants`: the constant-propagation stage, the driver and the only caller of its
-steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
-then operands and inline between rounds (docs/design.md, "Pipeline inside `fold_constants`")."""
+"""`fold_constants`: the constant-propagation stage, the driver and the only module that imports
+its steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
+then operands and inline between rounds (prepare's `bodies` runs `analyze` on each body, as a
+function the driver hands it; docs/design.md, "Pipeline inside `fold_constants`")."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 from dataclasses import dataclass
 
@@ -65,10 +64,11 @@ def fold_constants(
     Args:
         program: an ``ExportedProgram`` from ``torch.export.export``, ``to_edge`` or a pass.
         policy: limits and switches; ``FoldPolicy()`` when None.
-        inplace: rewrite `program` itself (without copying its top-level graph where nothing
-            can make the fold redo its attempt: docs/design.md, invariant 7). When False the
-            caller's program (graph, signature, dicts, tensors) is left unchanged; unchanged
-            tensors are shared, not copied.
+        inplace: put the folded program's contents into `program` itself once the fold has
+            succeeded (`torch_internals.replace_contents`). The fold works on a copy either way,
+            so on any error the caller's program is left unchanged (docs/design.md, invariant
+            7). When False the caller's program (graph, signature, dicts, tensors) is left
+            unchanged; unchanged tensors are shared, not copied.
 
     Returns:
         `FoldResult` with the folded program and its `FoldReport`.
@@ -91,8 +91,8 @@ def fold_constants(
         repairs = check_signature(program)
         check_stored_tensors(program)
     try:
-        with _no_cyclic_gc(), fold_scope():
-            result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer, inplace)
+        with fold_scope():
+            result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
@@ -107,22 +107,7 @@ def fold_constants(
     return result
 
 
-@contextlib.contextmanager
-def _no_cyclic_gc():
-    """Pause the cyclic garbage collector while folding. The fold allocates hundreds of
-    thousands of small, acyclic objects (fx nodes, argument tuples); every generation-0 pass
-    walks them all (its cost shows in `python -m benchmarks.scale`).
-    Tensors are freed by reference counting as before; cycles are collected afterwards."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer, inplace: bool) -> FoldResult:
+def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
     """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
     bodies included (`bodies`: constant code moves out of its bodies and folds at the top
     level); a ``cond`` whose predicate became a stored constant is then inlined (`inline`) and
@@ -134,7 +119,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer, inpla
     pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer, analyze, may_share_base=inplace)
+    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer, analyze)
     while True:  # bound: each round removes a cond
         once = _fold_once(prepare, policy, bytes_before, timer, pins)
         folded = once.program
@@ -180,7 +165,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
     working = None
-    # a fixpoint: each repeat adds a constraint or a pin, or moves to a copy once (bound: `folding/constraints.py`)
+    # a fixpoint: each repeat adds a constraint or a pin (bound: `folding/constraints.py`)
     while True:
         with timer.attempt() as attempt:
             count("attempts")
@@ -189,10 +174,6 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 program, gm = working.program, working.program.graph_module
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
-            if working.shares_base and analysis.mutators:  # an in-place op: decided before any work
-                prepare, working = prepare.copying(), None
-                attempt.discard()
-                continue
             with timer.phase("planning"):
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
@@ -214,16 +195,11 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 folded, kept_constant_only = folded_and_kept(plan, evaluation)
                 nonfinite = NonfiniteScan()
                 placement = place(program, folded, evaluation.values, analysis.is_constant, kept_constant_only, nonfinite)
-                if _undoable_only_on_a_copy(working, placement, constraints, budget, bytes_before):
-                    prepare, working = prepare.copying(), None
-                    attempt.discard()
-                    continue
                 new_program, lifting = lift(program, placement, nonfinite, bound=evaluation.symbols)
             with timer.phase("bytes"):
                 bytes_after = stored_constant_bytes(new_program)
             if not constraints.tighten_if_over_budget(budget, bytes_before, bytes_after):
                 break
-            _check_bound(working, bytes_before, bytes_after)
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
             working = None  # its graph was lifted
             attempt.discard()
@@ -239,26 +215,6 @@ def _prepared(prepare: Preparation, constraints: Constraints, timer: PhaseTimer)
     constraints.rebound(working.program.graph)
     with timer.phase("bytes"):
         return working, placeholder_savings(working.program.graph, working.program)
-
-
-def _undoable_only_on_a_copy(working: Working, placement, constraints: Constraints,
-                             budget, bytes_before: int) -> bool:
-    """An attempt on the caller's own graph (`Working.shares_base`) that something could still
-    discard after `lift` (a growth bound over the budget: first with nothing dropped, then with
-    what `lift` drops) is redone on a copy (docs/design.md, invariant 7). One with an in-place
-    op in the graph moved to a copy right after its analysis, before any evaluation."""
-    if not working.shares_base:
-        return False
-    if constraints.fits(budget, bytes_before, bytes_before + placement.added_bytes_bound()):
-        return False  # the quick bound: nothing dropped, nothing shared
-    return not constraints.fits(budget, bytes_before, placement.stored_bytes_bound(working.program))
-
-
-def _check_bound(working: Working, bytes_before: int, bytes_after: int) -> None:
-    """An attempt that edited the caller's graph is never discarded: its growth was bounded."""
-    if working.shares_base:
-        raise FoldInternalError(f"the in-place fold grew stored bytes {bytes_before} -> {bytes_after} "
-                                "beyond the bound it checked")
 
 
 def _stored_value(program: ExportedProgram, analysis):

@@ -71,9 +71,8 @@ def lift(
     Args:
         program: the program to fold. Its top-level graph becomes the folded program's (the
             folded nodes are erased from it): a copy the fold made, not read again
-            (`hops.copy_uncompiled`; `working.Preparation`), or, in place, the caller's program
-            itself (`working.Working.shares_base`). Its signature and stored dicts are never
-            modified: the folded program gets new ones.
+            (`hops.copy_uncompiled`; `working.Preparation`). Its signature and stored dicts
+            are never modified: the folded program gets new ones.
         placement: where each folded value goes, and which nodes of ``program.graph`` are
             removed (`Placement.folded`): `placement.place` on `program`, whose names it
             reserved with `names.reserve_program_names`.

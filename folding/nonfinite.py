@@ -20,6 +20,7 @@ from .clones import is_clone
 from .ops import aten_overload
 from .sizes import is_subclass
 from .torch_internals import schema_of
+from .work_counts import count
 
 
 # Below this many elements ``isfinite(t).all()`` (two ops) is cheaper than ``aminmax`` (three).
@@ -77,7 +78,6 @@ class NonfiniteScan:
     def __init__(self) -> None:
         self._scanned: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor kept alive, result)
         self._moves_stored: dict[torch.fx.Node, bool] = {}
-        self.batches = 0  # batches `scan_many` read
 
     def scan_many(self, values: list[tuple[torch.Tensor, tuple[torch.fx.Node, ...]]]) -> None:
         """Scan ahead the tensors of `values` (tensor, its sources) that later calls will ask
@@ -103,7 +103,7 @@ class NonfiniteScan:
                 continue
             if finite:
                 self._scanned.update((i, (t, False)) for i, t in batch.items())
-            self.batches += 1
+            count("nonfinite.batches")
 
     @property
     def scanned(self) -> int:

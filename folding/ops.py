@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 import torch.fx
 
+from .executorch_internals import edge_overload_aten, edge_packet_name
 from .torch_internals import registered_effect, schema_of, side_effectful_functions
 
 try:  # executorch's memory planning op: an allocation, never a value to fold.
@@ -91,10 +92,7 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
     """The ATen `OpOverload` behind `target` (looks through Edge-dialect ops), or None."""
     if isinstance(target, torch._ops.OpOverload):
         return target
-    inner = getattr(target, "_op", None)  # EdgeOpOverload keeps the ATen overload in `_op`
-    if isinstance(inner, torch._ops.OpOverload):
-        return inner
-    return None
+    return edge_overload_aten(target)
 
 
 @_cached
@@ -110,9 +108,9 @@ def op_name(target: Any) -> str:
         return str(overload)  # "aten.add.Tensor", "aten.full.default"
     if isinstance(target, torch._ops.OpOverloadPacket):
         return str(target)  # "aten.full"
-    qualified = getattr(target, "_qualified_op_name", None)  # EdgeOpOverloadPacket: "aten::full"
-    if isinstance(qualified, str):
-        return qualified.replace("::", ".")
+    edge_packet = edge_packet_name(target)  # an EdgeOpOverloadPacket: "aten.full"
+    if edge_packet is not None:
+        return edge_packet
     if isinstance(target, torch._ops.HigherOrderOperator):
         return f"higher_order.{target.name()}"
     module = getattr(target, "__module__", None) or ""

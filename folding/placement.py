@@ -26,8 +26,8 @@ from .layout import canonical_copy, owned_canonical
 from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_program_names
 from .nonfinite import NonfiniteScan
 from .report import LiftedConstant, lifted_row
-from .signature import input_specs_by_name, mutated_targets
-from .sizes import STORED_KINDS, aligned, distinct_bytes, inner_tensors, is_subclass, stored_tensor
+from .signature import input_specs_by_name
+from .sizes import STORED_KINDS, is_subclass, stored_tensor
 
 
 @dataclass
@@ -77,33 +77,6 @@ class Placement:
     rows: list[LiftedConstant] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
     folded: set[torch.fx.Node] = field(default_factory=set)
-
-    def added_bytes_bound(self) -> int:
-        """An upper bound of the stored bytes `lift` adds: every new constant counted whole and
-        padded (`sizes.aligned`), as if none equalled a stored tensor or another new constant."""
-        return sum(aligned(p.nbytes) for c in self.new_constants for p in inner_tensors(c.value))
-
-    def stored_bytes_bound(self, program: ExportedProgram) -> int:
-        """An upper bound of the stored bytes (`sizes.stored_constant_bytes`) of the program
-        `lift` makes from `program` (a program without control-flow bodies): the distinct bytes
-        of the stored tensors it may keep, plus `added_bytes_bound`. A stored placeholder whose
-        every reader is folded, and which no folded value reuses, is dropped by `lift`; any
-        other is counted as kept."""
-        specs = input_specs_by_name(program.graph_signature)
-        mutated = mutated_targets(program.graph_signature)
-        kept = []
-        for p in program.graph.find_nodes(op="placeholder"):
-            spec = specs.get(p.name)
-            if spec is None or spec.target in mutated:
-                continue
-            if p.users and p not in self.reused and all(u in self.folded for u in p.users):
-                continue  # dropped
-            kept.append(stored_tensor(spec, program.state_dict, program.constants))
-        for n in program.graph.find_nodes(op="get_attr"):
-            value = operator.attrgetter(n.target)(program.graph_module)
-            if n not in self.folded and isinstance(value, torch.Tensor):
-                kept.append(value)
-        return distinct_bytes(kept) + self.added_bytes_bound()
 
     def replacement(self, node: torch.fx.Node) -> object:
         """What a reader of the folded `node` reads instead: the stored placeholder it equals,

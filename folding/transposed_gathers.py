@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch.export import ExportedProgram
 
+from .executorch_internals import edge_ops
 from .hops import copy_uncompiled
 from .names import keep_name, reserve_node_names, unique_name
 from .ops import op_name, packet_name
@@ -58,9 +59,7 @@ def _ops(program: ExportedProgram) -> _Ops:
     if getattr(program, "dialect", "ATEN") != "EDGE":
         aten = torch.ops.aten
         return _Ops(aten.index_select.default, aten.permute.default, aten.view.default)
-    from executorch.exir.dialects._ops import ops as exir_ops
-
-    edge = exir_ops.edge.aten
+    edge = edge_ops().edge.aten
     return _Ops(edge.index_select.default, edge.permute_copy.default, edge.view_copy.default)
 
 

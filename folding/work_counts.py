@@ -1,16 +1,18 @@
 """Counts of the work a fold does, for tests that rule out repeated or quadratic work.
 
-Nothing counted here is part of a result (the counts a result does carry are kept by their own
-stage: `FoldReport.evaluated_nodes`, `evaluate.Evaluation.evaluated`, `NonfiniteScan.batches`).
-A test wraps the call it measures in `counting()` and reads the counts; outside such a block
-`count` does nothing but one list check.
+Nothing here is part of a result, and no record carries a count that only tests read: a test
+wraps the call it measures in `counting()` and reads the counts; outside such a block `count`
+does nothing but one list check. (The one count a result carries is the report's
+`FoldReport.evaluated_nodes`, the ops run at fold time, from `Evaluation.evaluated`: public,
+in the report's JSON and `benchmarks.scale`'s table.)
 
 Counted names:
     ``attempts``: attempts of the top-level fold, discarded ones included (`fold.py`);
     ``analysis_nodes``: nodes visited by `analysis.analyze`, top-level graph and bodies;
     ``dedup.fingerprints``, ``dedup.classified``, ``dedup.compared_bytes``,
     ``dedup.digested_bytes``: `dedup`'s reads of stored tensors; ``("dedup.digests", id)``:
-    digests of the tensor with that ``id``.
+    digests of the tensor with that ``id``;
+    ``nonfinite.batches``: the batches `nonfinite.NonfiniteScan.scan_many` read with one kernel call.
 """
 
 from __future__ import annotations

@@ -13,10 +13,17 @@ import torch
 
 import folding
 from folding.ops import op_name
-from tests.fold_checks import assert_close_all, depends_on_user_input, export, fold, reference
+from tests.fold_checks import depends_on_user_input, export, fold, reference
+from tests.invariants import assert_close_all
 from tests.lowering import stock_lower_pte
-from tests.invariants import (assert_caller_unchanged, assert_no_new_leftovers, assert_pte_matches, caller_snapshot,
-                              outputs, run_pte)
+from tests.invariants import (
+    assert_caller_unchanged,
+    assert_no_new_leftovers,
+    assert_pte_matches,
+    caller_snapshot,
+    outputs,
+)
+from tests.lowering import run_pte
 
 
 def body_targets(ep) -> list[str]:
@@ -31,7 +38,7 @@ def body_targets(ep) -> list[str]:
 
 
 def fold_checked(ep, policy=None):
-    """`fold` (the invariants of `fold_checks.check_folded`), plus: the caller's program is
+    """`fold` (the invariants of `fold_checks.assert_fold_invariants`), plus: the caller's program is
     unchanged (every nested GraphModule, the signature, the stored tensors), a second fold of
     it gives the same program, and the folded program has no dead leftovers."""
     before = caller_snapshot(ep)

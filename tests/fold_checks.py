@@ -14,15 +14,8 @@ from torch.export.graph_signature import InputKind
 import folding
 from folding import FoldPolicy, Reason
 from folding.signature import input_specs_by_name
-from tests.lowering import edge_pte, to_edge_program  # noqa: F401 (edge_pte: re-exported)
-from tests.invariants import assert_close_all  # noqa: F401 (re-exported: the one comparison)
-from tests.invariants import (
-    assert_kept_names,
-    assert_report_bytes_true,
-    assert_valid_program,
-    outputs,
-    run_pte,
-)
+from tests.invariants import assert_close_all, assert_kept_names, assert_report_bytes_true, assert_valid_program
+from tests.lowering import edge_pte, run_pte, to_edge_program
 
 # Reasons that mean "this node reads only constants" but does not involve a runtime input.
 _RUNTIME_REASONS = (Reason.RUNTIME_INPUT, Reason.SYMBOLIC)
@@ -96,7 +89,7 @@ def _mutated_buffers(program: ExportedProgram) -> set[torch.fx.Node]:
     return out
 
 
-def check_folded(before: ExportedProgram, result, *, storages_of: Optional[ExportedProgram] = None) -> None:
+def assert_fold_invariants(before: ExportedProgram, result, *, storages_of: Optional[ExportedProgram] = None) -> None:
     """Every invariant any folded program satisfies, whatever the rules did.
 
     `storages_of`: the program whose tensors lifted constants must not alias (default `before`).
@@ -168,9 +161,9 @@ def check_folded(before: ExportedProgram, result, *, storages_of: Optional[Expor
 
 
 def fold(ep: ExportedProgram, policy: Optional[FoldPolicy] = None, **kwargs):
-    """`fold_constants` plus `check_folded`."""
+    """`fold_constants` plus `assert_fold_invariants`."""
     result = folding.fold_constants(ep, policy, **kwargs)
-    check_folded(ep, result)
+    assert_fold_invariants(ep, result)
     return result
 
 
@@ -189,13 +182,6 @@ def call_targets(ep: ExportedProgram) -> list[str]:
     from folding.ops import op_name
 
     return [op_name(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-
-
-def assert_same(ref: ExportedProgram, folded: ExportedProgram, inputs: Sequence, atol: float = 1e-5) -> list[torch.Tensor]:
-    """Eager outputs of `folded` match `ref` on `inputs`; returns the reference outputs."""
-    want = outputs(ref, inputs)
-    assert_close_all(want, outputs(folded, inputs), atol=atol)
-    return want
 
 
 def constant_only_ops(ep: ExportedProgram) -> list[torch.fx.Node]:

@@ -8,7 +8,7 @@ import torch
 from torch.export import ExportedProgram
 
 from folding.sizes import STORED_KINDS, stored_constant_bytes, stored_tensor
-from tests.lowering import edge_pte, lower_pte, lower_with_edge, run_pte  # noqa: F401 (edge_pte, run_pte: re-exported)
+from tests.lowering import edge_pte, lower_pte, lower_with_edge, run_pte
 
 
 def assert_valid_program(ep: ExportedProgram) -> None:
@@ -67,9 +67,12 @@ def assert_close_all(expected, got, atol: float = 1e-5, rtol: float = 1e-5, *, r
 
 
 def assert_same_outputs(a: ExportedProgram, b: ExportedProgram, inputs: Sequence, *, atol: float = 1e-5,
-                        rtol: float = 1e-5) -> None:
-    """Invariant 1 (eager): both programs give the same outputs (exactly for integer dtypes)."""
-    assert_close_all(outputs(a, inputs), outputs(b, inputs), atol, rtol)
+                        rtol: float = 1e-5) -> list[torch.Tensor]:
+    """Invariant 1 (eager): both programs give the same outputs on `inputs` (exactly for integer
+    dtypes); returns `a`'s outputs."""
+    want = outputs(a, inputs)
+    assert_close_all(want, outputs(b, inputs), atol, rtol)
+    return want
 
 
 def assert_pte_matches(ep: ExportedProgram, inputs: Sequence, backend: str = "portable", *,

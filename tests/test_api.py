@@ -17,27 +17,25 @@ import folding
 from folding import FoldConstantsPass, FoldPolicy, Reason
 from folding.work_counts import counting
 from tests.fold_checks import (
-    assert_close_all,
     assert_edge_pte_matches,
-    assert_same,
     call_targets,
-    check_folded,
+    assert_fold_invariants,
     decision,
     edge,
     export,
     fold,
     reference,
 )
+from tests.invariants import assert_close_all, assert_same_outputs
 from tests.programs import Block
 from tests.invariants import (
     assert_pte_matches,
     assert_snapshot_equal,
     assert_valid_program,
-    lower_pte,
     outputs,
-    run_pte,
     state_snapshot,
 )
+from tests.lowering import lower_pte, run_pte
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,11 +63,81 @@ def test_inplace_folds_and_returns_the_callers_program_object():
     ep = export(Block(), (torch.randn(2, 8, 8),))
     ref = reference(ep)
     result = folding.fold_constants(ep, inplace=True)
-    check_folded(ref, result, storages_of=ref)
+    assert_fold_invariants(ref, result, storages_of=ref)
     assert result.program is ep
     assert "aten.t.default" not in call_targets(ep) and "aten.triu.default" not in call_targets(ep)
     assert_valid_program(ep)
-    assert_same(ref, ep, (torch.randn(2, 8, 8),))
+    assert_same_outputs(ref, ep, (torch.randn(2, 8, 8),))
+
+
+@pytest.mark.parametrize("raised, error", [
+    (lambda: folding.FoldInvariantError("the folded program fails lint"), folding.FoldInvariantError),
+    (lambda: RuntimeError("a bug after lift"), folding.FoldInternalError),
+])
+def test_inplace_fold_that_raises_leaves_the_callers_program_unchanged(monkeypatch, raised, error):
+    """Invariant 7: an in-place fold works on a copy and replaces the caller's contents only
+    once the folded program has passed its checks. Here `lift` really rebuilds the graph it is
+    given, then the stage fails (as a failed check or a bug would): the caller's graph,
+    signature, dicts, tensors and outputs are those it had."""
+    import folding.fold as fold_module
+
+    ep = export(Block(), (torch.randn(2, 8, 8),))
+    x = torch.randn(2, 8, 8)
+    before_out, snapshot = outputs(ep, (x,)), state_snapshot(ep)
+    graph_module, signature, nodes = ep.graph_module, ep.graph_signature, [n.name for n in ep.graph.nodes]
+    real_lift = fold_module.lift
+    lifted = []
+
+    def lift_then_fail(*args, **kwargs):
+        lifted.append(real_lift(*args, **kwargs))
+        raise raised()
+
+    monkeypatch.setattr(fold_module, "lift", lift_then_fail)
+    with pytest.raises(error):
+        folding.fold_constants(ep, inplace=True)
+    assert lifted and lifted[0][1] is not None  # the graph lift was given was edited
+    assert [n.name for n in lifted[0][0].graph.nodes] != nodes
+    assert ep.graph_module is graph_module and ep.graph_signature is signature
+    assert [n.name for n in ep.graph.nodes] == nodes
+    assert_snapshot_equal(snapshot, state_snapshot(ep))
+    assert_valid_program(ep)
+    assert_close_all(before_out, outputs(ep, (x,)))
+
+
+@torch.library.custom_op("fold_api_test::collector_state", mutates_args=())
+def _collector_state(x: torch.Tensor) -> torch.Tensor:
+    """The identity, recording whether the cyclic garbage collector is on when it runs."""
+    import gc
+
+    _COLLECTOR_SEEN.append(gc.isenabled())
+    return x.clone()
+
+
+_collector_state.register_fake(lambda x: torch.empty_like(x))
+_COLLECTOR_SEEN: list[bool] = []
+
+
+class _ReadsTheCollector(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x + _collector_state(self.w * 2)
+
+
+def test_a_fold_changes_no_process_wide_state():
+    """A library call leaves the process's settings alone: the cyclic garbage collector runs
+    while the fold evaluates its ops (another thread of the caller's process may need it)."""
+    import gc
+
+    ep = export(_ReadsTheCollector(), (torch.randn(4),))
+    thresholds = gc.get_threshold()
+    _COLLECTOR_SEEN.clear()
+    result = folding.fold_constants(ep)
+    assert result.report.folded
+    assert _COLLECTOR_SEEN == [gc.isenabled()] and gc.isenabled()
+    assert gc.get_threshold() == thresholds
 
 
 # 9. Determinism -----------------------------------------------------------------------------
@@ -78,7 +146,7 @@ def test_inplace_folds_and_returns_the_callers_program_object():
 def test_folding_twice_gives_identical_programs_and_byte_identical_pte():
     ep = export(Block(), (torch.randn(2, 8, 8),))
     a, b = folding.fold_constants(ep), folding.fold_constants(ep)
-    check_folded(ep, a)
+    assert_fold_invariants(ep, a)
     assert str(a.program.graph) == str(b.program.graph)
     assert str(a.program.graph_signature) == str(b.program.graph_signature)
     assert list(a.program.constants) == list(b.program.constants)
@@ -158,7 +226,7 @@ def test_fold_pass_in_exported_program_pass_manager(dialect):
     assert_valid_program(program)
     assert "aten.exp.default" not in call_targets(program)
     x = torch.randn(2, 8, 8)
-    want = assert_same(ref, program, (x,))
+    want = assert_same_outputs(ref, program, (x,))
     if dialect == "edge":
         assert_edge_pte_matches(program, (x,), want)
 
@@ -198,7 +266,7 @@ def test_command_line_folds_a_saved_program_and_writes_the_report(tmp_path):
     reasons = {d["node"]: d["reason"] for d in report["decisions"]}
     assert reasons["triu"] == "SKIPPED_TARGET" and reasons["exp"] == "FOLDED"
     assert report["constant_bytes_after"] == folding.sizes.stored_constant_bytes(folded)
-    assert_same(ep, folded, (torch.randn(2, 8, 8),))
+    assert_same_outputs(ep, folded, (torch.randn(2, 8, 8),))
 
 
 def test_command_line_reports_a_missing_input_without_traceback(tmp_path, capsys):
@@ -271,7 +339,7 @@ def _work(layers):
     report = result.report
     assert len(report.folded) == 5 * layers and len(report.lifted) == layers
     assert report.evaluated_nodes == len(report.folded)  # each folded op runs exactly once
-    assert_same(ep, result.program, (torch.randn(2, 4),), atol=1e-3)
+    assert_same_outputs(ep, result.program, (torch.randn(2, 4),), atol=1e-3)
     return work["analysis_nodes"] / n_nodes, report.evaluated_nodes / layers, report.peak_intermediate_bytes
 
 

@@ -152,25 +152,58 @@ def _executorch_imports(tree: ast.Module) -> list[tuple[str, tuple[str, ...]]]:
     return found
 
 
+def _sources(package: str):
+    return [(str(path.relative_to(ROOT)), ast.parse(path.read_text())) for path in sorted((ROOT / package).rglob("*.py"))]
+
+
 def _qnn_sources():
-    return [(str(path.relative_to(ROOT)), ast.parse(path.read_text())) for path in sorted((ROOT / "qnn").rglob("*.py"))]
+    return _sources("qnn")
 
 
 INTERNALS = "qnn/executorch_internals.py"
+# executorch attributes `folding.executorch_internals` reads (exir/dialects/edge/_ops.py)
+_EDGE_OP_ATTRIBUTES = {"_op", "_qualified_op_name"}
 
 
-def test_only_executorch_internals_imports_a_private_executorch_module():
-    """Every executorch internal the QNN integration uses goes through `qnn.executorch_internals`
-    (each pinned by tests/qnn/test_executorch_internals.py): no other qnn module imports an
-    executorch module with a private path segment (``executorch.backends.qualcomm._passes...``),
-    or an executorch name that starts with ``_``."""
-    found = [f"{path} imports {module} {names}" for path, tree in _qnn_sources() if path != INTERNALS
+@pytest.mark.parametrize("package", ["qnn", "folding"])
+def test_only_executorch_internals_imports_a_private_executorch_module(package):
+    """Every executorch internal a package uses goes through its `executorch_internals` module
+    (each pinned by tests/qnn/test_executorch_internals.py or tests/test_executorch_internals.py):
+    no other module of the package imports an executorch module with a private path segment
+    (``executorch.backends.qualcomm._passes...``, ``executorch.exir.dialects._ops``), or an
+    executorch name that starts with ``_``; no other folding module reads the private attributes
+    of executorch's Edge ops (``_op``, ``_qualified_op_name``)."""
+    internals_path = f"{package}/executorch_internals.py"
+    found = [f"{path} imports {module} {names}" for path, tree in _sources(package) if path != internals_path
              for module, names in _executorch_imports(tree)
              if any(part.startswith("_") for part in module.split(".")) or any(n.startswith("_") for n in names)]
+    if package == "folding":
+        found += [f"{path} reads {node.attr if isinstance(node, ast.Attribute) else node.value}"
+                  for path, tree in _sources(package) if path != internals_path for node in ast.walk(tree)
+                  if (isinstance(node, ast.Attribute) and node.attr in _EDGE_OP_ATTRIBUTES)
+                  or (isinstance(node, ast.Constant) and node.value in _EDGE_OP_ATTRIBUTES)]
     assert not found, "\n".join(found)
-    internals = _executorch_imports(ast.parse((ROOT / INTERNALS).read_text()))
+    internals = _executorch_imports(ast.parse((ROOT / internals_path).read_text()))
     assert any(part.startswith("_") for module, _ in internals for part in module.split(".")), (
-        "qnn/executorch_internals.py imports no private executorch module: the rule checks nothing")
+        f"{internals_path} imports no private executorch module: the rule checks nothing")
+
+
+def test_nothing_in_folding_but_its_xnnpack_leaf_depends_on_xnnpack():
+    """`folding` is backend-independent: the XNNPACK workaround (`folding.xnnpack`) is a leaf that
+    no other folding module imports (the package's lazy `__init__` names it), and no other
+    module imports an executorch XNNPACK module, so the fold and its report never load XNNPACK."""
+    found = []
+    for path, tree in _sources("folding"):
+        if path == "folding/xnnpack.py":
+            assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0], (
+                "folding/xnnpack.py imports another folding module: it is no longer a leaf")
+            continue
+        found += [f"{path} imports {module}" for module, _ in _executorch_imports(tree) if "xnnpack" in module]
+        found += [f"{path} imports .{n.module}" for n in ast.walk(tree)
+                  if isinstance(n, ast.ImportFrom) and n.level > 0 and n.module == "xnnpack"]
+    assert not found, "\n".join(found)
+    xnnpack = _executorch_imports(ast.parse((ROOT / "folding/xnnpack.py").read_text()))
+    assert any("xnnpack" in module for module, _ in xnnpack), "folding/xnnpack.py no longer builds the partitioner"
 
 
 def test_only_executorch_internals_names_executorchs_meta_keys():

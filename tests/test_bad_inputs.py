@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import folding
 from folding import FoldPolicy, InvalidProgramError, PolicyError
-from tests.fold_checks import assert_close_all, export, fold
+from tests.fold_checks import export, fold
+from tests.invariants import assert_close_all
 from tests.invariants import outputs
 
 
@@ -197,14 +198,17 @@ def test_nonfinite_scan_of_many_small_tensors_answers_like_one_by_one(specs, see
         if bad is not None and dtype.is_floating_point:
             t[int(torch.randint(n, (1,), generator=gen))] = float(bad)
         tensors.append(t.reshape(1, n).t() if n % 2 else t)  # some non-contiguous
+    from folding.work_counts import counting
+
     scan = NonfiniteScan()
-    scan.scan_many([(t, ()) for t in tensors])
+    with counting() as work:
+        scan.scan_many([(t, ()) for t in tensors])
     assert [scan(t) for t in tensors] == [holds_nonfinite(t) for t in tensors]
     clean = {}
     for t in tensors:
         if t.dtype.is_floating_point:
             clean.setdefault(t.dtype, []).append(not holds_nonfinite(t))
-    assert scan.batches == sum(len(c) >= 2 for c in clean.values())
+    assert work["nonfinite.batches"] == sum(len(c) >= 2 for c in clean.values())
 
 
 def test_saved_and_reloaded_program_with_shared_buffers(tmp_path):

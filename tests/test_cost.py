@@ -160,34 +160,39 @@ def test_each_graph_the_fold_edits_is_copied_once(dialect):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.detach().abs().max()))
 
 
-@pytest.mark.parametrize("dialect", ["ATEN", "EDGE"])
-def test_an_in_place_fold_edits_the_callers_graph_without_a_copy_when_nothing_can_undo_it(dialect):
-    """Invariant 7: in place, with no rewrite, no body, no mutated state and the growth bound
-    within the budget, `lift` edits the caller's graph (no node copied, the result equal to the
-    copying fold's); an in-place op in the graph sends the attempt to a copy."""
-    import copy
+def _transposed_mlp():
+    """Edge reads each ``linear`` weight through a ``permute_copy``: folding stores the
+    transposed weights (3 MiB, beyond the default 1 MiB budget) and drops the originals."""
+    from executorch.exir import to_edge
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)).eval()
+    return to_edge(torch.export.export(mlp, (torch.randn(2, 512),))).exported_program(), (2, 512)
 
 
-    ep = chain_program(20, dialect)
-    x = torch.randn(4, 4)
+@pytest.mark.parametrize("make", [
+    lambda: (chain_program(20, "ATEN"), (4, 4)),
+    lambda: (chain_program(20, "EDGE"), (4, 4)),
+    lambda: (torch.export.export(_InPlaceOnAConstant().eval(), (torch.randn(4, 4),)), (4, 4)),  # keeps add_
+    _transposed_mlp,
+], ids=["chain-aten", "chain-edge", "in-place-op", "transposed-weights"])
+def test_an_in_place_fold_folds_a_copy_and_gives_the_copying_folds_program(make):
+    """Invariants 7 and 9: ``inplace=True`` folds a copy of the top-level graph, as the copying
+    fold does (the same node copies), then puts the result into the caller's program object."""
+    ep, shape = make()
+    x = torch.randn(*shape)
     want = ep.module()(x)
-    kept = fold_constants(ep)
+    kept = []
+    copies_kept = _count_node_copies(lambda: kept.append(fold_constants(ep)))
     shared = copy.deepcopy(ep)
-    graph = shared.graph
-    assert _count_node_copies(lambda: fold_constants(shared, inplace=True)) == 0
-    assert shared.graph is graph  # edited, not replaced
+    results = []
+    copies_in_place = _count_node_copies(lambda: results.append(fold_constants(shared, inplace=True)))
+    assert copies_in_place == copies_kept >= len(ep.graph.nodes)
+    assert results[0].program is shared and kept[0].report.folded
     assert_valid_program(shared)
-    assert [n.name for n in shared.graph.nodes] == [n.name for n in kept.program.graph.nodes]
+    assert [n.name for n in shared.graph.nodes] == [n.name for n in kept[0].program.graph.nodes]
     assert_close_all(want, shared.module()(x), relative=True, min_scale=0.1)
-    assert_close_all(want, kept.program.module()(x), relative=True, min_scale=0.1)
-
-    writer = torch.export.export(_InPlaceOnAConstant().eval(), (x,))  # ATen training IR keeps add_
-    assert any(n.target is torch.ops.aten.add_.Tensor for n in writer.graph.nodes)
-    want = writer.module()(x)
-    nodes = len(writer.graph.nodes)
-    copies = _count_node_copies(lambda: fold_constants(writer, inplace=True))
-    assert copies >= nodes, copies  # redone on a copy
-    assert_close_all(want, writer.module()(x), relative=True, min_scale=0.1)
+    assert_close_all(want, kept[0].program.module()(x), relative=True, min_scale=0.1)
 
 
 class _InPlaceOnAConstant(nn.Module):
@@ -224,29 +229,6 @@ def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
     assert nodes[ops[5].name] is ops[5] and by_name[ops[5].name] is not ops[5]
 
 
-def test_an_in_place_fold_of_transposed_weights_stays_in_place():
-    """Edge reads each ``linear`` weight through a ``permute_copy``: folding stores the
-    transposed weights (3 MiB, beyond the default 1 MiB budget) and drops the originals. The
-    growth bound counts what `lift` drops (`Placement.stored_bytes_bound`), so the in-place
-    fold edits the caller's graph without redoing the attempt on a copy."""
-    import copy
-
-    from executorch.exir import to_edge
-
-
-    torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)).eval()
-    x = torch.randn(2, 512)
-    ep = to_edge(torch.export.export(mlp, (x,))).exported_program()
-    want = mlp(x)
-    kept = fold_constants(ep)
-    assert sum(r.nbytes for r in kept.report.lifted) >= 3 * 512 * 512 * 4
-    shared = copy.deepcopy(ep)
-    assert _count_node_copies(lambda: fold_constants(shared, inplace=True)) == 0
-    assert [n.name for n in shared.graph.nodes] == [n.name for n in kept.program.graph.nodes]
-    assert_close_all(want, shared.module()(x), relative=True, min_scale=0.1)
-
-
 class Branches(nn.Module):
     def __init__(self):
         super().__init__()
@@ -271,32 +253,3 @@ def test_phase_timings_add_up_to_the_total(module, shape, rerun):
     assert ("reruns" in phases) is rerun
     # the phases cover the whole call: only a few statements between them are not timed
     assert abs(sum(phases.values()) - timings["total"]) <= 0.05 * timings["total"] + 0.002
-
-
-class InPlaceOnAConstant(nn.Module):
-    """An in-place op left in the exported graph on a constant value (T5's position bias has
-    one: ``add_`` of the mask): an in-place fold must work on a copy of the graph."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(4, 4))
-
-    def forward(self, x):
-        bias = self.w.t() * 2.0
-        bias.add_(torch.ones(4, 4))
-        return x + bias
-
-
-def test_an_in_place_op_moves_the_in_place_fold_to_a_copy_before_anything_is_evaluated():
-    """The in-place op is known once the graph is analysed: the attempt on the caller's own
-    graph stops there (one evaluation in all, on the copy), and the result is the copying fold's."""
-    x = torch.randn(4, 4)
-    ep = torch.export.export(InPlaceOnAConstant().eval(), (x,))
-    assert any(n.target is torch.ops.aten.add_.Tensor for n in ep.graph.nodes)  # the premise
-    kept = fold_constants(ep)
-    shared = copy.deepcopy(ep)
-    evaluations = _count_calls(lambda: fold_constants(shared, inplace=True),
-                               lambda code: code.co_name == "evaluate" and code.co_filename.endswith("folding/evaluate.py"))
-    assert evaluations == 1
-    assert [n.name for n in shared.graph.nodes] == [n.name for n in kept.program.graph.nodes]
-    assert_close_all(ep.module()(x), shared.module()(x), relative=True, min_scale=0.1)

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 
 from folding import FoldPolicy
 from folding.layout import has_canonical_layout
-from tests.fold_checks import assert_close_all, export, fold
-from tests.invariants import lower_pte, outputs, pte_constant_bytes, run_pte
+from tests.fold_checks import export, fold
+from tests.invariants import assert_close_all
+from tests.invariants import outputs, pte_constant_bytes
+from tests.lowering import lower_pte, run_pte
 
 
 # 1. Constant outputs and values with size-1 dimensions ---------------------------------------

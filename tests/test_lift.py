@@ -56,7 +56,7 @@ def test_a_folded_chain_becomes_one_lifted_constant_and_its_parameter_goes(seed)
 
 class _NanThroughAView(torch.nn.Module):
     """``log`` of a weight with negative entries, read through a transpose, next to a ``cond``
-    (its bodies make the fold work on a copy of its own, which `lift` edits in place)."""
+    (the fold works on a copy of its own graph, which `lift` edits in place)."""
 
     def __init__(self) -> None:
         super().__init__()

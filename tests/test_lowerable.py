@@ -27,8 +27,10 @@ from torch._higher_order_ops.map import map as hop_map
 
 from folding import FoldPolicy
 from tests.control_flow_checks import assert_lowers_folded_as_unfolded, fold_checked
-from tests.fold_checks import assert_close_all, edge, export
-from tests.invariants import outputs, run_pte
+from tests.fold_checks import edge, export
+from tests.invariants import assert_close_all
+from tests.invariants import outputs
+from tests.lowering import run_pte
 
 POLICIES = [FoldPolicy(), FoldPolicy.strict()]
 

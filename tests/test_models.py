@@ -23,8 +23,8 @@ from tests.invariants import (
     assert_report_bytes_true,
     assert_valid_program,
     lower_portable,
-    run_pte,
 )
+from tests.lowering import run_pte
 
 
 def _fresh_inputs(spec):

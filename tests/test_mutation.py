@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from folding import Reason
-from tests.fold_checks import assert_close_all, call_targets, decision, export, fold, reference
+from tests.fold_checks import call_targets, decision, export, fold, reference
+from tests.invariants import assert_close_all
 from tests.invariants import outputs
 
 

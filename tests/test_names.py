@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from folding import Reason, reserve_node_names
-from tests.fold_checks import assert_same, call_targets, decision, export, fold
+from tests.fold_checks import call_targets, decision, export, fold
+from tests.invariants import assert_same_outputs
 from tests.invariants import assert_pte_matches, outputs
 
 
@@ -46,7 +47,7 @@ def test_user_inputs_named_mul_and_t_1_keep_names_unique_and_pte_runs():
     user = [s.arg.name for s in result.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     assert user == ["mul", "t_1"]
     inputs = (torch.randn(4, 4), torch.randn(4, 4))
-    want = assert_same(ep, result.program, inputs)
+    want = assert_same_outputs(ep, result.program, inputs)
     assert_pte_matches(result.program, inputs, expected=want)
 
 
@@ -59,7 +60,7 @@ def test_user_inputs_named_like_new_clone_and_constant_get_distinct_names():
     out_names = [getattr(s.arg, "name", None) for s in result.program.graph_signature.output_specs]
     assert "clone_default" not in out_names[1:]
     inputs = (torch.randn(4, 4), torch.randn(4, 4))
-    assert_same(ep, result.program, inputs)
+    assert_same_outputs(ep, result.program, inputs)
 
 
 def test_folded_program_gives_later_passes_fresh_names():
@@ -135,7 +136,7 @@ def test_folding_a_program_with_cond_keeps_nested_names_and_values():
     assert decision(result.report, "mul_1").folded
     assert decision(result.report, "cond").reason is Reason.RUNTIME_INPUT
     for sign in (1.0, -1.0):  # both branches
-        assert_same(ep, result.program, (inputs[0].abs() * sign, inputs[1]))
+        assert_same_outputs(ep, result.program, (inputs[0].abs() * sign, inputs[1]))
     # The folded program's nested graphs hand out fresh names too.
     _add_nodes_named_like_placeholders(result.program.graph_module)
     for module in [result.program.graph_module] + _nested_modules(result.program.graph_module):
@@ -168,7 +169,7 @@ def test_cond_on_constants_is_evaluated_whole_and_folded():
         assert decision(result.report, name).folded, name
     assert "higher_order.cond" not in call_targets(result.program)
     x = torch.randn(4, 4)
-    assert_same(ep, result.program, (x,))
+    assert_same_outputs(ep, result.program, (x,))
     assert outputs(result.program, (x,))[0].shape == (4, 4)
 
 

@@ -26,9 +26,16 @@ from folding.bodies import body_signature
 from folding.cuts import EXACT_LIMIT, choose_cuts, evaluate_cut
 from folding.signature import input_specs_by_name
 from folding.sizes import STORED_KINDS, aligned, stored_constant_bytes
-from tests.fold_checks import assert_close_all, constant_only_ops, decision, export, fold, run_stages
-from tests.invariants import (assert_bytes_within_lowering, assert_valid_program, lower_portable, lower_pte, outputs,
-                              pte_constant_bytes, run_pte)
+from tests.fold_checks import constant_only_ops, decision, export, fold, run_stages
+from tests.invariants import assert_close_all
+from tests.invariants import (
+    assert_bytes_within_lowering,
+    assert_valid_program,
+    lower_portable,
+    outputs,
+    pte_constant_bytes,
+)
+from tests.lowering import lower_pte, run_pte
 from tests.programs import chain_graph, every_plan, fx_op, region_graph, regions
 
 

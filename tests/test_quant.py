@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from folding import Reason, fold_constants
 from folding.sizes import stored_constant_bytes, stored_tensor
 from folding.signature import input_specs_by_name
-from tests.invariants import assert_pte_matches, assert_valid_program, lower_pte, run_pte
+from tests.invariants import assert_pte_matches, assert_valid_program
+from tests.lowering import lower_pte, run_pte
 from tests.quant_programs import (
     LinearRelu,
     SharedWeight,

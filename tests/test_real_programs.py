@@ -26,22 +26,11 @@ import folding
 from folding import FoldPolicy, Reason
 from folding.signature import input_specs_by_name
 from tests.programs import SneakyWriter
-from tests.fold_checks import (
-    assert_close_all,
-    decision,
-    edge,
-    edge_pte,
-    export,
-    fold,
-    reference,
-)
-from tests.invariants import (
-    assert_snapshot_equal,
-    assert_valid_program,
-    outputs,
-    run_pte,
-    state_snapshot,
-)
+from tests.fold_checks import decision, edge, export, fold, reference
+from tests.invariants import assert_close_all
+from tests.lowering import edge_pte
+from tests.invariants import assert_snapshot_equal, assert_valid_program, outputs, state_snapshot
+from tests.lowering import run_pte
 
 
 # 1. Names ------------------------------------------------------------------------------------

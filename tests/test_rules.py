@@ -13,9 +13,7 @@ from torch.export.graph_signature import InputKind
 from folding import FoldPolicy, Reason
 from folding.signature import input_specs_by_name
 from tests.fold_checks import (
-    assert_close_all,
     assert_edge_pte_matches,
-    assert_same,
     call_targets,
     decision,
     decisions_for,
@@ -23,7 +21,9 @@ from tests.fold_checks import (
     export,
     fold,
 )
-from tests.invariants import assert_pte_matches, lower_pte, outputs, run_pte
+from tests.invariants import assert_close_all, assert_same_outputs
+from tests.invariants import assert_pte_matches, outputs
+from tests.lowering import lower_pte, run_pte
 
 
 def _lifted_tensor(program, placeholder_name):
@@ -67,7 +67,7 @@ def test_constant_chain_output_is_a_clone_of_a_lifted_constant_and_pte_runs():
     assert {"t", "mul", "add"} <= {d.node for d in result.report.folded}
     _assert_constant_outputs_are_clones_of_lifted_constants(result.program, 2)
     x = torch.randn(3, 4)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_pte_matches(result.program, (x,), expected=want)
 
 
@@ -83,7 +83,7 @@ def test_constant_chain_output_of_edge_program_with_dim_order_ops_runs():
     result = fold(ep)
     _assert_constant_outputs_are_clones_of_lifted_constants(result.program, 2)
     x = torch.randn(3, 4)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_edge_pte_matches(result.program, (x,), want)
 
 
@@ -103,7 +103,7 @@ def test_constant_output_of_edge_program_without_dim_order_ops_folds_and_runs():
     result = fold(ep)
     _assert_constant_outputs_are_clones_of_lifted_constants(result.program, 1)
     x = torch.randn(4, 4)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_edge_pte_matches(result.program, (x,), want)
 
 
@@ -130,7 +130,7 @@ def test_dynamic_batch_folds_static_constants_and_runs_at_several_batch_sizes():
     assert decision(report, "ones").reason is Reason.SYMBOLIC
     assert "aten.ones.default" in call_targets(result.program)
     for batch in (1, 5, 16):
-        assert_same(ep, result.program, (torch.randn(batch, 4),))
+        assert_same_outputs(ep, result.program, (torch.randn(batch, 4),))
     buffer = lower_pte(result.program)
     for batch in (2, 9):
         x = torch.randn(batch, 4)
@@ -163,7 +163,7 @@ def test_causal_mask_from_full_triu_masked_fill_is_folded():
     assert not MASK_OPS & set(call_targets(result.program))
     assert decisions_for(result.report, "aten.masked_fill.Scalar")[1].folded  # the constant bias
     x = torch.randn(2, 8, 8)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_pte_matches(result.program, (x,), expected=want)
 
 
@@ -175,7 +175,7 @@ def test_causal_mask_in_edge_program_is_folded():
     assert {d.reason for d in result.report.decisions if not d.folded} == {Reason.RUNTIME_INPUT}
     assert "aten.full.default" not in call_targets(result.program)
     x = torch.randn(2, 8, 8)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_edge_pte_matches(result.program, (x,), want)
 
 
@@ -208,7 +208,7 @@ def test_shifted_window_mask_built_by_slice_assignment_is_folded():
     value = _lifted_tensor(result.program, lifted.placeholder)
     assert set(value.unique().tolist()) == {0.0, -100.0}  # a real mask, not zeros
     x = torch.randn(2, 4, 16, 16)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_pte_matches(result.program, (x,), expected=want)
 
 
@@ -217,7 +217,7 @@ def test_shifted_window_mask_in_edge_program_is_folded():
     result = fold(ep)
     assert call_targets(result.program) == ["aten.add.Tensor"]
     x = torch.randn(2, 4, 16, 16)
-    assert_same(ep, result.program, (x,))
+    assert_same_outputs(ep, result.program, (x,))
 
 
 # 7. Assorted constant ops -------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_scatter_rms_norm_pixel_unshuffle_full_like_on_constants_fold():
         assert ds and all(d.folded for d in ds), (target, ds)
         assert target not in call_targets(result.program)
     x = torch.randn(4, 4)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_pte_matches(result.program, (x,), expected=want)
 
 
@@ -266,7 +266,7 @@ def test_full_like_with_preserve_format_folds_in_edge_program():
         call_targets(result.program)
     )
     x = torch.randn(4, 4)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_edge_pte_matches(result.program, (x,), want)
 
 
@@ -315,7 +315,7 @@ def test_non_contiguous_folded_results_are_stored_contiguous_and_portable_pte_ru
         assert value.is_contiguous() and value.stride() == torch.empty(value.shape).stride()
     assert not {"aten.permute.default", "aten.expand.default", "aten.t.default"} & set(call_targets(result.program))
     x = torch.randn(3, 8)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_pte_matches(result.program, (x,), expected=want)
 
 
@@ -351,7 +351,7 @@ def test_assert_tensor_metadata_on_folded_value_is_checked_and_dropped():
     assert lifted.replaces == ("to",) and lifted.dtype == "float64"
     assert result.report.constant_bytes_after == 4 * 4 * 8
     x = torch.randn(2, 4)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     assert_pte_matches(result.program, (x,), expected=want)
 
 
@@ -374,7 +374,7 @@ def test_assert_tensor_metadata_kept_when_fold_asserts_is_off():
     result = fold(ep, FoldPolicy(fold_asserts=False))
     d = decision(result.report, check.name)
     assert not d.folded and d.reason.constant_only
-    assert_same(ep, result.program, (torch.randn(2, 4),))
+    assert_same_outputs(ep, result.program, (torch.randn(2, 4),))
 
 
 class RuntimeShapedFills(torch.nn.Module):
@@ -407,7 +407,7 @@ def test_fill_of_runtime_shape_read_by_runtime_ops_is_not_stored(dialect):
     # Only the product w * 1 is stored: 4 x 4 float32.
     assert result.report.constant_bytes_after == 64
     x = torch.randn(4, 4)
-    want = assert_same(ep, result.program, (x,))
+    want = assert_same_outputs(ep, result.program, (x,))
     if dialect == "edge":
         assert_edge_pte_matches(result.program, (x,), want)
     else:

@@ -19,9 +19,11 @@ import torch.nn.functional as F
 
 from folding import FoldConstantsPass
 from tests.control_flow_checks import fold_checked
-from tests.fold_checks import assert_close_all, edge, export
+from tests.fold_checks import edge, export
+from tests.invariants import assert_close_all
 from tests.lowering import stock_lower_pte
-from tests.invariants import outputs, run_pte
+from tests.invariants import outputs
+from tests.lowering import run_pte
 
 B = torch.export.Dim("b", min=2, max=8)
 

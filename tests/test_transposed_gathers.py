@@ -14,8 +14,14 @@ import torch.nn.functional as F
 from folding import FoldPolicy, Reason, fold_constants
 from folding.sizes import stored_constant_bytes
 from tests.fold_checks import constant_only_ops, edge, export
-from tests.invariants import (assert_close_all, assert_caller_unchanged, assert_report_bytes_true, assert_valid_program, caller_snapshot,
-                              edge_pte, run_pte)
+from tests.invariants import (
+    assert_close_all,
+    assert_caller_unchanged,
+    assert_report_bytes_true,
+    assert_valid_program,
+    caller_snapshot,
+)
+from tests.lowering import edge_pte, run_pte
 
 
 class Tied(nn.Module):

@@ -1,9 +1,9 @@
 """QNN tests run on the real Qualcomm HTP backend (QNN 2.49.40 from ``onnxruntime-qnn==2.5.0``).
 
-`import qnn` opens no library; ``qnn.load_qnn_sdk`` finds and opens them at the first QNN use.
-The session fixture `qnn_sdk` calls it before any QNN test, and here it must succeed: a machine
-without the libraries fails every QNN test with `qnn.QnnSdkError` saying what to install,
-rather than skipping them.
+``qnn.load_qnn_sdk`` finds and opens the libraries at their first use (``import qnn`` opens
+none: it only sets ``QNN_SDK_ROOT`` so that executorch downloads no SDK); this session fixture opens
+them before any QNN test, and it must succeed: a machine without them fails every QNN test with
+`qnn.QnnSdkError` saying what to install, rather than skipping them.
 """
 
 from __future__ import annotations

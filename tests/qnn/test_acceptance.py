@@ -15,7 +15,6 @@ from .helpers import (
     assert_kept_whole_ops_gone,
     assert_names_kept,
     assert_no_static_partition,
-    assert_same_outputs,
     assert_stranded_by_htp_rule,
     compiler_specs,
     export_for_qnn,
@@ -24,6 +23,7 @@ from .helpers import (
     lower_with_wrapper,
     partitioner_of,
 )
+from tests.invariants import assert_same_outputs
 from .models import CASES
 from tests.invariants import assert_close_all
 

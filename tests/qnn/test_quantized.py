@@ -20,7 +20,6 @@ from .helpers import (
     assert_names_kept,
     assert_no_static_partition,
     assert_runs_on_htp,
-    assert_same_outputs,
     assert_stranded_by_htp_rule,
     compiler_specs,
     export_for_qnn,
@@ -29,6 +28,7 @@ from .helpers import (
     lower_with_wrapper,
     partitioner_of,
 )
+from tests.invariants import assert_same_outputs
 from .models import RELU, LinearCutOffByRelu
 
 QUANT = {
