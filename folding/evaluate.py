@@ -14,10 +14,10 @@ import torch
 import torch.fx
 from torch.fx.node import map_arg
 
-from .torch_internals import is_cow_tensor, lazy_clone
+from .torch_internals import is_cow_tensor, is_wrapper_subclass, lazy_clone
 from .ops import OpKind, arg_at, op_facts
 from .reasons import Reason
-from .layout import owned_canonical
+from .layout import owned_canonical, raw_bytes
 from .sizes import storage_pointers
 from .symbols import bindings, concrete_ints
 from .constraints import KeepAliasClass, Learnt, UndeclaredWrite
@@ -263,10 +263,21 @@ def _metadata_lookup(
 
 
 class _WriteGuard:
-    """Hands an op copy-on-write clones (`torch_internals.lazy_clone`) of the inputs it is not
-    known to write to or alias, so an undeclared write can neither reach the caller's tensors
-    nor go unnoticed: a kernel that writes materialises its clone (even one that, like
-    ``batch_norm``'s, writes through the data pointer without bumping the version counter).
+    """Hands an op stand-ins for the inputs it is not known to write to or alias, so an
+    undeclared write can neither reach the caller's tensors nor go unnoticed, whatever the
+    input's Python type (a Parameter, a buffer registered as one, a lifted constant, a tensor
+    subclass):
+
+    - a tensor gets a copy-on-write clone (`torch_internals.lazy_clone`): a kernel that writes
+      materialises it (even one that, like ``batch_norm``'s, writes through the data pointer
+      without bumping the version counter);
+    - a tensor whose storage cannot be shared copy-on-write (``torch.from_numpy``, a file
+      mapped by ``torch.load(mmap=True)``: ``_lazy_clone`` raises) gets a copy, compared bit
+      for bit with the original after the op;
+    - a wrapper subclass (torchao's quantized weights, which do not implement ``_lazy_clone``)
+      is rebuilt (``__tensor_flatten__`` / ``__tensor_unflatten__``) around stand-ins of its
+      inner tensors.
+
     An op whose kernel is known to write only its results (`ops.writes_only_its_outputs`:
     ATen's pointwise and view_copy ops) gets no guard (`FoldInterpreter._evaluate_node`)."""
 
@@ -277,6 +288,7 @@ class _WriteGuard:
         if position is not None:
             self.passed_whole.add(arg_at(node, position))
         self.clones: list[tuple[torch.fx.Node, torch.Tensor]] = []
+        self.copies: list[tuple[torch.fx.Node, torch.Tensor, torch.Tensor]] = []  # (input, original, copy)
 
     def wrap(self, lookup: Callable[[torch.fx.Node], object]) -> Callable[[torch.fx.Node], object]:
         written_storages: Optional[set[int]] = None
@@ -284,26 +296,43 @@ class _WriteGuard:
         def guarded(n: torch.fx.Node) -> object:
             nonlocal written_storages
             value = lookup(n)
-            if n in self.passed_whole or type(value) is not torch.Tensor or value.device.type != "cpu":
+            if n in self.passed_whole or not isinstance(value, torch.Tensor):
                 return value
             if written_storages is None and not self.passed_whole:
                 written_storages = set()
             elif written_storages is None:
                 written = (lookup(m) for m in self.passed_whole if isinstance(m, torch.fx.Node))
-                written_storages = {w.untyped_storage().data_ptr() for w in written if isinstance(w, torch.Tensor)}
-            if value.untyped_storage().data_ptr() in written_storages:
+                written_storages = set().union(*(storage_pointers(w) for w in written if isinstance(w, torch.Tensor)))
+            if written_storages and not storage_pointers(value).isdisjoint(written_storages):
                 return value  # a view of what the op writes: it must see the write as it happens
-            clone = lazy_clone(value)
-            if is_cow_tensor(clone):
-                self.clones.append((n, clone))
-                return clone
-            return value
+            return self._stand_in(n, value)
 
         return guarded
 
+    def _stand_in(self, n: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
+        """What the op reads in place of input `n`'s `value`: equal to it, sharing no
+        writable memory with it, and recorded so that `check` sees a write to it."""
+        if is_wrapper_subclass(value):
+            names, context = value.__tensor_flatten__()
+            inner = {name: self._stand_in(n, getattr(value, name)) for name in names}
+            return type(value).__tensor_unflatten__(inner, context, value.size(), value.stride())
+        try:
+            clone = lazy_clone(value)
+        except RuntimeError:  # a storage copy-on-write cannot share (numpy's, a mapped file's)
+            clone = None
+        if clone is not None and is_cow_tensor(clone):
+            self.clones.append((n, clone))
+            return clone
+        copy = value.detach().clone()
+        self.copies.append((n, value, copy))
+        return copy
+
     def check(self) -> None:
         """Stops the evaluation (`_Stop`) with an `UndeclaredWrite` when the op wrote to one of
-        its cloned inputs."""
+        its inputs' stand-ins."""
         for n, clone in self.clones:
             if not is_cow_tensor(clone):
+                raise _Stop(UndeclaredWrite(self.node, n))
+        for n, original, copy in self.copies:
+            if raw_bytes(copy) != raw_bytes(original):
                 raise _Stop(UndeclaredWrite(self.node, n))

@@ -220,11 +220,22 @@ def written_arg_positions(node) -> tuple[int, ...]:
     return declared if flag is False else tuple(sorted(set(declared) | set(positions)))
 
 
+# Ops whose result aliases an argument although their schema says nothing: torch.export reads
+# the inner tensors of a wrapper subclass weight (torchao's ``quantize_``) with
+# ``export::access_subclass_inner_tensor(Tensor src_subclass_tensor, str attr) -> Tensor``, whose
+# kernel returns the inner tensor itself (torch/export/custom_ops.py), so a write to its result
+# writes the caller's weight. {op name: position of the aliased argument}
+_UNDECLARED_ALIASES: dict[str, int] = {"export.access_subclass_inner_tensor.default": 0}
+
+
 def _aliased_arg_position(target: Any) -> Optional[int]:
-    """Position of the argument the op's output aliases (views and in-place ops), or None."""
+    """Position of the argument the op's output aliases (views and in-place ops, and the ops
+    of `_UNDECLARED_ALIASES`), or None."""
     overload = aten_overload(target)
     if overload is None:
         return None
+    if str(overload) in _UNDECLARED_ALIASES:
+        return _UNDECLARED_ALIASES[str(overload)]
     schema = schema_of(overload)
     if not any(r.alias_info is not None for r in schema.returns):
         return None
