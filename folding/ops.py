@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import operator
+import struct
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
@@ -351,14 +352,21 @@ def structural_key(node: torch.fx.Node, canon) -> Optional[tuple]:
 
 
 def _frozen(value: Any, canon) -> Any:
-    """A hashable form of an argument: lists and dicts become tuples, NaN a marker (NaN != NaN
-    would split equal ops)."""
+    """A hashable form of an argument, equal for two arguments only when torch cannot tell them
+    apart: lists, tuples and dicts become tagged tuples; a scalar is keyed by its Python type (1,
+    1.0 and True differ: they give different dtypes) and a float or complex number by its
+    IEEE-754 bits, so 0.0 and -0.0 differ (``1 / (w * -0.0)`` is -inf) and a NaN equals only a
+    NaN of the same bits (a kernel cannot tell those apart); a tensor literal by identity."""
     if isinstance(value, torch.fx.Node):
         return canon.get(value, value)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(_frozen(v, canon) for v in value)
+        return (type(value),) + tuple(_frozen(v, canon) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v, canon)) for k, v in value.items()))
-    if isinstance(value, float) and value != value:
-        return ("nan",)
-    return (type(value).__name__, value)
+        return (dict,) + tuple(sorted((k, _frozen(v, canon)) for k, v in value.items()))
+    if isinstance(value, float):
+        return (type(value), struct.pack("<d", value))
+    if isinstance(value, complex):
+        return (type(value), struct.pack("<dd", value.real, value.imag))
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, id(value))
+    return (type(value), value)
