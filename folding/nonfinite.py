@@ -58,7 +58,7 @@ def rearranges_elements(node: torch.fx.Node) -> bool:
         isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in inputs)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)
 def _rearranging_op(target) -> bool:
     """A view op, the ``_copy`` variant of one, or a clone (see `rearranges_elements`)."""
     overload = aten_overload(target)

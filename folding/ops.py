@@ -27,21 +27,6 @@ except ImportError:  # pragma: no cover - executorch is a dependency
     _MEMORY_OPS = frozenset()
 
 
-def _cached(fn):
-    """Memoise a per-target property (a graph has few distinct targets, many nodes):
-    ``functools.cache``, with an uncached call for an unhashable target."""
-    cached = functools.cache(fn)
-
-    @functools.wraps(fn)
-    def wrapper(target: Any):
-        try:
-            return cached(target)
-        except TypeError:  # an unhashable target (or `fn` raised TypeError: it raises again)
-            return fn(target)
-
-    return wrapper
-
-
 # Ops whose result is uninitialised memory. Folding one as-is would bake whatever bytes the
 # allocator returned into the program (non-deterministic .pte); we evaluate them zero-filled,
 # which is one of the values the op may return.
@@ -98,7 +83,7 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
     return None
 
 
-@_cached
+@functools.lru_cache(maxsize=4096)  # the package's one cache: bounded, keyed by hashable arguments
 def op_name(target: Any) -> str:
     """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.
 
@@ -120,7 +105,7 @@ def op_name(target: Any) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
 
 
-@_cached
+@functools.lru_cache(maxsize=4096)
 def packet_name(target: Any) -> str:
     """The overload packet's name (``aten.add``), for rules that cover every overload."""
     overload = aten_overload(target)
@@ -270,7 +255,7 @@ class OpFacts(NamedTuple):
     aliased_position: Optional[int]  # `aliased_arg_position`
     trusted: bool  # `writes_only_its_outputs`
     metadata_only: bool  # `reads_only_metadata`
-    uninitialised: bool  # `is_uninitialised_allocation`
+    uninitialised: bool  # `_is_uninitialised_allocation`
 
 
 # id(target) -> (target, facts). Keyed by identity: an ATen OpOverload hashes in Python (about
@@ -317,11 +302,6 @@ def writes_only_its_outputs(target: Any) -> bool:
 def aliased_arg_position(target: Any) -> Optional[int]:
     """Position of the argument the op's output aliases (views and in-place ops), or None."""
     return op_facts(target).aliased_position
-
-
-def is_uninitialised_allocation(target: Any) -> bool:
-    """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
-    return op_facts(target).uninitialised
 
 
 def reads_only_metadata(target: Any) -> bool:
