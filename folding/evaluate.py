@@ -192,12 +192,10 @@ class _Evaluator:
     def _load(self, node: torch.fx.Node) -> object:
         """The value of an input of a folded node; a placeholder's storages are the caller's."""
         value = self.env.get(node, _NO_VALUE)
-        if value is _NO_VALUE and node not in self.env:
-            if node.op == "placeholder":
-                value = self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
-            elif node.op == "get_attr":
-                value = functools.reduce(getattr, node.target.split("."), self.module)
-            self.env[node] = value
+        if value is _NO_VALUE and node.op == "placeholder" and node not in self.env:
+            value = self.env[node] = self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
+        elif value is _NO_VALUE and node.op == "get_attr" and node not in self.env:
+            value = self.env[node] = functools.reduce(getattr, node.target.split("."), self.module)
         if value is _NO_VALUE:
             raise KeyError(f"{node.name} is read before it is evaluated")  # a planner bug
         if node.op == "placeholder" and isinstance(value, torch.Tensor):
