@@ -620,11 +620,10 @@ def undeclared_write(g: Gen) -> Optional[Proposal]:
     if w is None:
         dtype = rng.choice([torch.float32, torch.float32, torch.int64])
         w = g.random_state(rand_shape(g, 2), dtype, rng.choice(["parameter", "buffer", "constant"]))
-    # constant inputs only: a write is caught when evaluation runs the op (an op reading a
-    # runtime input breaks its schema's promise where no fold can see it)
-    x = g.pick(lambda u: u.ex.dtype == torch.float32, "const", exclude=(w,))
-    if x is None:
-        return None
+    # a write is caught when evaluation runs the op, so its other input is a stored tensor of
+    # its own (a computed one may be kept at runtime: docs/fuzzing.md); `w` is either constant,
+    # or written already, and then none of its readers folds
+    x = g.random_state(rand_shape(g, 2), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
     proposal = _one("undeclared_write", "torch.ops.fuzz_writes.bump($0, $1)", w, x)
     proposal.mutates = (w,)
     return proposal

@@ -432,6 +432,9 @@ def _choose_outputs(g: Gen) -> tuple[str, ...]:
         name = g.rng.choice(op_values)
         if name not in outs:
             outs.append(name)
+    # an undeclared write is caught only when its op is evaluated, and an op whose result nothing
+    # reads is not (docs/fuzzing.md): each one's result is an output
+    outs += [op.out for op in g.ops if op.family == "undeclared_write" and op.out not in outs]
     consts = [n for n in op_values if g.values[n].kind == "const"]
     if consts and g.rng.random() < 0.3:
         name = g.rng.choice(consts)
