@@ -239,8 +239,8 @@ def first_of_each_content(plain: list[torch.Tensor]) -> list[int]:
 
 
 class IdenticalTensors:
-    """Finds a stored tensor with the same dtype, shape and bytes as a given one (bytes as in
-    `IdenticalBytes`). Tensor subclasses (torchao's quantized weights) are never matched."""
+    """Finds a stored tensor with the same dtype, shape, device and bytes as a given one (bytes
+    as in `IdenticalBytes`). Tensor subclasses (torchao's quantized weights) are never matched."""
 
     def __init__(self, existing: dict[object, Optional[torch.Tensor]]) -> None:
         """`existing`: {owner: stored tensor or None}, e.g. the program's constant placeholders;
@@ -252,7 +252,7 @@ class IdenticalTensors:
                 self.add(owner, t)
 
     def find(self, t: torch.Tensor) -> Optional[object]:
-        """The owner storing the same dtype, shape and bytes as `t`, or None."""
+        """The owner storing the same dtype, shape, device and bytes as `t`, or None."""
         if is_subclass(t):
             return None
         return self._owners.get(self._key(t))
@@ -263,7 +263,7 @@ class IdenticalTensors:
             self._owners.setdefault(self._key(t), owner)
 
     def _key(self, t: torch.Tensor) -> tuple:
-        return (t.dtype, tuple(t.shape), self._bytes.add(t))
+        return (t.dtype, tuple(t.shape), t.device, self._bytes.add(t))  # identical bytes on two devices are two tensors
 
 
 def _view_key(p: torch.Tensor, version: Optional[int]) -> tuple:

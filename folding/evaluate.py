@@ -7,6 +7,7 @@ records it in `constraints.Constraints` and redoes the attempt."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -14,10 +15,10 @@ import torch
 import torch.fx
 from torch.fx.node import map_arg
 
-from .torch_internals import is_cow_tensor, lazy_clone
+from .torch_internals import is_cow_tensor, is_wrapper_subclass, lazy_clone
 from .ops import OpKind, arg_at, op_facts
 from .reasons import Reason
-from .layout import owned_canonical
+from .layout import owned_canonical, raw_bytes
 from .sizes import storage_pointers
 from .symbols import bindings, concrete_ints
 from .constraints import KeepAliasClass, Learnt, UndeclaredWrite
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (
 
 
 class _Stop(Exception):
-    """Ends `FoldInterpreter.run` early; never leaves this module (`evaluate` returns what
+    """Ends `_Evaluator.run` early; never leaves this module (`evaluate` returns what
     it carries as ``Evaluation.learnt``)."""
 
     def __init__(self, learnt: Learnt) -> None:
@@ -66,7 +67,7 @@ def evaluate(
     module: torch.fx.GraphModule,
     placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
 ) -> Evaluation:
-    """Run the nodes of ``plan.evaluated`` eagerly under ``no_grad`` (`FoldInterpreter`).
+    """Run the nodes of ``plan.evaluated`` eagerly under ``no_grad`` (`_Evaluator`).
 
     Args:
         plan: from `make_plan`; not changed. When a node planned as folded has to stay (it
@@ -80,12 +81,12 @@ def evaluate(
         The `Evaluation`; its ``learnt`` is set when an op of an in-place alias class had to
         stay or an op wrote to an input undeclared (the attempt must be redone).
     """
-    interpreter = FoldInterpreter(module, plan, analysis, placeholder_value)
+    evaluator = _Evaluator(module, plan, analysis, placeholder_value)
     try:
         with torch.no_grad():
-            return interpreter.run(enable_io_processing=False)
+            return evaluator.run()
     except _Stop as stop:
-        return Evaluation(learnt=stop.learnt, evaluated=interpreter.out.evaluated)
+        return Evaluation(learnt=stop.learnt, evaluated=evaluator.out.evaluated)
 
 
 class _OpRaised(Exception):
@@ -97,14 +98,15 @@ class _OpRaised(Exception):
 _NO_VALUE = object()
 
 
-class FoldInterpreter(torch.fx.Interpreter):
-    """A ``torch.fx.Interpreter`` over the folded nodes of a plan: ``run()`` returns the
-    `Evaluation`. The ``placeholder`` hook gives a constant placeholder's stored tensor
-    (``placeholder_value``), ``get_attr`` the attribute. ``run_node`` runs the ops of
-    ``plan.evaluated`` only (any other node holds `_NO_VALUE`), hands them copy-on-write clones
-    of inputs they are not known to write (`_WriteGuard`), and frees each value after
-    ``plan.release`` says it is last used, storing the ``plan.materialise`` values as owned,
-    canonical-layout tensors. Only an error raised by an op keeps a node
+class _Evaluator:
+    """Runs the ops of ``plan.evaluated`` in order, and only those (not a ``torch.fx.Interpreter``:
+    its ``run`` visits every node of the graph, and a fold evaluates a part of it). ``env``
+    holds each live value, `_NO_VALUE` for a node evaluation holds none; a placeholder's value
+    is its stored tensor (``placeholder_value``) when it is constant, a ``get_attr``'s the
+    module's attribute, read when a folded node first reads it (`_load`). Each op gets stand-ins
+    of the inputs it is not known to write (`_WriteGuard`), and each value is dropped after
+    ``plan.release`` says it is last used, the ``plan.materialise`` values stored first as
+    owned, canonical-layout tensors. Only an error raised by an op keeps a node
     (``Reason.EVALUATION_ERROR``); an error in the framework itself propagates unchanged.
     """
 
@@ -115,34 +117,22 @@ class FoldInterpreter(torch.fx.Interpreter):
         analysis: Analysis,
         placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
     ) -> None:
-        super().__init__(module, garbage_collect_values=False)  # plan.release frees values
-        self.extra_traceback = False  # errors propagate as raised
-        self.plan, self.analysis, self.placeholder_value = plan, analysis, placeholder_value
+        self.module, self.plan, self.analysis, self.placeholder_value = module, plan, analysis, placeholder_value
+        self.env: dict[torch.fx.Node, object] = {}
         self.out = Evaluation()
-        self._placeholders = {n.target: n for n in self.graph.find_nodes(op="placeholder")}
-        self._position = {n: i for i, n in enumerate(plan.evaluated)}
         self._due = _release_schedule(plan)
         self._released = 0  # ``_due`` is done for the positions before this one
         self._materialise = set(plan.materialise)  # grows where a kept node's folded inputs are stored
         self._caller_storages: set[int] = set()
         self._live = _LiveBytes(self.out)
 
-    def run(self, *args, **kwargs) -> Evaluation:
-        """Evaluate ``plan.evaluated`` in order and return the `Evaluation`. Only those nodes
-        are visited (``Interpreter.run`` would visit every node of the graph); a placeholder or
-        ``get_attr`` is read when a folded node first reads it (`_load`)."""
+    def run(self) -> Evaluation:
+        """Evaluate ``plan.evaluated`` in order and return the `Evaluation`."""
         for position, node in enumerate(self.plan.evaluated):
             self._release_before(position)
             self.env[node] = self._evaluate_node(node)
         self._release_before(len(self.plan.evaluated))
         return self.out
-
-    def placeholder(self, target, args, kwargs) -> object:
-        node = self._placeholders[target]
-        return self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
-
-    def call_function(self, target, args, kwargs):
-        return _call(op_facts(target).call, args, kwargs)
 
     def _evaluate_node(self, node: torch.fx.Node) -> object:
         """Run `node`; returns the value ``env`` holds for it."""
@@ -202,8 +192,10 @@ class FoldInterpreter(torch.fx.Interpreter):
     def _load(self, node: torch.fx.Node) -> object:
         """The value of an input of a folded node; a placeholder's storages are the caller's."""
         value = self.env.get(node, _NO_VALUE)
-        if value is _NO_VALUE and node.op in ("placeholder", "get_attr") and node not in self.env:
-            value = self.env[node] = getattr(self, node.op)(node.target, (), {})
+        if value is _NO_VALUE and node.op == "placeholder" and node not in self.env:
+            value = self.env[node] = self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
+        elif value is _NO_VALUE and node.op == "get_attr" and node not in self.env:
+            value = self.env[node] = functools.reduce(getattr, node.target.split("."), self.module)
         if value is _NO_VALUE:
             raise KeyError(f"{node.name} is read before it is evaluated")  # a planner bug
         if node.op == "placeholder" and isinstance(value, torch.Tensor):
@@ -263,12 +255,23 @@ def _metadata_lookup(
 
 
 class _WriteGuard:
-    """Hands an op copy-on-write clones (`torch_internals.lazy_clone`) of the inputs it is not
-    known to write to or alias, so an undeclared write can neither reach the caller's tensors
-    nor go unnoticed: a kernel that writes materialises its clone (even one that, like
-    ``batch_norm``'s, writes through the data pointer without bumping the version counter).
+    """Hands an op stand-ins for the inputs it is not known to write to or alias, so an
+    undeclared write can neither reach the caller's tensors nor go unnoticed, whatever the
+    input's Python type (a Parameter, a buffer registered as one, a lifted constant, a tensor
+    subclass):
+
+    - a tensor gets a copy-on-write clone (`torch_internals.lazy_clone`): a kernel that writes
+      materialises it (even one that, like ``batch_norm``'s, writes through the data pointer
+      without bumping the version counter);
+    - a tensor whose storage cannot be shared copy-on-write (``torch.from_numpy``, a file
+      mapped by ``torch.load(mmap=True)``: ``_lazy_clone`` raises) gets a copy, compared bit
+      for bit with the original after the op;
+    - a wrapper subclass (torchao's quantized weights, which do not implement ``_lazy_clone``)
+      is rebuilt (``__tensor_flatten__`` / ``__tensor_unflatten__``) around stand-ins of its
+      inner tensors.
+
     An op whose kernel is known to write only its results (`ops.writes_only_its_outputs`:
-    ATen's pointwise and view_copy ops) gets no guard (`FoldInterpreter._evaluate_node`)."""
+    ATen's pointwise and view_copy ops) gets no guard (`_Evaluator._evaluate_node`)."""
 
     def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:
         self.node = node
@@ -277,6 +280,7 @@ class _WriteGuard:
         if position is not None:
             self.passed_whole.add(arg_at(node, position))
         self.clones: list[tuple[torch.fx.Node, torch.Tensor]] = []
+        self.copies: list[tuple[torch.fx.Node, torch.Tensor, torch.Tensor]] = []  # (input, original, copy)
 
     def wrap(self, lookup: Callable[[torch.fx.Node], object]) -> Callable[[torch.fx.Node], object]:
         written_storages: Optional[set[int]] = None
@@ -284,26 +288,43 @@ class _WriteGuard:
         def guarded(n: torch.fx.Node) -> object:
             nonlocal written_storages
             value = lookup(n)
-            if n in self.passed_whole or type(value) is not torch.Tensor or value.device.type != "cpu":
+            if n in self.passed_whole or not isinstance(value, torch.Tensor):
                 return value
             if written_storages is None and not self.passed_whole:
                 written_storages = set()
             elif written_storages is None:
                 written = (lookup(m) for m in self.passed_whole if isinstance(m, torch.fx.Node))
-                written_storages = {w.untyped_storage().data_ptr() for w in written if isinstance(w, torch.Tensor)}
-            if value.untyped_storage().data_ptr() in written_storages:
+                written_storages = set().union(*(storage_pointers(w) for w in written if isinstance(w, torch.Tensor)))
+            if written_storages and not storage_pointers(value).isdisjoint(written_storages):
                 return value  # a view of what the op writes: it must see the write as it happens
-            clone = lazy_clone(value)
-            if is_cow_tensor(clone):
-                self.clones.append((n, clone))
-                return clone
-            return value
+            return self._stand_in(n, value)
 
         return guarded
 
+    def _stand_in(self, n: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
+        """What the op reads in place of input `n`'s `value`: equal to it, sharing no
+        writable memory with it, and recorded so that `check` sees a write to it."""
+        if is_wrapper_subclass(value):
+            names, context = value.__tensor_flatten__()
+            inner = {name: self._stand_in(n, getattr(value, name)) for name in names}
+            return type(value).__tensor_unflatten__(inner, context, value.size(), value.stride())
+        try:
+            clone = lazy_clone(value)
+        except RuntimeError:  # a storage copy-on-write cannot share (numpy's, a mapped file's)
+            clone = None
+        if clone is not None and is_cow_tensor(clone):
+            self.clones.append((n, clone))
+            return clone
+        copy = value.detach().clone()
+        self.copies.append((n, value, copy))
+        return copy
+
     def check(self) -> None:
         """Stops the evaluation (`_Stop`) with an `UndeclaredWrite` when the op wrote to one of
-        its cloned inputs."""
+        its inputs' stand-ins."""
         for n, clone in self.clones:
             if not is_cow_tensor(clone):
+                raise _Stop(UndeclaredWrite(self.node, n))
+        for n, original, copy in self.copies:
+            if raw_bytes(copy) != raw_bytes(original):
                 raise _Stop(UndeclaredWrite(self.node, n))

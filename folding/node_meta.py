@@ -19,8 +19,6 @@ REPORT_NAME = "folding_report_name"
 HOISTED_FROM = "folding_hoisted_from"
 GLUE = "folding_glue"
 
-_FOLD_KEYS = (REPORT_NAME, HOISTED_FROM, GLUE)
-
 
 def _as_tuple(value) -> tuple[str, ...]:
     return value if isinstance(value, tuple) else (value,)

@@ -30,7 +30,8 @@ _SMALL = 4096
 def holds_nonfinite(t: torch.Tensor) -> bool:
     """True when `t` holds a NaN or an Inf. Real dtypes above `_SMALL` elements: its min and max (``aminmax``: one pass,
     no temporary; NaN propagates, an Inf is the min or max). ``isfinite(t).all()`` allocates
-    ``abs(t)`` and bool masks, about 1.75x the tensor's bytes at fp32. Integer, bool and
+    ``abs(t)`` and bool masks, about 1.75x the tensor's bytes at fp32; float8, which has no
+    ``isfinite`` kernel, is read as float32. Integer, bool and
     tensor-subclass values (torchao's quantized weights) are never non-finite here."""
     if is_subclass(t) or not (t.dtype.is_floating_point or t.dtype.is_complex) or t.numel() == 0:
         return False
@@ -41,8 +42,8 @@ def holds_nonfinite(t: torch.Tensor) -> bool:
             except (RuntimeError, NotImplementedError):  # float8: no aminmax kernel
                 pass
         return not bool(torch.isfinite(t).all())
-    except (RuntimeError, NotImplementedError):  # float8 and other dtypes without isfinite
-        return False
+    except (RuntimeError, NotImplementedError):  # float8 has no isfinite: float32 holds its values exactly
+        return not bool(torch.isfinite(t.float()).all())
 
 
 def rearranges_elements(node: torch.fx.Node) -> bool:
@@ -59,7 +60,7 @@ def rearranges_elements(node: torch.fx.Node) -> bool:
         isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in inputs)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)
 def _rearranging_op(target) -> bool:
     """A view op, the ``_copy`` variant of one, or a clone (see `rearranges_elements`)."""
     overload = aten_overload(target)

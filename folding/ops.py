@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import operator
+import struct
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
@@ -25,21 +26,6 @@ try:  # executorch's memory planning op: an allocation, never a value to fold.
     _MEMORY_OPS = frozenset({_et_memory.alloc})
 except ImportError:  # pragma: no cover - executorch is a dependency
     _MEMORY_OPS = frozenset()
-
-
-def _cached(fn):
-    """Memoise a per-target property (a graph has few distinct targets, many nodes):
-    ``functools.cache``, with an uncached call for an unhashable target."""
-    cached = functools.cache(fn)
-
-    @functools.wraps(fn)
-    def wrapper(target: Any):
-        try:
-            return cached(target)
-        except TypeError:  # an unhashable target (or `fn` raised TypeError: it raises again)
-            return fn(target)
-
-    return wrapper
 
 
 # Ops whose result is uninitialised memory. Folding one as-is would bake whatever bytes the
@@ -95,7 +81,7 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
     return edge_overload_aten(target)
 
 
-@_cached
+@functools.lru_cache(maxsize=4096)  # the package's one cache: bounded, keyed by hashable arguments
 def op_name(target: Any) -> str:
     """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.
 
@@ -117,7 +103,7 @@ def op_name(target: Any) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}".lstrip(".")
 
 
-@_cached
+@functools.lru_cache(maxsize=4096)
 def packet_name(target: Any) -> str:
     """The overload packet's name (``aten.add``), for rules that cover every overload."""
     overload = aten_overload(target)
@@ -218,11 +204,22 @@ def written_arg_positions(node) -> tuple[int, ...]:
     return declared if flag is False else tuple(sorted(set(declared) | set(positions)))
 
 
+# Ops whose result aliases an argument although their schema says nothing: torch.export reads
+# the inner tensors of a wrapper subclass weight (torchao's ``quantize_``) with
+# ``export::access_subclass_inner_tensor(Tensor src_subclass_tensor, str attr) -> Tensor``, whose
+# kernel returns the inner tensor itself (torch/export/custom_ops.py), so a write to its result
+# writes the caller's weight. {op name: position of the aliased argument}
+_UNDECLARED_ALIASES: dict[str, int] = {"export.access_subclass_inner_tensor.default": 0}
+
+
 def _aliased_arg_position(target: Any) -> Optional[int]:
-    """Position of the argument the op's output aliases (views and in-place ops), or None."""
+    """Position of the argument the op's output aliases (views and in-place ops, and the ops
+    of `_UNDECLARED_ALIASES`), or None."""
     overload = aten_overload(target)
     if overload is None:
         return None
+    if str(overload) in _UNDECLARED_ALIASES:
+        return _UNDECLARED_ALIASES[str(overload)]
     schema = schema_of(overload)
     if not any(r.alias_info is not None for r in schema.returns):
         return None
@@ -256,7 +253,7 @@ class OpFacts(NamedTuple):
     aliased_position: Optional[int]  # `aliased_arg_position`
     trusted: bool  # `writes_only_its_outputs`
     metadata_only: bool  # `reads_only_metadata`
-    uninitialised: bool  # `is_uninitialised_allocation`
+    uninitialised: bool  # `_is_uninitialised_allocation`
 
 
 # id(target) -> (target, facts). Keyed by identity: an ATen OpOverload hashes in Python (about
@@ -305,11 +302,6 @@ def aliased_arg_position(target: Any) -> Optional[int]:
     return op_facts(target).aliased_position
 
 
-def is_uninitialised_allocation(target: Any) -> bool:
-    """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
-    return op_facts(target).uninitialised
-
-
 def reads_only_metadata(target: Any) -> bool:
     """True for ops whose first argument contributes only its shape/dtype/device/strides."""
     return op_facts(target).metadata_only
@@ -338,14 +330,21 @@ def structural_key(node: torch.fx.Node, canon) -> Optional[tuple]:
 
 
 def _frozen(value: Any, canon) -> Any:
-    """A hashable form of an argument: lists and dicts become tuples, NaN a marker (NaN != NaN
-    would split equal ops)."""
+    """A hashable form of an argument, equal for two arguments only when torch cannot tell them
+    apart: lists, tuples and dicts become tagged tuples; a scalar is keyed by its Python type (1,
+    1.0 and True differ: they give different dtypes) and a float or complex number by its
+    IEEE-754 bits, so 0.0 and -0.0 differ (``1 / (w * -0.0)`` is -inf) and a NaN equals only a
+    NaN of the same bits (a kernel cannot tell those apart); a tensor literal by identity."""
     if isinstance(value, torch.fx.Node):
         return canon.get(value, value)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(_frozen(v, canon) for v in value)
+        return (type(value),) + tuple(_frozen(v, canon) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v, canon)) for k, v in value.items()))
-    if isinstance(value, float) and value != value:
-        return ("nan",)
-    return (type(value).__name__, value)
+        return (dict,) + tuple(sorted((k, _frozen(v, canon)) for k, v in value.items()))
+    if isinstance(value, float):
+        return (type(value), struct.pack("<d", value))
+    if isinstance(value, complex):
+        return (type(value), struct.pack("<dd", value.real, value.imag))
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, id(value))
+    return (type(value), value)

@@ -13,12 +13,13 @@ encoding for any op and folds to its float value.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any, Callable
 
 import torch.fx
 
-from .ops import _cached, aliased_arg_position, mutated_arg_positions, packet_name
+from .ops import aliased_arg_position, mutated_arg_positions, packet_name
 from .torch_internals import schema_of
 
 # Op packets by dialect-free name (Edge ops resolve to the same names).
@@ -42,12 +43,12 @@ DEQUANTIZE_OPS = frozenset(
 )
 
 
-@_cached
+@functools.lru_cache(maxsize=4096)
 def is_quantize(target: Any) -> bool:
     return packet_name(target) in QUANTIZE_OPS
 
 
-@_cached
+@functools.lru_cache(maxsize=4096)
 def is_dequantize(target: Any) -> bool:
     return packet_name(target) in DEQUANTIZE_OPS
 
@@ -71,7 +72,7 @@ DATA_MOVEMENT_OPS = frozenset(
 )
 
 
-@_cached
+@functools.lru_cache(maxsize=4096)
 def keeps_dequantized_value(target: Any) -> bool:
     """True for view, copy and cast ops (`DATA_MOVEMENT_OPS` plus schema-declared views): their
     result is still a dequantized value when their input is one."""

@@ -151,3 +151,43 @@ def test_a_region_folded_again_after_a_pin_reports_under_its_nodes_paths(region,
     _, result = fold_and_compare(RegionWrittenByAnInlinedBranch(region, returned).eval(),
                                  [(torch.randn(1, 2, 5, 2, generator=g),)], pte=returned)
     assert all(isinstance(d.node, str) and d.node for d in result.report.decisions), result.report.decisions
+
+
+# Constant code moved out of two branches once only when torch cannot tell the two apart (issue 52).
+
+class SiblingBranches(nn.Module):
+    """``cond`` whose branches compute ``expr(w, a)`` and ``expr(w, b)``: the same code on two
+    scalars that compare equal in Python (``0.0 == -0.0``, ``1 == 1.0 == True``) but that
+    torch tells apart."""
+
+    def __init__(self, a, b, expr: str):
+        super().__init__()
+        self.a, self.b, self.expr = a, b, expr
+        self.w = nn.Parameter(torch.rand(4) + 0.5)
+
+    def _branch(self, s):
+        w = self.w
+        if self.expr == "reciprocal":  # the sign of a zero decides the sign of the infinity
+            return lambda x: x + 1 / (w * s)
+        if self.expr == "nan_to_num":
+            return lambda x: x + torch.nan_to_num(w * s, nan=2.0, posinf=3.0, neginf=-3.0)
+        if self.expr == "imaginary_reciprocal":
+            return lambda x: x + w + 1 / torch.view_as_real(torch.full((4,), s))[..., 1]
+        if self.expr == "full_dtype":  # the scalar's Python type decides the dtype
+            return lambda x: x + w * torch.full((4,), s).element_size() + (torch.full((4,), s) * 2**62 * 4).double().float()
+        raise ValueError(self.expr)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, self._branch(self.a), self._branch(self.b), (x,))
+
+
+@pytest.mark.parametrize("a, b, expr", [
+    (0.0, -0.0, "reciprocal"),  # issue 52's fault 2: branch B returned +inf
+    (-0.0, 0.0, "reciprocal"),
+    (complex(1.0, 0.0), complex(1.0, -0.0), "imaginary_reciprocal"),
+    (float("inf"), float("-inf"), "reciprocal"),
+    (float("nan"), float("nan"), "nan_to_num"),  # the same bits: one value (export drops a NaN's sign)
+    (2, 2.0, "full_dtype"), (True, 1, "full_dtype"), (1.0, True, "full_dtype"),
+], ids=["zero", "negative_zero", "complex_zero", "inf", "nan", "int_float", "bool_int", "float_bool"])
+def test_branches_differing_only_in_what_python_calls_equal_keep_their_values(a, b, expr):
+    fold_and_compare(SiblingBranches(a, b, expr), BOTH, pte=False)

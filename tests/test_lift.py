@@ -79,3 +79,28 @@ def test_a_value_lifted_in_place_is_scanned_for_nan_through_its_views():
     assert row.nonfinite, row
     want, got = ep.module()(x, flag), result.program.module()(x, flag)
     assert torch.equal(torch.isnan(want), torch.isnan(got)) and torch.isnan(got).any()
+
+
+class _Float8Nan(torch.nn.Module):
+    """A folded float8_e4m3fn value holding a NaN (``0 / 0``), returned as it is: torch has no
+    ``isfinite`` for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([0.0, 1.0, 2.0, 3.0]))
+
+    def forward(self, x):
+        return x + 1.0, (self.w / self.w[0]).to(torch.float8_e4m3fn)
+
+
+def test_a_float8_value_holding_nan_is_reported_nonfinite():
+    """issue 52: the non-finite scan read float8 values as finite (``isfinite`` raised)."""
+    from folding import fold_constants
+
+    x = torch.randn(4)
+    ep = torch.export.export(_Float8Nan(), (x,))
+    result = fold_constants(ep)
+    rows = [c for c in result.report.lifted if not c.reused]
+    assert rows and all(row.nonfinite for row in rows), rows
+    want, got = ep.module()(x)[1].float(), result.program.module()(x)[1].float()
+    assert torch.equal(torch.isnan(want), torch.isnan(got)) and torch.isnan(got).any()

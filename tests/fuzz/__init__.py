@@ -2,7 +2,9 @@
 
 Generates seeded programs of 10–60 ops (elementwise math, casts, views and layout ops,
 indexing and scatter, norms, convs with computed weights, in-place ops on temporaries, mutated
-buffers, random ops, constant outputs, dynamic batch, PT2E-quantized variants) with random
+buffers, random ops, undeclared writes to stored tensors, sibling expressions that differ only in
+signed zeros / infinities / NaNs / scalar types, torchao subclass weights, constant outputs,
+dynamic batch, PT2E-quantized variants) with random
 `FoldPolicy`s, folds their ATen and Edge programs, and checks them against eager and the
 ExecuTorch runtime. Failures are classified into kinds and shrunk to standalone reproducers.
 

@@ -216,8 +216,11 @@ def same_fingerprint(a: tuple, b: tuple) -> Optional[str]:
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit equality (NaN equals the same NaN; `torch.equal` says NaN != NaN)."""
-    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+    """Bit equality (NaN equals the same NaN; `torch.equal` says NaN != NaN); a wrapper
+    subclass (torchao's ``Int8Tensor``) compares its inner tensors."""
+    from tests.invariants import same_bits as same
+
+    return same(a, b)
 
 
 def verifier_problem(ep) -> Optional[str]:
@@ -327,13 +330,16 @@ class Case:
 
     @staticmethod
     def _module(ep) -> torch.nn.Module:
-        """`ep` as a module, on copies of its buffers: the module's buffers are the program's
-        own tensors (shared with the caller's program where unchanged)."""
+        """`ep` as a module, on copies of its buffers and parameters: the module's are the
+        program's own tensors (shared with the caller's program where unchanged)."""
         module = ep.module()
         for m in module.modules():
             for name, b in list(m._buffers.items()):
                 if b is not None:
                     m._buffers[name] = b.clone()
+            for name, p in list(m._parameters.items()):  # an undeclared write may update one
+                if p is not None and type(p) is torch.nn.Parameter:
+                    m._parameters[name] = torch.nn.Parameter(p.detach().clone(), p.requires_grad)
         return module
 
     @classmethod
@@ -438,6 +444,29 @@ class Case:
 
     def stage_aten(self) -> None:
         self.aten_result = self.fold_and_check("aten", self.ep)
+        if any(op.family in ("undeclared_write", "subclass_weight") for op in self.p.ops):
+            self._check_in_place_keeps_stored_tensors("aten")
+
+    def _check_in_place_keeps_stored_tensors(self, stage: str) -> None:
+        """An in-place fold replaces the caller's program, but evaluation never writes a tensor
+        the caller's program stores (issue 52): on a copy of the program, folded in place, each
+        stored tensor object keeps its bits."""
+        import copy
+
+        ep = copy.deepcopy(self.ep)
+        stored = {k: (t, t.detach().clone()) for k, t in {**ep.state_dict, **ep.constants}.items()
+                  if isinstance(t, torch.Tensor)}
+        try:
+            self.fold_fn(ep, self.policy, inplace=True)
+        except Exception as exc:
+            import folding
+
+            if isinstance(exc, folding.FoldingError) and not isinstance(
+                    exc, (folding.FoldInternalError, folding.FoldInvariantError)):
+                return
+            raise exception_kind(stage, "fold in place", exc)
+        written = next((k for k, (t, before) in stored.items() if not same_bits(t.detach(), before)), None)
+        self._check(stage, "caller-tensor-written", written and f"an in-place fold wrote the caller's {written}")
 
     # 3. Edge
     def stage_edge(self) -> None:

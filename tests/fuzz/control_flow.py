@@ -248,6 +248,30 @@ def cond(g: Gen) -> Optional[Proposal]:
     return b.proposal("cond", _use(rng, call, n))
 
 
+def cond_siblings(g: Gen) -> Optional[Proposal]:
+    """A ``cond`` whose branches differ only in a scalar that Python calls equal to the other
+    (``0.0`` / ``-0.0``, ``2`` / ``2.0``, ``True`` / ``1``), or in an infinity or a NaN
+    (`families.SIBLINGS`): the constant code of both moves out of the branches, and must stay
+    two values (issue 52's fault 2)."""
+    from .families import sibling_pair
+
+    rng = g.rng
+    b = Body(g)
+    pred = _predicate(b, runtime=rng.random() < 0.7) or _predicate(b, runtime=False)
+    main = g.pick_any_kind(_float)
+    c = g.pick(lambda v: closable(g)(v) and v.ex.dtype == torch.float32, "const")
+    if pred is None or main is None or c is None:
+        return None
+    a, other, template = sibling_pair(g)
+    slot = b.slot(c)
+    texts, examples = _operands(b, main)
+    params = _params("a", examples)
+    branch = [f"lambda {', '.join(params)}: ({params[0]} + {template.format(s=s).replace('$0', slot)}.amax(),)"
+              for s in (a, other)]
+    ops = "(" + "".join(f"{t}, " for t in texts) + ")"
+    return b.proposal("cond_siblings", f"torch.cond({pred}, {branch[0]}, {branch[1]}, {ops})[0]")
+
+
 def _sliceable(v: Value) -> bool:
     return _float(v) and v.ex.dim() >= 1 and 0 in v.static_dims and 1 <= v.ex.shape[0] <= 5
 
@@ -343,5 +367,5 @@ def autocast(g: Gen) -> Optional[Proposal]:
 
 
 FAMILIES = {"cond": cond, "map": map_, "scan": scan_, "while_loop": while_loop_, "no_grad": no_grad,
-            "autocast": autocast}
-WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4}
+            "autocast": autocast, "cond_siblings": cond_siblings}
+WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4, "cond_siblings": 4}

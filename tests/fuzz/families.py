@@ -572,6 +572,77 @@ def random_op(g: Gen) -> Optional[Proposal]:
     return Proposal("random", [(rng.choice(table), ())])
 
 
+# -- what the fold must never merge or write (issue 52) -----------------------------------------
+
+# Pairs of scalar literals that Python compares equal (``0.0 == -0.0``, ``2 == 2.0``,
+# ``True == 1``), or NaNs, or infinities, that torch tells apart, each with an expression that
+# shows the difference in its values (``$0``: a float32 value; ``{s}``: the scalar). Two
+# expressions that differ only in the scalar are siblings: a fold that keys constant code by
+# Python equality gives one the other's value (issue 52's fault 2).
+SIBLINGS = (
+    ("0.0", "-0.0", "(1.0 / (($0.abs() + 0.5) * {s}))"),  # the sign of an infinity
+    ("float('inf')", "float('-inf')", "(($0.abs() + 0.5) * {s})"),
+    ("float('nan')", "-float('nan')", "torch.nan_to_num($0 * {s}, nan=2.0)"),  # export drops a NaN's sign
+    ("float('nan')", "float('inf')", "torch.nan_to_num($0 * {s}, nan=2.0, posinf=3.0, neginf=-3.0)"),
+    ("complex(1.0, 0.0)", "complex(1.0, -0.0)", "(1.0 / torch.view_as_real(torch.full((2,), {s}))[..., 1])"),
+    ("2", "2.0", "(torch.full((2,), {s}) * 4611686018427387904 * 4).float()"),  # int64 wraps, float does not
+    ("True", "1", "(~torch.full((2,), {s})).float()"),  # ~True is False, ~1 is -2
+    ("torch.float16", "torch.bfloat16", "(torch.full((2,), 0.1, dtype={s}).float() * 1000.0)"),
+)
+
+
+def sibling_pair(g: Gen) -> tuple[str, str, str]:
+    """One `SIBLINGS` entry ``(a, b, expression with {s})``, in either order."""
+    a, b, template = g.rng.choice(SIBLINGS)
+    return (b, a, template) if g.rng.random() < 0.5 else (a, b, template)
+
+
+def siblings(g: Gen) -> Optional[Proposal]:
+    """Two top-level expressions that differ only in a `SIBLINGS` scalar, both read (``cat``)."""
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32)
+    if name is None:
+        return None
+    a, b, template = sibling_pair(g)
+    inputs = (name,) if "$0" in template else ()
+    return Proposal("siblings", [(template.format(s=a), inputs), (template.format(s=b), inputs),
+                                 ("torch.cat([$0.reshape(-1), $1.reshape(-1)])", ("@0", "@1"))])
+
+
+def undeclared_write(g: Gen) -> Optional[Proposal]:
+    """``fuzz_writes.bump(w, x)`` (`tests.fuzz.writes`): writes the stored tensor ``w`` (a
+    parameter, buffer or non-persistent buffer, which export lifts into ``ep.constants``)
+    although its schema declares no write."""
+    rng = g.rng
+    w = None
+    if rng.random() < 0.5:
+        w = g.pick(lambda u: u.state in ("parameter", "buffer", "constant") and u.kind == "const"
+                   and u.ex.dtype in (torch.float32, torch.int64))
+    if w is None:
+        dtype = rng.choice([torch.float32, torch.float32, torch.int64])
+        w = g.random_state(rand_shape(g, 2), dtype, rng.choice(["parameter", "buffer", "constant"]))
+    # a write is caught when evaluation runs the op, so its other input is a stored tensor of
+    # its own (a computed one may be kept at runtime: docs/fuzzing.md); `w` is either constant,
+    # or written already, and then none of its readers folds
+    x = g.random_state(rand_shape(g, 2), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
+    proposal = _one("undeclared_write", "torch.ops.fuzz_writes.bump($0, $1)", w, x)
+    proposal.mutates = (w,)
+    return proposal
+
+
+def subclass_weight(g: Gen) -> Optional[Proposal]:
+    """A ``linear`` whose weight is a tensor-subclass parameter: torchao's ``Int8Tensor``
+    (what ``quantize_(..., Int8WeightOnlyConfig())`` makes), which export keeps in
+    ``state_dict`` and reads through ``export.access_subclass_inner_tensor``."""
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.dim() - 1 in u.static_dims
+                           and u.ex.shape[-1] >= 2)  # torchao 0.18's PerRow refuses a [n > 1, 1] weight
+    if name is None:
+        return None
+    k, n = g.v(name).ex.shape[-1], g.rng.choice([1, 2, 4])
+    w = g.new_state(f"Int8Tensor.from_hp(torch.randn({n}, {k}, generator=_g({g.seed()})), PerRow())", "subclass", "q")
+    expr = g.rng.choice(["F.linear($0, $1)", "F.linear($0, $1) * 2.0", "F.linear($0.abs() + 1.0, $1)"])
+    return _one("subclass_weight", expr, name, w)
+
+
 FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "elementwise": elementwise,
     "binary": binary,
@@ -586,12 +657,18 @@ FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "factory": factory,
     "mutation": mutation,
     "random": random_op,
+    "siblings": siblings,
+    "undeclared_write": undeclared_write,
+    "subclass_weight": subclass_weight,
 }
 
 _WEIGHTS = {"elementwise": 12, "binary": 14, "reduce": 6, "cast": 8, "view": 16, "index": 8, "norm": 4, "conv": 6,
-            "attention": 1, "inplace": 6, "factory": 5, "mutation": 3, "random": 2}
+            "attention": 1, "inplace": 6, "factory": 5, "mutation": 3, "random": 2, "siblings": 2,
+            "undeclared_write": 2, "subclass_weight": 2}
 # no norms: a batch_norm makes torchao's convert_pt2e export ~100 conv-bn patterns (~100 s)
-_QUANT_WEIGHTS = {**_WEIGHTS, "conv": 24, "binary": 18, "random": 0, "mutation": 1, "norm": 0}
+# nor tensor-subclass weights or undeclared writes: PT2E's prepare/convert would have to trace them
+_QUANT_WEIGHTS = {**_WEIGHTS, "conv": 24, "binary": 18, "random": 0, "mutation": 1, "norm": 0, "subclass_weight": 0,
+                  "undeclared_write": 0}
 
 
 def weights(quantize: bool, control_flow: bool = False) -> dict[str, float]:

@@ -39,7 +39,8 @@ class Value:
             on the flipped inputs if the program has them (`FLIP`).
         temp: a fresh temporary (shares no storage with an input or a stored tensor), so an
             in-place op on it changes no caller-visible state.
-        state: a stored tensor (``parameter`` / ``buffer`` / ``constant``), or None.
+        state: a stored tensor (``parameter`` / ``buffer`` / ``constant`` / ``subclass``), or
+            None. A ``subclass`` weight is read only by the family that made it (`pick` skips it).
     """
 
     name: str
@@ -131,7 +132,7 @@ class Gen:
              exclude: tuple = ()) -> Optional[str]:
         """A value satisfying `pred`, recent values more likely (to grow deep chains)."""
         cands = [v for v in self.values.values()
-                 if v.name not in exclude and (kind is None or v.kind == kind) and pred(v)]
+                 if v.name not in exclude and v.state != "subclass" and (kind is None or v.kind == kind) and pred(v)]
         if not cands:
             return None
         weights = [1.0 + i for i in range(len(cands))]
@@ -229,11 +230,11 @@ class Gen:
         return self.values[name].kind
 
     def _state_copies(self, env) -> dict:
-        return {k: t.clone() for k, t in vars(env["self"]).items()}
+        return {k: t.clone() for k, t in vars(env["self"]).items() if type(t) is torch.Tensor}  # subclasses: never written
 
     def _is_temp(self, t: torch.Tensor) -> bool:
         owned = {self.envs[0][i.name].untyped_storage().data_ptr() for i in self.inputs}
-        owned |= {t2.untyped_storage().data_ptr() for t2 in vars(self.envs[0]["self"]).values()}
+        owned |= {t2.untyped_storage().data_ptr() for t2 in vars(self.envs[0]["self"]).values() if type(t2) is torch.Tensor}
         return t.untyped_storage().data_ptr() not in owned
 
     def _undo(self, n_values: int, snapshot) -> None:
@@ -414,7 +415,9 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
         outputs=outputs,
         dynamic_batch=dynamic,
         quantize=quantize,
-        policy=random_policy(rng),
+        # An undeclared write is caught only when evaluation runs its op: an op a limit or a
+        # skipped target keeps at runtime unevaluated hides it (docs/fuzzing.md, issue 52).
+        policy=random_policy(rng) if not any(op.family == "undeclared_write" for op in g.ops) else PolicySpec(),
         flip_inputs=config.control_flow,
     )
 
@@ -429,6 +432,9 @@ def _choose_outputs(g: Gen) -> tuple[str, ...]:
         name = g.rng.choice(op_values)
         if name not in outs:
             outs.append(name)
+    # an undeclared write is caught only when its op is evaluated, and an op whose result nothing
+    # reads is not (docs/fuzzing.md): each one's result is an output
+    outs += [op.out for op in g.ops if op.family == "undeclared_write" and op.out not in outs]
     consts = [n for n in op_values if g.values[n].kind == "const"]
     if consts and g.rng.random() < 0.3:
         name = g.rng.choice(consts)

@@ -26,8 +26,9 @@ class Input:
 
 @dataclass(frozen=True)
 class State:
-    """A stored tensor of the module: ``parameter``, ``buffer`` or ``constant`` (a
-    non-persistent buffer, lifted by export as a constant)."""
+    """A stored tensor of the module: ``parameter``, ``buffer``, ``constant`` (a
+    non-persistent buffer, lifted by export as a constant) or ``subclass`` (a parameter that
+    is a tensor subclass: torchao's ``Int8Tensor``)."""
 
     name: str
     init: str
@@ -161,6 +162,10 @@ import torch.nn.functional as F
 from torch._higher_order_ops.map import map as hop_map
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
+from torchao.quantization import Int8Tensor
+from torchao.quantization.granularity import PerRow
+
+import tests.fuzz.writes  # registers fuzz_writes::bump, a write no schema declares
 
 
 def _g(seed):
@@ -200,6 +205,8 @@ def module_source(p: Program) -> str:
     for s in p.states:
         if s.kind == "parameter":
             init.append(f"self.{s.name} = nn.Parameter({s.init})")
+        elif s.kind == "subclass":  # a tensor-subclass weight (torchao's), never trained
+            init.append(f"self.{s.name} = nn.Parameter({s.init}, requires_grad=False)")
         elif s.kind == "buffer":
             init.append(f"self.register_buffer({s.name!r}, {s.init})")
         else:
