@@ -92,11 +92,15 @@ class Fusion:
         program: the rewritten copy, or the program itself when nothing was rewritten.
         notes: one line per rewrite, for the report (`FoldReport.rewrites`).
         rows: its report rows (`FusionRows`).
+        replaced: ``(old, new)`` node names: the value of `old` (a batch norm's output, a
+            binary op) is now computed by `new` (the weight op, or the batch norm's add), in
+            rewrite order (for differential checks of the rewrite alone).
     """
 
     program: ExportedProgram
     notes: tuple[str, ...] = ()
     rows: FusionRows = FusionRows()
+    replaced: tuple[tuple[str, str], ...] = ()
 
 
 def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> Fusion:
@@ -131,7 +135,7 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
         return Fusion(program, (), FusionRows(tuple(rewriter.decisions)))
     signature = _renamed_outputs(program.graph_signature, rewriter.renamed)
     return Fusion(program_with(program, graph_module=gm, graph_signature=signature), tuple(rewriter.notes),
-                  FusionRows(tuple(rewriter.decisions), maker.inserted_names()))
+                  FusionRows(tuple(rewriter.decisions), maker.inserted_names()), tuple(rewriter.replaced))
 
 
 def _candidates(graph: torch.fx.Graph, constness: "_Constness") -> list[torch.fx.Node]:
@@ -271,7 +275,8 @@ class _Conditions:
         and bias, else why not."""
         w_op = weight_op(x)
         if w_op is None:
-            return f"reads {getattr(x, 'name', x)} ({op_name(getattr(x, 'target', ''))}), not a conv or linear"
+            what = op_name(x.target) if getattr(x, "op", None) == "call_function" else getattr(x, "op", type(x).__name__)
+            return f"reads {getattr(x, 'name', x)} ({what}), not a conv or linear"
         if len(x.users) != 1:
             return f"{x.name}'s output is also read by {', '.join(u.name for u in list(x.users)[:4])}"
         if batch_norm and w_op.channel_axis != 1:
@@ -350,6 +355,7 @@ class _Rewriter:
         self.graph = make.graph
         self.dead: set[torch.fx.Node] = set()
         self.renamed: dict[str, str] = {}
+        self.replaced: list[tuple[str, str]] = []
         self.notes: list[str] = []
         self.decisions: list[Decision] = []
         self.changed = False
@@ -441,6 +447,7 @@ class _Rewriter:
         `removed` leave the graph."""
         if any(u.op == "output" for u in out.users):
             self.renamed[out.name] = new.name
+        self.replaced.append((out.name, new.name))
         out.replace_all_uses_with(new)
         for n in reversed(removed):
             self.dead.add(n)
