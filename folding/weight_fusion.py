@@ -123,7 +123,7 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     if not policy.fuse_into_weights:
         return Fusion(program)
     stored = unchanging_stored_specs(program.graph_signature)
-    candidates = _candidates(program.graph, _Constness(stored))
+    candidates = _candidates(program, _Constness(stored))
     if not candidates:
         return Fusion(program)
     gm, env = copy_uncompiled(program.graph_module)
@@ -141,38 +141,64 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
                   FusionRows(tuple(rewriter.decisions), maker.inserted_names()), tuple(rewriter.replaced))
 
 
-def _candidates(graph: torch.fx.Graph, constness: "_Constness") -> list[torch.fx.Node]:
-    """The nodes the rewrite starts from, in graph order: every batch norm, and each binary op
-    that reads (or will read, once the rewrites before it are done) a conv or linear of a
-    constant weight and, for ``add``/``sub``, a constant other operand (a residual sum is
-    none). One pass over the nodes, one name per distinct target."""
-    kinds: dict = {}
-    feeds: set[torch.fx.Node] = set()  # values that are, or may become, a weight op's output
-    out = []
-    for n in graph.nodes:
-        if n.op != "call_function":
+def _candidates(program: ExportedProgram, constness: "_Constness") -> list[torch.fx.Node]:
+    """The nodes the rewrite starts from: the batch norms and binary ops reading (or, once the
+    rewrites before them are done, going to read) a conv or linear of a constant weight, chain
+    by chain in order from each weight op; then every other batch norm. A binary op is one
+    only when its other operand is constant or it is a ``mul``/``div`` (a residual sum is
+    none). Found through fx's per-target node index, without a pass over the whole graph."""
+    graph = program.graph
+    found = lambda names: [n for t in _targets(program, names) for n in graph.find_nodes(op="call_function", target=t)]  # noqa: E731
+    out: dict[torch.fx.Node, None] = {}
+    for op in found(tuple(CONVS) + tuple(LINEARS)):
+        w_op = weight_op(op)
+        if w_op is None or constness(w_op.weight) is not None:
             continue
-        kind = kinds.get(n.target)
-        if kind is None:
-            kind = kinds[n.target] = _kind(n.target)
-        if kind == "bn":
-            out.append(n)
-            if n.args and n.args[0] in feeds:
-                feeds.add(n)
-        elif kind == "getitem":
-            if n.args[0] in feeds and n.args[1] == 0:
-                feeds.add(n)
-        elif kind == "weight":
-            w_op = weight_op(n)
-            if w_op is not None and constness(w_op.weight) is None:
-                feeds.add(n)
-        elif kind and len(n.args) >= 2:
-            a, b = n.args[0], n.args[1]
-            pairs = ((a, b), (b, a)) if kind in ("mul", "add") else ((a, b),)
-            if any(op in feeds and (kind in ("mul", "div") or constness(c) is None) for op, c in pairs):
-                out.append(n)
-                feeds.add(n)
-    return out
+        todo = [op]
+        while todo:
+            n = todo.pop(0)
+            for u in n.users:
+                kind = _kind(u.target) if u.op == "call_function" else ""
+                if kind == "getitem" and u.args[1] == 0 and n in out:
+                    todo.append(u)
+                elif kind == "bn" or (kind not in ("", "weight", "getitem") and len(u.args) >= 2 and _continues(u, n, kind, constness)):
+                    out[u] = None
+                    todo.append(u)
+    for bn in found(tuple(BATCH_NORMS) + tuple(TRAINING_BATCH_NORMS)):
+        out.setdefault(bn, None)
+    return list(out)
+
+
+def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: "_Constness") -> bool:
+    """Whether the binary op `node` scales or shifts `chain` by a constant (or scales it at all)."""
+    a, b = node.args[0], node.args[1]
+    others = [b] if a is chain else [a] if b is chain and kind in ("mul", "add") else []
+    return bool(others) and (kind in ("mul", "div") or constness(others[0]) is None)
+
+
+_TARGETS: dict = {}
+
+
+def _targets(program: ExportedProgram, names: tuple) -> list:
+    """The call targets of `names` (``aten.conv2d.default`` …) in the program's dialect."""
+    edge = getattr(program, "dialect", "ATEN") == "EDGE"
+    key = (edge, names)
+    if key not in _TARGETS:
+        if edge:
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            namespace = exir_ops.edge.aten
+        else:
+            namespace = torch.ops.aten
+        targets = []
+        for name in names:
+            _, packet, overload = name.split(".")
+            try:
+                targets.append(getattr(getattr(namespace, packet), overload))
+            except (AttributeError, RuntimeError):
+                continue
+        _TARGETS[key] = targets
+    return _TARGETS[key]
 
 
 def _written(graph: torch.fx.Graph) -> set[str]:
