@@ -472,3 +472,10 @@ def test_a_rewrite_the_budget_cannot_store_is_not_made():
     assert row.reason is Reason.NOT_FUSED and "growth budget" in row.detail
     assert "aten.batch_norm.default" in call_targets(result.program)
     assert any(d.reason is Reason.SCALE_AND_SHIFT for d in fold_constants(ep).report.decisions)
+
+
+def test_the_switch_must_be_a_bool():
+    from folding.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="fuse_into_weights"):
+        FoldPolicy(fuse_into_weights="yes")
