@@ -7,7 +7,7 @@ from the unfolded program's by at most ``4 u (sqrt(K) + n) M`` elementwise, u th
 roundoff of the dtype (2^-24 in fp32), K the weight op's fan-in, n the ops of the chain, M the
 value computed on magnitudes (the output's scale where nothing cancels: then ~ 2.4e-7 *
 (sqrt(K) + n) of the output's scale in fp32, 6e-6 for a 3x3 conv of 64 channels). The largest
-measured ratio to ``u (sqrt(K) + n) M`` on these cases is below 1; a fold that used another
+measured ratio to ``u (sqrt(K) + n) M`` on 150 of these cases is 0.98; a fold that used another
 eps, dropped a bias, scaled the wrong axis or group is off by orders of magnitude. Statistics
 are a trained network's, not torchvision's (0, 1): running variances log-uniform in
 [1e-5, 10], eps 1e-3 and 1e-5, gammas and means of either sign.
