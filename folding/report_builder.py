@@ -110,3 +110,16 @@ def body_decisions(program: ExportedProgram, staying) -> list[Decision]:
         return []
     kept = body_paths(program.graph_module)
     return [d for d in staying if d.node[: d.node.rindex("/") + 1] in kept]
+
+
+def with_rule_decisions(decisions: list[Decision], rows) -> list[Decision]:
+    """`decisions` with a prepare rewrite's report rows (`weight_fusion.FusionRows`): each of
+    its decisions replaces the fold's decision for the same node name, or is added when the
+    fold made none (the node left the graph before analysis); the fold's decisions for the
+    nodes the rewrite inserted are dropped, unless one was kept although constant-only."""
+    if not rows.decisions:
+        return decisions
+    replacing = {d.node: d for d in rows.decisions}
+    out = [replacing.pop(d.node, d) for d in decisions
+           if d.node not in rows.inserted or d.reason.constant_only]
+    return out + list(replacing.values())

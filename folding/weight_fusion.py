@@ -1,0 +1,551 @@
+"""Batch norms and constant scales and shifts folded into the weight and bias of the conv or
+linear before them (issue 54).
+
+An eval-mode batch norm is ``y * s + t`` per channel (dim 1) with ``s = gamma * rsqrt(var + eps)``
+and ``t = beta - mean * s``, all constant. This rewrite of the working program (a preparation
+step, like `transposed_gathers`) replaces, in the program's own dialect (ATen or Edge):
+
+1. ``bn(op(x, W, b))`` -> ``op(x, W', b')`` with ``W' = W * s`` along the op's output-channel
+   axis and ``b' = (b - mean) * rsqrt(var + eps) * gamma + beta`` (the node's own ``eps``; the
+   order of torch.nn.utils.fusion.fuse_conv_bn_weights, so the values are the same bits), where
+   ``op`` is a conv (1d/2d/3d, grouped, depthwise, with or without bias), a transposed conv
+   (output channels on dim 1 of its weight, per group), a ``linear``, or Edge's ``addmm``/``mm``
+   of a decomposed ``linear`` (output channels on dim 1 of the matrix it reads);
+2. a batch norm with nothing to fuse into -> ``y * s_view + t_view`` (``aten.mul`` and
+   ``aten.add`` by constants shaped ``[C, 1, ...]``): what every backend computes right, where
+   QNN's BatchNorm builder ignores ``eps`` (executorch 1.5.1 backends/qualcomm/builders/
+   op_batch_norm.py);
+3. ``op(x) * c``, ``/ c``, ``+ c``, ``- c`` with ``c`` a constant scalar or a tensor that
+   broadcasts along the output-channel axis only -> the op with ``W * c`` / ``W / c`` and
+   ``b * c``, ``b / c``, ``b + c``, ``b - c`` (a bias is added where there was none), as
+   Inductor's torch/_inductor/fx_passes/binary_folding.py does.
+
+``W'`` and ``b'`` are constant-only nodes the fold then evaluates and stores as lifted constants
+with its own machinery (names, dedup, size limits, growth budget, report); the old weight and
+the batch norm's vectors lose their readers and leave the program. Values in fp16/bf16 are
+computed in fp32 and cast back.
+
+Constant here means: a parameter, buffer or lifted constant the program never writes
+(`signature.unchanging_stored_specs`), a Python number, or a pure op of constants (Edge's
+``permute_copy`` of a ``linear`` weight, a cast of a lifted scalar); never through a
+dequantize. Not rewritten, each with a `Reason.NOT_FUSED` row saying why: training-mode batch
+norm; runtime weights, statistics or scales; quantized operands (a dequantize read as weight,
+statistic, scale or input, or a batch norm whose output is quantized: the rewrite would need an
+encoding the quantizer never chose); a symbolic channel count; a ``c`` that does not broadcast
+per output channel; a weight op whose output other ops read too (then 2. for a batch norm); a
+copy of a weight another op also reads beyond the growth budget, or a weight above
+``max_tensor_bytes`` (then 2.); ops the policy skips. ``FoldPolicy(fuse_into_weights=False)``
+turns the rewrite off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, OutputKind
+
+from .dedup import placeholder_savings
+from .hops import copy_uncompiled
+from .names import reserve_node_names
+from .ops import OpKind, arg_at, op_facts, op_name, written_arg_positions
+from .policy import FoldPolicy
+from .quant import is_dequantize, is_quantize
+from .reasons import Reason
+from .report import Decision
+from .signature import unchanging_stored_specs
+from .sizes import aligned, nbytes
+from .torch_internals import program_with
+from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, INSERTED, LINEARS, TRAINING_BATCH_NORMS, DialectOps,
+                         NodeMaker, WeightOp, arg, batch_norm_operands, batch_norm_output, binary_operands,
+                         compute_dtype, scale_and_shift, val, weight_op)
+
+
+@dataclass(frozen=True)
+class FusionRows:
+    """The rewrite's part of the report (`report_builder.with_rule_decisions`).
+
+    Attributes:
+        decisions: a `Decision` per batch norm (and its getitem) or binary op rewritten
+            (`Reason.FUSED`, `Reason.SCALE_AND_SHIFT`) or left as it is (`Reason.NOT_FUSED`),
+            named as in the program being folded; each replaces the fold's decision for that
+            name.
+        inserted: names of the nodes the rewrite inserted: the fold's decisions for them are
+            dropped (folded, or the runtime multiply and add standing for a batch norm)
+            unless one was kept although constant-only (invariant 3).
+    """
+
+    decisions: tuple[Decision, ...] = ()
+    inserted: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What `fuse_into_weights` did.
+
+    Attributes:
+        program: the rewritten copy, or the program itself when nothing was rewritten.
+        notes: one line per rewrite, for the report (`FoldReport.rewrites`).
+        rows: its report rows (`FusionRows`).
+        replaced: ``(old, new)`` node names: the value of `old` (a batch norm's output, a
+            binary op) is now computed by `new` (the weight op, or the batch norm's add), in
+            rewrite order (for differential checks of the rewrite alone).
+    """
+
+    program: ExportedProgram
+    notes: tuple[str, ...] = ()
+    rows: FusionRows = FusionRows()
+    replaced: tuple[tuple[str, str], ...] = ()
+
+
+def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> Fusion:
+    """Fold eval-mode batch norms and constant scales and shifts into the weight and bias of the
+    conv or linear before them, or rewrite a batch norm as a per-channel multiply and add
+    (module docstring).
+
+    Args:
+        program: the program being folded (ATen or Edge dialect); never modified.
+        policy: ``fuse_into_weights`` turns the rewrite off; ``skip_targets``,
+            ``max_tensor_bytes`` and the growth budget decide as for any folded value.
+        bytes_before: the constant bytes `program` stores (for the growth budget), in bytes.
+
+    Returns:
+        A `Fusion`: a copy of `program` (top-level graph copied; tensors, bodies shared) that
+        the attempt then owns, or `program` itself when nothing was rewritten. A program with
+        no batch norm and no binary op of a weight op's output costs one pass over its nodes.
+    """
+    if not policy.fuse_into_weights:
+        return Fusion(program)
+    stored = unchanging_stored_specs(program.graph_signature)
+    candidates = _candidates(program, _Constness(stored))
+    if not candidates:
+        return Fusion(program)
+    gm, env = copy_uncompiled(program.graph_module)
+    reserve_node_names(gm)
+    maker = NodeMaker(gm.graph, DialectOps.of(program))
+    savings = placeholder_savings(gm.graph, program)
+    unchanging = {name: spec for name, spec in stored.items() if name not in _written(gm.graph)}
+    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings))
+    for node in candidates:
+        rewriter.visit(env[node])
+    if not rewriter.changed:
+        return Fusion(program, (), FusionRows(tuple(rewriter.decisions)))
+    signature = _renamed_outputs(program.graph_signature, rewriter.renamed)
+    return Fusion(program_with(program, graph_module=gm, graph_signature=signature), tuple(rewriter.notes),
+                  FusionRows(tuple(rewriter.decisions), maker.inserted_names()), tuple(rewriter.replaced))
+
+
+def _candidates(program: ExportedProgram, constness: "_Constness") -> list[torch.fx.Node]:
+    """The nodes the rewrite starts from: the batch norms and binary ops reading (or, once the
+    rewrites before them are done, going to read) a conv or linear of a constant weight, chain
+    by chain in order from each weight op; then every other batch norm. A binary op is one
+    only when its other operand is constant or it is a ``mul``/``div`` (a residual sum is
+    none). Found through fx's per-target node index, without a pass over the whole graph."""
+    graph = program.graph
+    found = lambda names: [n for t in _targets(program, names) for n in graph.find_nodes(op="call_function", target=t)]  # noqa: E731
+    out: dict[torch.fx.Node, None] = {}
+    for op in found(tuple(CONVS) + tuple(LINEARS)):
+        w_op = weight_op(op)
+        if w_op is None or constness(w_op.weight) is not None:
+            continue
+        todo = [op]
+        while todo:
+            n = todo.pop(0)
+            for u in n.users:
+                kind = _kind(u.target) if u.op == "call_function" else ""
+                if kind == "getitem" and u.args[1] == 0 and n in out:
+                    todo.append(u)
+                elif kind == "bn" or (kind not in ("", "weight", "getitem") and len(u.args) >= 2 and _continues(u, n, kind, constness)):
+                    out[u] = None
+                    todo.append(u)
+    for bn in found(tuple(BATCH_NORMS) + tuple(TRAINING_BATCH_NORMS)):
+        out.setdefault(bn, None)
+    return list(out)
+
+
+def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: "_Constness") -> bool:
+    """Whether the binary op `node` scales or shifts `chain` by a constant (or scales it at all)."""
+    a, b = node.args[0], node.args[1]
+    others = [b] if a is chain else [a] if b is chain and kind in ("mul", "add") else []
+    return bool(others) and (kind in ("mul", "div") or constness(others[0]) is None)
+
+
+_TARGETS: dict = {}
+
+
+def _targets(program: ExportedProgram, names: tuple) -> list:
+    """The call targets of `names` (``aten.conv2d.default`` …) in the program's dialect."""
+    edge = getattr(program, "dialect", "ATEN") == "EDGE"
+    key = (edge, names)
+    if key not in _TARGETS:
+        if edge:
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            namespace = exir_ops.edge.aten
+        else:
+            namespace = torch.ops.aten
+        targets = []
+        for name in names:
+            _, packet, overload = name.split(".")
+            try:
+                targets.append(getattr(getattr(namespace, packet), overload))
+            except (AttributeError, RuntimeError):
+                continue
+        _TARGETS[key] = targets
+    return _TARGETS[key]
+
+
+def _written(graph: torch.fx.Graph) -> set[str]:
+    """Names of the placeholders some op of `graph` writes in place, directly or through a
+    view (torch 2.14's training IR: ``buffer.copy_(...)`` is not in the signature): their
+    values change at runtime, so they are not constant here."""
+    out = set()
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        for position in written_arg_positions(n):
+            a = arg_at(n, position)
+            while isinstance(a, torch.fx.Node) and a.op == "call_function" \
+                    and op_facts(a.target).aliased_position is not None:
+                a = arg_at(a, op_facts(a.target).aliased_position)
+            if isinstance(a, torch.fx.Node) and a.op == "placeholder":
+                out.add(a.name)
+    return out
+
+
+def _kind(target) -> str:
+    """What the candidate search sees in a call target: a batch norm, a weight op, a getitem, a
+    binary op's kind, or nothing (empty)."""
+    if target is operator.getitem:
+        return "getitem"
+    name = op_name(target)
+    if name in BATCH_NORMS or name in TRAINING_BATCH_NORMS:
+        return "bn"
+    if name in CONVS or name in LINEARS:
+        return "weight"
+    return BINARY.get(name, "")
+
+
+def _operands(node: torch.fx.Node, kind: str, constness: "_Constness") -> tuple:
+    """(weight op, other operand) of a binary op that reads a conv or linear of a constant
+    weight (either side of a ``mul`` or ``add``; the left of a ``div`` or ``sub``), else
+    (None, None)."""
+    if len(node.args) < 2:
+        return None, None
+    a, b = node.args[0], node.args[1]
+    for op, c in ((a, b), (b, a)) if kind in ("mul", "add") else ((a, b),):
+        w_op = weight_op(op)
+        if w_op is not None and constness(w_op.weight) is None:
+            return op, c
+    return None, None
+
+
+class _Constness:
+    """Whether a value is constant (module docstring): ``constness(node)`` is None when it is,
+    else what it is (a row's detail). Memoised per node; nodes the rewrite inserts (`made`)
+    are constant."""
+
+    def __init__(self, stored: dict, made: Optional[set] = None) -> None:
+        self.stored = stored
+        self.made = made if made is not None else set()
+        self.memo: dict[torch.fx.Node, Optional[str]] = {}
+
+    def __call__(self, node: Any) -> Optional[str]:
+        if node is None or isinstance(node, (int, float)) and not isinstance(node, bool):
+            return None
+        if not isinstance(node, torch.fx.Node):
+            return f"a {type(node).__name__}"
+        if node in self.made:
+            return None
+        if node not in self.memo:
+            self.memo[node] = self._why(node)
+        return self.memo[node]
+
+    def _why(self, node: torch.fx.Node) -> Optional[str]:
+        if node.op == "placeholder":
+            return None if node.name in self.stored else "a runtime input or a mutated buffer"
+        if node.op != "call_function":
+            return "not a stored constant"
+        if is_dequantize(node.target) or is_quantize(node.target):
+            return "quantized (read through a quantize or dequantize)"
+        if op_facts(node.target).kind is not OpKind.PURE:
+            return f"computed by {op_name(node.target)}"
+        return next((w for w in map(self, node.all_input_nodes) if w is not None), None)
+
+
+def _renamed_outputs(signature: ExportGraphSignature, renamed: dict[str, str]) -> ExportGraphSignature:
+    """`signature` with each user output naming a key of `renamed` naming its value instead."""
+    if not renamed:
+        return signature
+    specs = [dataclasses.replace(s, arg=dataclasses.replace(s.arg, name=renamed[s.arg.name]))
+             if s.kind == OutputKind.USER_OUTPUT and getattr(s.arg, "name", None) in renamed else s
+             for s in signature.output_specs]
+    return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=specs)
+
+
+class _NotFused(Exception):
+    """Why a candidate is left as it is (the `Reason.NOT_FUSED` row's detail)."""
+
+
+def _operand_detail(why: str) -> str:
+    return "quantized operands" if why.startswith("quantized") else "runtime operand"
+
+
+class _Conditions:
+    """When a candidate may be rewritten (module docstring); each check raises `_NotFused` or
+    returns why not, for the report. Keeps the growth of stored bytes the rewrites spent.
+
+    Attributes:
+        savings: what dropping each constant placeholder saves (`dedup.placeholder_savings`).
+    """
+
+    def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int, savings: dict) -> None:
+        self.constness, self.policy, self.savings = constness, policy, savings
+        self.budget, self.spent = policy.growth_budget(bytes_before), 0
+        self.skip = policy.skip_names()
+        self.skipped = sorted(INSERTED & self.skip)
+
+    def require_constant(self, node: Any, what: str) -> None:
+        why = self.constness(node)
+        if why is not None:
+            raise _NotFused(f"{_operand_detail(why)}: {what} {getattr(node, 'name', node)} is {why}")
+
+    def require_not_skipped(self, node: torch.fx.Node) -> None:
+        name = op_name(node.target)
+        if self.skipped or name in self.skip or name.rsplit(".", 1)[0] in self.skip:
+            raise _NotFused(f"FoldPolicy.skip_targets holds {', '.join(self.skipped or [name])}")
+
+    def fusible(self, x: Any, batch_norm: bool) -> Optional[str]:
+        """None when the weight op `x` can take a batch norm (or a binary op) into its weight
+        and bias, else why not."""
+        w_op = weight_op(x)
+        if w_op is None:
+            what = op_name(x.target) if getattr(x, "op", None) == "call_function" else getattr(x, "op", type(x).__name__)
+            return f"reads {getattr(x, 'name', x)} ({what}), not a conv or linear"
+        if len(x.users) != 1:
+            return f"{x.name}'s output is also read by {', '.join(u.name for u in list(x.users)[:4])}"
+        if batch_norm and w_op.channel_axis != 1:
+            return f"{x.name} is a linear of a rank-{val(x).dim()} input: its channels are not dim 1"
+        try:
+            self.require_not_skipped(x)
+        except _NotFused as why:
+            return str(why)
+        for role, v in (("weight", w_op.weight), ("bias", w_op.bias)):
+            why = self.constness(v)
+            if why is not None:
+                return f"{_operand_detail(why)}: {x.name}'s {role} {v.name} is {why}"
+        w_val = val(w_op.weight)
+        if w_val.dtype not in FLOATS or val(x).dtype != w_val.dtype:
+            return f"{x.name}'s weight is {w_val.dtype}"
+        cap = self.policy.max_tensor_bytes
+        if cap is not None and nbytes(w_val) > cap:
+            return f"{x.name}'s weight ({nbytes(w_val)} bytes) is above FoldPolicy.max_tensor_bytes"
+        return None
+
+    def fits(self, growth: int) -> bool:
+        """Whether the program may grow by `growth` more stored bytes (the growth budget);
+        spends them when it may."""
+        if self.budget is not None and self.spent + growth > self.budget:
+            return False
+        self.spent += growth
+        return True
+
+    def rewrite_fits(self, w_op: WeightOp, scaled: bool, new_bias: bool, reader=None, dropped=()) -> bool:
+        """Whether `w_op` reading a new weight (when `scaled`) and a new bias (`new_bias`), while
+        `reader` stops reading `dropped`, fits the growth budget, counted as the planner
+        counts it (`dedup.placeholder_savings`: a placeholder another op still reads, or
+        whose bytes another stored tensor repeats, saves nothing)."""
+        bias_like = w_op.bias if w_op.bias is not None else w_op.weight
+        added = (self.stored_bytes(w_op.weight, w_op.weight) if scaled else 0) \
+            + (self.stored_bytes(w_op.bias, bias_like, w_op.channels) if new_bias else 0)
+        saved = sum(self.saved(w_op.node, v) for v in ([w_op.weight] if scaled else []) + [w_op.bias])
+        return self.fits(added - saved - sum(self.saved(reader, v) for v in dropped))
+
+    def saved(self, reader: torch.fx.Node, v: Any) -> int:
+        if not isinstance(v, torch.fx.Node) or v in self.constness.made:
+            return 0
+        ancestry, todo = set(), [v]
+        while todo:
+            n = todo.pop()
+            if n not in ancestry:
+                ancestry.add(n)
+                todo.extend(n.all_input_nodes)
+        if any(u is not reader and u not in ancestry for a in ancestry for u in a.users):
+            return 0  # another op reads it: it stays
+        return sum(self.savings.get(a, 0) for a in ancestry)
+
+    def stored_bytes(self, v: Any, like: torch.fx.Node, numel: Optional[int] = None) -> int:
+        """Bytes a new value replacing `v` stores (none when `v` is one the rewrite made: it
+        replaces it), shaped like `like` or of `numel` elements of its dtype."""
+        if v is not None and v in self.constness.made:
+            return 0
+        value = val(like)
+        return aligned((numel if numel is not None else value.numel()) * value.element_size())
+
+    def channel_vector(self, make: NodeMaker, c: Any, node: torch.fx.Node, w_op: WeightOp) -> torch.fx.Node:
+        """`c` as a constant node of shape [channels] in the compute dtype; `_NotFused` when
+        it does not broadcast along `w_op`'s output channels only, or would change the
+        result's dtype or shape."""
+        compute, channels = compute_dtype(val(w_op.weight).dtype), w_op.channels
+        if isinstance(c, (int, float)) and not isinstance(c, bool):
+            if not math.isfinite(float(c)) or (c == 0 and op_name(node.target).startswith("aten.div")):
+                raise _NotFused(f"constant {c}")
+            return make.full(channels, float(c), compute, f"{node.name}_constant")
+        c_val, out_val, op_val = val(c), val(node), val(w_op.node)
+        if not isinstance(c_val, torch.Tensor) or c_val.dtype not in FLOATS + (torch.int32, torch.int64) \
+                or tuple(out_val.shape) != tuple(op_val.shape) or out_val.dtype != op_val.dtype \
+                or (c_val.dim() > 0 and c_val.dtype != op_val.dtype):
+            raise _NotFused(f"{getattr(c, 'name', c)} changes {w_op.node.name}'s shape or dtype")
+        axis = w_op.channel_axis
+        padded = [1] * (op_val.dim() - c_val.dim()) + list(c_val.shape)
+        if c_val.dim() > op_val.dim() or any(d != 1 for i, d in enumerate(padded) if i != axis) \
+                or padded[axis] not in (1, channels):
+            raise _NotFused(f"{c.name} of shape {list(c_val.shape)} does not broadcast per output channel "
+                            f"(dim {axis}) of {w_op.node.name}")
+        flat = make.make(make.ops.view, (make.cast(c, compute), [-1]), f"{node.name}_vector")
+        if padded[axis] == 1:
+            flat = make.make(make.ops.expand, (flat, [channels]), f"{node.name}_expanded")
+        return flat
+
+
+def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
+    """(output node, input, (gamma, beta, mean, var, eps)) of an eval-mode batch norm on a
+    float input with a static channel count and no encoding at it; else `_NotFused`."""
+    w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[name]
+    if t_i is not None and arg(bn, t_i, "training", False):
+        raise _NotFused("training-mode batch norm (batch statistics)")
+    out, x = batch_norm_output(bn, tuple_result), bn.args[0]
+    stats = (arg(bn, w_i, "weight"), arg(bn, b_i, "bias"), arg(bn, m_i, "running_mean"),
+             arg(bn, v_i, "running_var"), arg(bn, e_i, "eps"))
+    x_val = val(x)
+    if out is None:
+        raise _NotFused("its saved statistics (outputs 1 and 2) are read")
+    if not isinstance(x_val, torch.Tensor) or x_val.dtype not in FLOATS or x_val.dim() < 2:
+        raise _NotFused("input is not a floating-point tensor of rank >= 2")
+    if not isinstance(x_val.shape[1], int):
+        raise _NotFused(f"symbolic channel count {x_val.shape[1]}")
+    if stats[2] is None or stats[3] is None or not isinstance(stats[4], (int, float)):
+        raise _NotFused("no running statistics")
+    if is_dequantize(getattr(x, "target", None)) or any(is_quantize(u.target) for u in out.users):
+        raise _NotFused("quantized operands: a quantize/dequantize pair at the batch norm (its encoding "
+                        "was chosen for the batch norm's output; rewriting it would need another)")
+    return out, x, stats[:4] + (float(stats[4]),)
+
+
+class _Rewriter:
+    """The rewrite of one graph, candidate by candidate in graph order (`visit`); its records
+    are the `Fusion`'s."""
+
+    def __init__(self, make: NodeMaker, conditions: _Conditions) -> None:
+        self.make, self.ops, self.check = make, make.ops, conditions
+        self.graph = make.graph
+        self.dead: set[torch.fx.Node] = set()
+        self.renamed: dict[str, str] = {}
+        self.replaced: list[tuple[str, str]] = []
+        self.notes: list[str] = []
+        self.decisions: list[Decision] = []
+        self.changed = False
+
+    def visit(self, node: torch.fx.Node) -> None:
+        if node in self.dead:
+            return
+        name = op_name(node.target)
+        try:
+            if name in TRAINING_BATCH_NORMS:
+                raise _NotFused("training-mode batch norm (batch statistics)")
+            if name in BATCH_NORMS:
+                self._batch_norm(node, name)
+            elif name in BINARY:
+                self._binary(node, BINARY[name])
+        except _NotFused as why:
+            self.decisions.append(Decision(node.name, name, Reason.NOT_FUSED, str(why)))
+
+    def _batch_norm(self, bn: torch.fx.Node, name: str) -> None:
+        out, x, stats = _eval_batch_norm(bn, name)
+        x_val = val(x)
+        self.check.require_not_skipped(bn)
+        for what, v in zip(("weight", "bias", "running mean", "running variance"), stats):
+            self.check.require_constant(v, f"batch norm {what}")
+        why_not = self.check.fusible(x, batch_norm=True)
+        w_op = weight_op(x)
+        if why_not is None and w_op.channels != x_val.shape[1]:
+            why_not = f"{x.name} has {w_op.channels} output channels, the batch norm {x_val.shape[1]}"
+        if why_not is None:
+            if self.check.rewrite_fits(w_op, True, True, bn, stats[:4]):
+                return self._fuse_batch_norm(bn, out, w_op, stats)
+            why_not = f"storing {x.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)"
+        saved = sum(self.check.saved(bn, v) for v in stats[:4])
+        if not self.check.fits(2 * self.check.stored_bytes(None, x, x_val.shape[1]) - saved):
+            raise _NotFused(f"not fused ({why_not}), and storing its scale and shift exceeds the growth budget")
+        self._scale_and_shift(bn, out, x, stats, why_not)
+
+    def _binary(self, node: torch.fx.Node, kind: str) -> None:
+        op, c = _operands(node, kind, self.check.constness)
+        w_op = weight_op(op)
+        if w_op is None:
+            return  # a rewrite before changed what it reads
+        if arg(node, 2, "alpha", 1) != 1:
+            raise _NotFused(f"alpha={arg(node, 2, 'alpha', 1)}")
+        if isinstance(c, torch.fx.Node) and self.check.constness(c) is not None:
+            if kind in ("add", "sub"):
+                return  # a residual or another runtime sum, not a shift
+            raise _NotFused(f"runtime scale: {c.name} is {self.check.constness(c)}")
+        self.check.require_not_skipped(node)
+        why_not = self.check.fusible(op, batch_norm=False)
+        if why_not is not None:
+            raise _NotFused(why_not)
+        scaled = kind in ("mul", "div")
+        if not self.check.rewrite_fits(w_op, scaled, w_op.bias is not None or not scaled):
+            raise _NotFused(f"storing {op.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)")
+        node.prepend(op)  # after every constant the binary op reads (only `node` reads the op)
+        with self.graph.inserting_before(op):
+            c_vec = self.check.channel_vector(self.make, c, node, w_op)
+            weight, bias = binary_operands(self.make, w_op, kind, c_vec)
+        self._fused(node, [node], w_op, weight, bias)
+
+    def _fuse_batch_norm(self, bn, out, w_op: WeightOp, stats) -> None:
+        bn.prepend(w_op.node)  # after every constant the batch norm reads (only `bn` reads the op)
+        with self.graph.inserting_before(w_op.node):
+            weight, bias = batch_norm_operands(self.make, w_op, stats, bn.name)
+        self._fused(out, list(dict.fromkeys((bn, out))), w_op, weight, bias)
+
+    def _fused(self, out: torch.fx.Node, removed: list, w_op: WeightOp, weight, bias) -> None:
+        """`w_op` reads `weight` and `bias`; the readers of `out` read it; `removed` (`out`
+        and what computed it) leave the graph, each reported `Reason.FUSED`; an output spec
+        naming `out` names the op."""
+        fused = self.make.with_operands(w_op, weight, bias)
+        first = removed[0]
+        self.notes.append(f"{first.name} ({op_name(first.target)}) folded into the weight and bias of {fused.name}")
+        self.decisions += [Decision(n.name, op_name(n.target), Reason.FUSED, f"into {fused.name}") for n in removed]
+        self._replaced(out, fused, removed)
+
+    def _replaced(self, out: torch.fx.Node, new: torch.fx.Node, removed: list) -> None:
+        """The readers of `out` read `new` (an output spec naming `out` names `new`);
+        `removed` leave the graph."""
+        if any(u.op == "output" for u in out.users):
+            self.renamed[out.name] = new.name
+        self.replaced.append((out.name, new.name))
+        out.replace_all_uses_with(new)
+        for n in reversed(removed):
+            self.dead.add(n)
+            self.graph.erase_node(n)
+        self.changed = True
+
+    def _scale_and_shift(self, bn, out, x, stats, why_not: str) -> None:
+        """``x * s + t`` by constants viewed [C, 1, ...] (`weight_ops.scale_and_shift`)."""
+        make, ops = self.make, self.ops
+        with self.graph.inserting_before(bn):
+            s, t = scale_and_shift(make, val(x), stats, bn.name)
+            scaled = make.node(ops.mul, (x, s), {}, f"{bn.name}_scaled", bn)
+            shifted = make.node(ops.add, (scaled, t), {}, f"{bn.name}_shifted", bn)
+        self.notes.append(f"{bn.name} ({op_name(bn.target)}) rewritten as a per-channel multiply and add "
+                          f"({shifted.name}; not fused into a weight: {why_not})")
+        removed = list(dict.fromkeys((bn, out)))
+        self.decisions += [Decision(n.name, op_name(n.target), Reason.SCALE_AND_SHIFT, why_not) for n in removed]
+        self._replaced(out, shifted, removed)
