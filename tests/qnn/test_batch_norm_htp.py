@@ -196,3 +196,21 @@ def test_batch_norm_block_on_htp_fold_on_computes_eager_and_fold_off_ignores_eps
     diff_fault = float((off - as_builder).abs().max())
     fault_bound = _tolerance(_eps_ignored(model), inputs, as_builder, diff_fault)
     assert diff_fault <= fault_bound.limit, f"fold off vs eps 1e-9: {diff_fault:.3g} > {fault_bound.rule}"
+
+
+def test_benchmark_rows_of_a_batch_norm_block_fold_off_attributed_fold_on_ok():
+    """The benchmark's QNN rows (`benchmarks.qnn_rows`, the module exported non-strict as
+    `benchmarks.qnn_unit` does): fold off a mismatch attributed to the builder; fold on ``ok``
+    under the fp16 bound, though far from fold off's wrong output, and no larger a ``.pte``."""
+    from benchmarks import qnn_rows
+
+    model, inputs = _build("conv_bn_relu")
+    with torch.no_grad():
+        module = torch.export.export(model, inputs, strict=False).module()
+    off, on = qnn_rows.lower_rows("conv_bn_relu", module, inputs, "fp16", ("off", "on"))
+    assert off.status.startswith("mismatch: max abs diff vs eager"), off.status
+    assert off.mismatch_cause.startswith("executorch 1.5.1: QNN's BatchNorm builder"), off.mismatch_cause
+    assert on.status == "ok", (on.status, on.traceback)
+    assert on.htp_max_abs_diff <= on.tolerance and on.tolerance_rule, on.tolerance_rule
+    assert on.htp_vs_off_max_abs_diff > FAR * on.tolerance
+    assert on.pte_bytes <= off.pte_bytes
