@@ -7,6 +7,7 @@ the report as Markdown.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-growth-bytes", metavar="SIZE", default="1MiB",
                    help="floor of the growth budget when --max-growth is a percentage; default 1MiB")
     p.add_argument("--unlimited", action="store_true", help="fold every constant-only value, no size limits")
+    p.add_argument("--no-fuse-into-weights", dest="fuse_into_weights", action="store_false",
+                   help="leave eval-mode batch norms and constant scales and shifts after a conv or linear as "
+                        "they are (by default they are folded into its weight and bias: folding.weight_fusion)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
     return p
 
@@ -47,6 +51,11 @@ def policy_from_args(args: argparse.Namespace) -> "FoldPolicy":
     from .sizes import parse_bytes
 
     skip = frozenset(args.skip)
+    policy = _size_policy(args, skip, FoldPolicy, parse_bytes)
+    return dataclasses.replace(policy, fuse_into_weights=getattr(args, "fuse_into_weights", True))
+
+
+def _size_policy(args: argparse.Namespace, skip, FoldPolicy, parse_bytes) -> "FoldPolicy":
     if args.unlimited:
         return FoldPolicy.unlimited(skip_targets=skip)
     none = ("none", "off", "inf")

@@ -30,7 +30,7 @@ from .placement import place
 from .plan import make_plan
 from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
-from .report_builder import body_decisions, fold_report, merged
+from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
 from .sizes import stored_constant_bytes, stored_tensor
 from .torch_internals import replace_contents
 from .working import Preparation, Working
@@ -152,6 +152,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer, inpla
         report = merged(steps, folded)
         report.rewrites = list(once.working.notes)
         report.decisions.extend(body_decisions(folded, once.working.body_decisions))
+        report.decisions = with_rule_decisions(report.decisions, once.working.fusions)
     report.timings = timer.timings()
     logger.info(
         "folded %d nodes into %d lifted constants; constant bytes %d -> %d",

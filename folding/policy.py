@@ -30,6 +30,10 @@ class FoldPolicy:
         max_growth_bytes, max_growth_fraction: the program's stored constant bytes may grow by at
             most ``max(max_growth_bytes, max_growth_fraction * bytes_before)``. Defaults 1 MiB and
             5 %; both None: no budget.
+        fuse_into_weights: fold eval-mode batch norms and constant scales and shifts into the
+            weight and bias of the conv or linear before them, and rewrite a batch norm with
+            nothing to fuse into as a per-channel multiply and add (`folding.weight_fusion`;
+            issue 54: QNN's BatchNorm builder ignores ``eps``). Default True.
 
     The defaults and the programs they were chosen on: docs/design.md, "Size limits".
 
@@ -42,6 +46,7 @@ class FoldPolicy:
     max_tensor_bytes: Optional[int] = 16 * MiB
     max_growth_bytes: Optional[int] = 1 * MiB
     max_growth_fraction: Optional[float] = 0.05
+    fuse_into_weights: bool = True
 
     @classmethod
     def unlimited(cls, **overrides: Any) -> "FoldPolicy":
@@ -69,8 +74,9 @@ class FoldPolicy:
             isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < float("inf")
         ):
             raise PolicyError(f"FoldPolicy.max_growth_fraction must be a finite number >= 0 or None, got {fraction!r}")
-        if not isinstance(self.fold_asserts, bool):
-            raise PolicyError(f"FoldPolicy.fold_asserts must be a bool, got {self.fold_asserts!r}")
+        for name in ("fold_asserts", "fuse_into_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise PolicyError(f"FoldPolicy.{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.skip_targets, (str, bytes)) or not isinstance(self.skip_targets, (frozenset, set, list, tuple)):
             raise PolicyError(
                 f"FoldPolicy.skip_targets must be a collection of ops or op names, got {type(self.skip_targets).__name__}"
@@ -94,6 +100,7 @@ class FoldPolicy:
             "max_tensor_bytes": self.max_tensor_bytes,
             "max_growth_bytes": self.max_growth_bytes,
             "max_growth_fraction": self.max_growth_fraction,
+            "fuse_into_weights": self.fuse_into_weights,
         }
 
     @classmethod
@@ -105,6 +112,7 @@ class FoldPolicy:
             max_tensor_bytes=data.get("max_tensor_bytes"),
             max_growth_bytes=data.get("max_growth_bytes"),
             max_growth_fraction=data.get("max_growth_fraction"),
+            fuse_into_weights=data.get("fuse_into_weights", True),
         )
 
 

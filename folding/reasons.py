@@ -32,6 +32,9 @@ class Reason(enum.Enum):
     LAYOUT_OBSERVED = "a runtime op observes its strides (random `_like` op, as_strided); a stored constant is contiguous"
     MAX_TENSOR_BYTES = "its value is larger than FoldPolicy.max_tensor_bytes"
     GROWTH_BUDGET = "storing it would exceed the program's constant growth budget"
+    FUSED = "batch norm or constant scale or shift folded into the weight and bias of the conv or linear it reads"
+    SCALE_AND_SHIFT = "eval-mode batch norm rewritten as a per-channel multiply and add by folded constants"
+    NOT_FUSED = "batch norm or constant scale or shift after a weight op left as it is (the detail says why)"
 
     @property
     def constant_only(self) -> bool:
@@ -40,8 +43,10 @@ class Reason(enum.Enum):
         return self not in _NOT_CONSTANT_ONLY_KEPT
 
 
-_REMOVED = frozenset({Reason.FOLDED, Reason.CHECKED, Reason.INLINED, Reason.BRANCH_NOT_TAKEN})
-_NOT_CONSTANT_ONLY_KEPT = _REMOVED | {Reason.RUNTIME_INPUT, Reason.FILL_OF_RUNTIME_SHAPE}
+_REMOVED = frozenset({Reason.FOLDED, Reason.CHECKED, Reason.INLINED, Reason.BRANCH_NOT_TAKEN, Reason.FUSED,
+                      Reason.SCALE_AND_SHIFT})
+# NOT_FUSED: the weight-fusion rewrite's row for an op that reads the output of a conv or linear
+_NOT_CONSTANT_ONLY_KEPT = _REMOVED | {Reason.RUNTIME_INPUT, Reason.FILL_OF_RUNTIME_SHAPE, Reason.NOT_FUSED}
 
 
 def removes_node(reason: Reason) -> bool:

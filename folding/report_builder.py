@@ -110,3 +110,14 @@ def body_decisions(program: ExportedProgram, staying) -> list[Decision]:
         return []
     kept = body_paths(program.graph_module)
     return [d for d in staying if d.node[: d.node.rindex("/") + 1] in kept]
+
+
+def with_rule_decisions(decisions: list[Decision], rows) -> list[Decision]:
+    """`decisions` with each of a prepare rewrite's `rows` (`weight_fusion.Fusion.decisions`)
+    in place of the fold's decision for the same node name, or added when the fold made none
+    (the node left the graph before analysis)."""
+    if not rows:
+        return decisions
+    by_name = {d.node: d for d in rows}
+    out = [by_name.pop(d.node, d) for d in decisions]
+    return out + list(by_name.values())

@@ -1,5 +1,6 @@
 """The program one fold attempt analyses and lifts: the program being folded after the
-rewrites that come before analysis (`transposed_gathers.read_through_transposes`,
+rewrites that come before analysis (`weight_fusion.fuse_into_weights`,
+`transposed_gathers.read_through_transposes`,
 `returned_dequantizes.split_returned_dequantizes`, then `bodies.hoist_body_constants`), in a
 top-level graph the attempt owns.
 
@@ -33,6 +34,7 @@ from .returned_dequantizes import split_returned_dequantizes
 from .policy import FoldPolicy
 from .signature import mutated_targets
 from .transposed_gathers import Rewrite, read_through_transposes
+from .weight_fusion import Fusion, fuse_into_weights
 from .report import PhaseTimer
 from .torch_internals import program_with
 
@@ -48,6 +50,7 @@ class Working:
         notes: one line per rewritten gather and per dequantize copied for the output
             (`FoldReport.rewrites`).
         body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
+        fusions: the decisions of `weight_fusion.fuse_into_weights` (`Fusion.decisions`).
         shares_base: `program` is the program being folded, not a copy (in place only; see
             the module docstring): `lift` edits the caller's graph.
     """
@@ -58,6 +61,7 @@ class Working:
     notes: tuple[str, ...]
     body_decisions: tuple = ()
     shares_base: bool = False
+    fusions: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,11 @@ class Preparation:
             driver's dict, read at each call.
         bytes_before: stored constant bytes of the caller's program (the growth budget's
             reference).
-        rewrite_readers: run `read_through_transposes` (the first round only: after a
-            ``cond`` is inlined the program is the fold's own output, rewritten already).
-        transposes, notes: what the first round's rewrite found (used when it does not run).
+        rewrite_readers: run `fuse_into_weights` and `read_through_transposes` (the first round
+            only: after a ``cond`` is inlined the program is the fold's own output, rewritten
+            already).
+        transposes, notes, fusions: what the first round's rewrites found (used when they do
+            not run).
         analyze: `analysis.analyze`, for the hoisting's analyses of bodies (the driver passes
             it: a stage never imports another).
         may_share_base: the fold is in place, so an attempt may work on `base` itself when
@@ -93,12 +99,16 @@ class Preparation:
     transposes: frozenset = frozenset()
     notes: tuple[str, ...] = ()
     may_share_base: bool = False
+    fusions: tuple = ()
 
     def __call__(self) -> Working:
         with self.timer.phase("rewrites"):
             if self.rewrite_readers:
-                rewrite = read_through_transposes(self.base, self.policy, self.bytes_before)
+                fusion = fuse_into_weights(self.base, self.policy, self.bytes_before)
+                rewrite = read_through_transposes(fusion.program, self.policy, self.bytes_before)
+                rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
             else:
+                fusion = Fusion(self.base, (), self.fusions)
                 rewrite = Rewrite(self.base, self.notes, self.transposes)
             program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
             shares = program is self.base and self.may_share_base and not has_bodies(program.graph_module) \
@@ -109,7 +119,7 @@ class Preparation:
             hoisting = hoist_body_constants(program, self.policy, self.clone_op, self.pins,
                                             analyze=self.analyze, inplace=True)
         return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
-                       hoisting.decisions, shares_base=shares)
+                       hoisting.decisions, shares_base=shares, fusions=fusion.decisions)
 
     def copying(self) -> "Preparation":
         """This preparation, with every attempt on a copy (`Working.shares_base` never set)."""
@@ -119,4 +129,4 @@ class Preparation:
         """The preparation of the next round, which folds `folded` (the result of the round
         whose working program was `last`, with a ``cond`` inlined since)."""
         return replace(self, base=folded, rewrite_readers=False, transposes=last.transposes, notes=last.notes,
-                       may_share_base=False)
+                       may_share_base=False, fusions=last.fusions)

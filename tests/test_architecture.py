@@ -15,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAGES = {"working", "analysis", "plan", "evaluate", "placement", "lift", "report_builder", "inline"}
-PREPARE_REWRITES = {"transposed_gathers", "returned_dequantizes", "bodies"}  # run by `working` (prepare) only
+PREPARE_REWRITES = {"weight_fusion", "transposed_gathers", "returned_dequantizes", "bodies"}  # run by `working` (prepare) only
 DRIVER = "fold"
 
 
