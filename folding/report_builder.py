@@ -113,11 +113,13 @@ def body_decisions(program: ExportedProgram, staying) -> list[Decision]:
 
 
 def with_rule_decisions(decisions: list[Decision], rows) -> list[Decision]:
-    """`decisions` with each of a prepare rewrite's `rows` (`weight_fusion.Fusion.decisions`)
-    in place of the fold's decision for the same node name, or added when the fold made none
-    (the node left the graph before analysis)."""
-    if not rows:
+    """`decisions` with a prepare rewrite's report rows (`weight_fusion.FusionRows`): each of
+    its decisions replaces the fold's decision for the same node name, or is added when the
+    fold made none (the node left the graph before analysis); the fold's decisions for the
+    nodes the rewrite inserted are dropped, unless one was kept although constant-only."""
+    if not rows.decisions:
         return decisions
-    by_name = {d.node: d for d in rows}
-    out = [by_name.pop(d.node, d) for d in decisions]
-    return out + list(by_name.values())
+    replacing = {d.node: d for d in rows.decisions}
+    out = [replacing.pop(d.node, d) for d in decisions
+           if d.node not in rows.inserted or d.reason.constant_only]
+    return out + list(replacing.values())

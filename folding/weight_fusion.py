@@ -40,7 +40,6 @@ turns the rewrite off.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import operator
@@ -53,45 +52,36 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputKind
 
 from .hops import copy_uncompiled
-from .names import keep_name, reserve_node_names, unique_name
+from .names import reserve_node_names
 from .ops import OpKind, op_facts, op_name
 from .policy import FoldPolicy
 from .quant import is_dequantize, is_quantize
 from .reasons import Reason
 from .report import Decision
 from .signature import unchanging_stored_specs
-from .sizes import nbytes, stored_tensor
+from .sizes import nbytes
 from .torch_internals import program_with
+from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, INSERTED, LINEARS, TRAINING_BATCH_NORMS, DialectOps,
+                         NodeMaker, WeightOp, arg, batch_norm_operands, batch_norm_output, binary_operands,
+                         compute_dtype, scale_and_shift, val, weight_op)
 
-# Batch norms by op name: (index of weight, bias, mean, var, eps, training flag or None, tuple result).
-# aten/src/ATen/native/native_functions.yaml; `_native_batch_norm_legit_no_training` is what
-# run_decompositions and to_edge make of an eval-mode batch norm, `batch_norm` what torch.export's
-# training IR (and QNN's export passes) keep.
-_BATCH_NORMS = {
-    "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4, 6, None, True),
-    "aten.batch_norm.default": (1, 2, 3, 4, 7, 5, False),
-    "aten.native_batch_norm.default": (1, 2, 3, 4, 7, 5, True),
-}
-# Batch norms that always use (and update) batch statistics.
-_TRAINING_BATCH_NORMS = {"aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
-                         "aten._native_batch_norm_legit_functional.default"}
-# Weight ops by op name: (index of weight, bias, groups; index of `transposed` or a constant).
-_CONVS = {
-    "aten.convolution.default": (1, 2, 8, 6),
-    **{f"aten.conv{d}d.{o}": (1, 2, 6, False) for d in (1, 2, 3) for o in ("default", "padding")},
-    **{f"aten.conv_transpose{d}d.input": (1, 2, 6, True) for d in (1, 2, 3)},
-}
-_LINEARS = {"aten.linear.default": (1, 2), "aten.addmm.default": (2, 0), "aten.mm.default": (1, None)}
-_BINARY = {"aten.mul.Tensor": "mul", "aten.mul.Scalar": "mul", "aten.div.Tensor": "div", "aten.div.Scalar": "div",
-           "aten.add.Tensor": "add", "aten.add.Scalar": "add", "aten.sub.Tensor": "sub", "aten.sub.Scalar": "sub"}
-_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# The ops the rewrite inserts: a policy that skips one of them gets no rewrite (the fold would
-# keep the inserted nodes at runtime).
-_INSERTED = frozenset({"aten.mul.Tensor", "aten.div.Tensor", "aten.add.Tensor", "aten.sub.Tensor",
-                       "aten.add.Scalar", "aten.rsqrt.default", "aten.neg.default", "aten.full.default",
-                       "aten.view.default", "aten.view_copy.default", "aten.expand.default",
-                       "aten.expand_copy.default", "aten._to_copy.default",
-                       "dim_order_ops._to_dim_order_copy.default", "aten.addmm.default"})
+
+@dataclass(frozen=True)
+class FusionRows:
+    """The rewrite's part of the report (`report_builder.with_rule_decisions`).
+
+    Attributes:
+        decisions: a `Decision` per batch norm (and its getitem) or binary op rewritten
+            (`Reason.FUSED`, `Reason.SCALE_AND_SHIFT`) or left as it is (`Reason.NOT_FUSED`),
+            named as in the program being folded; each replaces the fold's decision for that
+            name.
+        inserted: names of the nodes the rewrite inserted: the fold's decisions for them are
+            dropped (folded, or the runtime multiply and add standing for a batch norm)
+            unless one was kept although constant-only (invariant 3).
+    """
+
+    decisions: tuple[Decision, ...] = ()
+    inserted: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -101,15 +91,16 @@ class Fusion:
     Attributes:
         program: the rewritten copy, or the program itself when nothing was rewritten.
         notes: one line per rewrite, for the report (`FoldReport.rewrites`).
-        decisions: a `Decision` per batch norm or binary op rewritten (`Reason.FUSED`,
-            `Reason.SCALE_AND_SHIFT`) or left as it is (`Reason.NOT_FUSED`), named as in the
-            program being folded; they replace the fold's own decision for that name
-            (`report_builder.with_rule_decisions`).
+        rows: its report rows (`FusionRows`).
+        replaced: ``(old, new)`` node names: the value of `old` (a batch norm's output, a
+            binary op) is now computed by `new` (the weight op, or the batch norm's add), in
+            rewrite order (for differential checks of the rewrite alone).
     """
 
     program: ExportedProgram
     notes: tuple[str, ...] = ()
-    decisions: tuple[Decision, ...] = ()
+    rows: FusionRows = FusionRows()
+    replaced: tuple[tuple[str, str], ...] = ()
 
 
 def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> Fusion:
@@ -121,7 +112,7 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
         program: the program being folded (ATen or Edge dialect); never modified.
         policy: ``fuse_into_weights`` turns the rewrite off; ``skip_targets``,
             ``max_tensor_bytes`` and the growth budget decide as for any folded value.
-        bytes_before: the constant bytes `program` stores (the growth budget's reference).
+        bytes_before: the constant bytes `program` stores (for the growth budget), in bytes.
 
     Returns:
         A `Fusion`: a copy of `program` (top-level graph copied; tensors, bodies shared) that
@@ -136,14 +127,15 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
         return Fusion(program)
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
-    rewriter = _Rewriter(gm.graph, _Ops.of(program), _Constness(stored), policy, policy.growth_budget(bytes_before))
+    maker = NodeMaker(gm.graph, DialectOps.of(program))
+    rewriter = _Rewriter(maker, _Conditions(_Constness(stored, maker.made), policy, bytes_before))
     for node in candidates:
         rewriter.visit(env[node])
     if not rewriter.changed:
-        return Fusion(program, (), tuple(rewriter.decisions))
+        return Fusion(program, (), FusionRows(tuple(rewriter.decisions)))
     signature = _renamed_outputs(program.graph_signature, rewriter.renamed)
     return Fusion(program_with(program, graph_module=gm, graph_signature=signature), tuple(rewriter.notes),
-                  tuple(rewriter.decisions))
+                  FusionRows(tuple(rewriter.decisions), maker.inserted_names()), tuple(rewriter.replaced))
 
 
 def _candidates(graph: torch.fx.Graph, constness: "_Constness") -> list[torch.fx.Node]:
@@ -168,7 +160,7 @@ def _candidates(graph: torch.fx.Graph, constness: "_Constness") -> list[torch.fx
             if n.args[0] in feeds and n.args[1] == 0:
                 feeds.add(n)
         elif kind == "weight":
-            w_op = _weight_op(n)
+            w_op = weight_op(n)
             if w_op is not None and constness(w_op.weight) is None:
                 feeds.add(n)
         elif kind and len(n.args) >= 2:
@@ -186,11 +178,11 @@ def _kind(target) -> str:
     if target is operator.getitem:
         return "getitem"
     name = op_name(target)
-    if name in _BATCH_NORMS or name in _TRAINING_BATCH_NORMS:
+    if name in BATCH_NORMS or name in TRAINING_BATCH_NORMS:
         return "bn"
-    if name in _CONVS or name in _LINEARS:
+    if name in CONVS or name in LINEARS:
         return "weight"
-    return _BINARY.get(name, "")
+    return BINARY.get(name, "")
 
 
 def _operands(node: torch.fx.Node, kind: str, constness: "_Constness") -> tuple:
@@ -201,7 +193,7 @@ def _operands(node: torch.fx.Node, kind: str, constness: "_Constness") -> tuple:
         return None, None
     a, b = node.args[0], node.args[1]
     for op, c in ((a, b), (b, a)) if kind in ("mul", "add") else ((a, b),):
-        w_op = _weight_op(op)
+        w_op = weight_op(op)
         if w_op is not None and constness(w_op.weight) is None:
             return op, c
     return None, None
@@ -212,9 +204,9 @@ class _Constness:
     else what it is (a row's detail). Memoised per node; nodes the rewrite inserts (`made`)
     are constant."""
 
-    def __init__(self, stored: dict) -> None:
+    def __init__(self, stored: dict, made: Optional[set] = None) -> None:
         self.stored = stored
-        self.made: set[torch.fx.Node] = set()
+        self.made = made if made is not None else set()
         self.memo: dict[torch.fx.Node, Optional[str]] = {}
 
     def __call__(self, node: Any) -> Optional[str]:
@@ -240,107 +232,6 @@ class _Constness:
         return next((w for w in map(self, node.all_input_nodes) if w is not None), None)
 
 
-@dataclass(frozen=True)
-class _Ops:
-    """The program dialect's ops for what the rewrite inserts."""
-
-    mul: Any
-    div: Any
-    add: Any
-    sub: Any
-    add_scalar: Any
-    rsqrt: Any
-    neg: Any
-    full: Any
-    view: Any
-    expand: Any
-    addmm: Any
-    edge: bool
-
-    @staticmethod
-    def of(program: ExportedProgram) -> "_Ops":
-        if getattr(program, "dialect", "ATEN") != "EDGE":
-            a = torch.ops.aten
-            return _Ops(a.mul.Tensor, a.div.Tensor, a.add.Tensor, a.sub.Tensor, a.add.Scalar, a.rsqrt.default,
-                        a.neg.default, a.full.default, a.view.default, a.expand.default, a.addmm.default, False)
-        from executorch.exir.dialects._ops import ops as exir_ops
-
-        e = exir_ops.edge.aten
-        return _Ops(e.mul.Tensor, e.div.Tensor, e.add.Tensor, e.sub.Tensor, e.add.Scalar, e.rsqrt.default,
-                    e.neg.default, e.full.default, e.view_copy.default, e.expand_copy.default, e.addmm.default, True)
-
-    def cast(self, dtype: torch.dtype):
-        """(target, kwargs) of a dtype cast in this dialect."""
-        if self.edge:
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            return exir_ops.edge.dim_order_ops._to_dim_order_copy.default, {"dtype": dtype}
-        return torch.ops.aten._to_copy.default, {"dtype": dtype}
-
-
-@dataclass(frozen=True)
-class _WeightOp:
-    """A conv or linear whose output channels the rewrite scales.
-
-    Attributes:
-        node: the op; weight, bias: their argument nodes (bias None when it has none).
-        bias_index: where its bias goes (positional).
-        layout: ``"conv"`` (weight (out, in/G, *k)), ``"conv_t"`` (weight (in, out/G, *k)),
-            ``"linear"`` (weight (out, in)) or ``"matrix"`` (addmm/mm: matrix (in, out)).
-        groups: the conv's groups (1 for a linear).
-        channels: output channels.
-    """
-
-    node: torch.fx.Node
-    weight: torch.fx.Node
-    bias: Optional[torch.fx.Node]
-    bias_index: int
-    layout: str
-    groups: int
-    channels: int
-
-
-def _arg(node: torch.fx.Node, index: int, name: str, default=None):
-    if index < len(node.args):
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
-def _weight_op(node: Any) -> Optional[_WeightOp]:
-    """`node` as a `_WeightOp`, or None when it is not a conv or linear of a static weight."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
-        return None
-    name = op_name(node.target)
-    if name in _CONVS:
-        w_i, b_i, g_i, transposed = _CONVS[name]
-        if not isinstance(transposed, bool):
-            transposed = _arg(node, transposed, "transposed", False)
-        layout, groups = ("conv_t" if transposed else "conv"), _arg(node, g_i, "groups", 1)
-    elif name in _LINEARS:
-        w_i, b_i = _LINEARS[name]
-        layout, groups = ("linear" if name == "aten.linear.default" else "matrix"), 1
-        if name == "aten.addmm.default" and (_arg(node, 3, "beta", 1) != 1 or _arg(node, 4, "alpha", 1) != 1):
-            return None
-    else:
-        return None
-    weight = _arg(node, w_i, "weight")
-    bias = _arg(node, b_i, "bias") if b_i is not None else None
-    w_val = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
-    if not isinstance(w_val, torch.Tensor) or not isinstance(groups, int) or w_val.dim() < 2:
-        return None
-    shape = list(w_val.shape)
-    channels = {"conv": shape[0], "conv_t": shape[1] * groups, "linear": shape[0], "matrix": shape[-1]}[layout]
-    if not all(isinstance(d, int) for d in shape) or (bias is not None and not isinstance(bias, torch.fx.Node)):
-        return None
-    if bias is not None and tuple(bias.meta["val"].shape) != (channels,):
-        return None  # an addmm's broadcast bias: not a per-channel vector
-    return _WeightOp(node, weight, bias, b_i if b_i is not None else 0, layout, groups, channels)
-
-
-def _val(node: Any):
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-
-
 def _renamed_outputs(signature: ExportGraphSignature, renamed: dict[str, str]) -> ExportGraphSignature:
     """`signature` with each user output naming a key of `renamed` naming its value instead."""
     if not renamed:
@@ -355,381 +246,223 @@ class _NotFused(Exception):
     """Why a candidate is left as it is (the `Reason.NOT_FUSED` row's detail)."""
 
 
-class _Rewriter:
-    """The rewrite of one graph, node by node in graph order (`visit`); its records are the
-    `Fusion`'s."""
+def _operand_detail(why: str) -> str:
+    return "quantized operands" if why.startswith("quantized") else "runtime operand"
 
-    def __init__(self, graph, ops: _Ops, constness: _Constness, policy: FoldPolicy, budget: Optional[int]) -> None:
-        self.graph, self.ops, self.constness = graph, ops, constness
-        self.policy, self.budget, self.spent = policy, budget, 0
+
+class _Conditions:
+    """When a candidate may be rewritten (module docstring); each check raises `_NotFused` or
+    returns why not, for the report. Keeps the bytes spent on copies of shared weights."""
+
+    def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int) -> None:
+        self.constness, self.policy = constness, policy
+        self.budget, self.spent = policy.growth_budget(bytes_before), 0
         self.skip = policy.skip_names()
-        self.skipped = sorted(_INSERTED & self.skip)
-        self.made = constness.made  # the constant nodes this rewrite inserted
+        self.skipped = sorted(INSERTED & self.skip)
+
+    def require_constant(self, node: Any, what: str) -> None:
+        why = self.constness(node)
+        if why is not None:
+            raise _NotFused(f"{_operand_detail(why)}: {what} {getattr(node, 'name', node)} is {why}")
+
+    def require_not_skipped(self, node: torch.fx.Node) -> None:
+        name = op_name(node.target)
+        if self.skipped or name in self.skip or name.rsplit(".", 1)[0] in self.skip:
+            raise _NotFused(f"FoldPolicy.skip_targets holds {', '.join(self.skipped or [name])}")
+
+    def fusible(self, x: Any, batch_norm: bool) -> Optional[str]:
+        """None when the weight op `x` can take a batch norm (or a binary op) into its weight
+        and bias, else why not."""
+        w_op = weight_op(x)
+        if w_op is None:
+            what = op_name(x.target) if getattr(x, "op", None) == "call_function" else getattr(x, "op", type(x).__name__)
+            return f"reads {getattr(x, 'name', x)} ({what}), not a conv or linear"
+        if len(x.users) != 1:
+            return f"{x.name}'s output is also read by {', '.join(u.name for u in list(x.users)[:4])}"
+        if batch_norm and w_op.channel_axis != 1:
+            return f"{x.name} is a linear of a rank-{val(x).dim()} input: its channels are not dim 1"
+        try:
+            self.require_not_skipped(x)
+        except _NotFused as why:
+            return str(why)
+        for role, v in (("weight", w_op.weight), ("bias", w_op.bias)):
+            why = self.constness(v)
+            if why is not None:
+                return f"{_operand_detail(why)}: {x.name}'s {role} {v.name} is {why}"
+        w_val = val(w_op.weight)
+        if w_val.dtype not in FLOATS or val(x).dtype != w_val.dtype:
+            return f"{x.name}'s weight is {w_val.dtype}"
+        cap = self.policy.max_tensor_bytes
+        if cap is not None and nbytes(w_val) > cap:
+            return f"{x.name}'s weight ({nbytes(w_val)} bytes) is above FoldPolicy.max_tensor_bytes"
+        shared = self.shared_bytes(w_op)
+        if shared and self.budget is not None and self.spent + shared > self.budget:
+            return f"{x.name}'s weight is also read by other ops; a copy ({shared} bytes) exceeds the growth budget"
+        return None
+
+    def spend(self, w_op: WeightOp) -> None:
+        self.spent += self.shared_bytes(w_op)
+
+    def shared_bytes(self, w_op: WeightOp) -> int:
+        """Bytes of `w_op`'s weight and bias that stay stored for other readers once it reads
+        new ones (0 when only `w_op` reads them)."""
+        total = 0
+        for v in (w_op.weight, w_op.bias):
+            if v is None or v in self.constness.made:
+                continue
+            ancestry, todo = set(), [v]
+            while todo:
+                n = todo.pop()
+                if n not in ancestry:
+                    ancestry.add(n)
+                    todo.extend(n.all_input_nodes)
+            if any(u is not w_op.node and u not in ancestry for a in ancestry for u in a.users):
+                total += nbytes(val(v))
+        return total
+
+    def channel_vector(self, make: NodeMaker, c: Any, node: torch.fx.Node, w_op: WeightOp) -> torch.fx.Node:
+        """`c` as a constant node of shape [channels] in the compute dtype; `_NotFused` when
+        it does not broadcast along `w_op`'s output channels only, or would change the
+        result's dtype or shape."""
+        compute, channels = compute_dtype(val(w_op.weight).dtype), w_op.channels
+        if isinstance(c, (int, float)) and not isinstance(c, bool):
+            if not math.isfinite(float(c)) or (c == 0 and op_name(node.target).startswith("aten.div")):
+                raise _NotFused(f"constant {c}")
+            return make.full(channels, float(c), compute, f"{node.name}_constant")
+        c_val, out_val, op_val = val(c), val(node), val(w_op.node)
+        if not isinstance(c_val, torch.Tensor) or c_val.dtype not in FLOATS + (torch.int32, torch.int64) \
+                or tuple(out_val.shape) != tuple(op_val.shape) or out_val.dtype != op_val.dtype \
+                or (c_val.dim() > 0 and c_val.dtype != op_val.dtype):
+            raise _NotFused(f"{getattr(c, 'name', c)} changes {w_op.node.name}'s shape or dtype")
+        axis = w_op.channel_axis
+        padded = [1] * (op_val.dim() - c_val.dim()) + list(c_val.shape)
+        if c_val.dim() > op_val.dim() or any(d != 1 for i, d in enumerate(padded) if i != axis) \
+                or padded[axis] not in (1, channels):
+            raise _NotFused(f"{c.name} of shape {list(c_val.shape)} does not broadcast per output channel "
+                            f"(dim {axis}) of {w_op.node.name}")
+        flat = make.make(make.ops.view, (make.cast(c, compute), [-1]), f"{node.name}_vector")
+        if padded[axis] == 1:
+            flat = make.make(make.ops.expand, (flat, [channels]), f"{node.name}_expanded")
+        return flat
+
+
+class _Rewriter:
+    """The rewrite of one graph, candidate by candidate in graph order (`visit`); its records
+    are the `Fusion`'s."""
+
+    def __init__(self, make: NodeMaker, conditions: _Conditions) -> None:
+        self.make, self.ops, self.check = make, make.ops, conditions
+        self.graph = make.graph
         self.dead: set[torch.fx.Node] = set()
         self.renamed: dict[str, str] = {}
+        self.replaced: list[tuple[str, str]] = []
         self.notes: list[str] = []
         self.decisions: list[Decision] = []
         self.changed = False
-        self.taken = {n.name for n in graph.nodes}
-
-    # --- the two kinds of candidate -------------------------------------------------------
 
     def visit(self, node: torch.fx.Node) -> None:
         if node in self.dead:
             return
         name = op_name(node.target)
         try:
-            if name in _TRAINING_BATCH_NORMS:
+            if name in TRAINING_BATCH_NORMS:
                 raise _NotFused("training-mode batch norm (batch statistics)")
-            if name in _BATCH_NORMS:
+            if name in BATCH_NORMS:
                 self._batch_norm(node, name)
-            elif name in _BINARY:
-                self._binary(node, _BINARY[name])
+            elif name in BINARY:
+                self._binary(node, BINARY[name])
         except _NotFused as why:
             self.decisions.append(Decision(node.name, name, Reason.NOT_FUSED, str(why)))
 
     def _batch_norm(self, bn: torch.fx.Node, name: str) -> None:
-        w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = _BATCH_NORMS[name]
-        if t_i is not None and _arg(bn, t_i, "training", False):
+        w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[name]
+        if t_i is not None and arg(bn, t_i, "training", False):
             raise _NotFused("training-mode batch norm (batch statistics)")
-        out = self._bn_output(bn, tuple_result)
-        x = bn.args[0]
-        gamma, beta = _arg(bn, w_i, "weight"), _arg(bn, b_i, "bias")
-        mean, var, eps = _arg(bn, m_i, "running_mean"), _arg(bn, v_i, "running_var"), _arg(bn, e_i, "eps")
-        x_val = _val(x)
-        if not isinstance(x_val, torch.Tensor) or x_val.dtype not in _FLOATS or x_val.dim() < 2:
+        out, x = batch_norm_output(bn, tuple_result), bn.args[0]
+        stats = (arg(bn, w_i, "weight"), arg(bn, b_i, "bias"), arg(bn, m_i, "running_mean"),
+                 arg(bn, v_i, "running_var"), arg(bn, e_i, "eps"))
+        x_val = val(x)
+        if out is None:
+            raise _NotFused("its saved statistics (outputs 1 and 2) are read")
+        if not isinstance(x_val, torch.Tensor) or x_val.dtype not in FLOATS or x_val.dim() < 2:
             raise _NotFused("input is not a floating-point tensor of rank >= 2")
         if not isinstance(x_val.shape[1], int):
             raise _NotFused(f"symbolic channel count {x_val.shape[1]}")
-        if self._skipped(bn):
-            raise _NotFused(self._skip_detail(bn))
-        if mean is None or var is None or not isinstance(eps, (int, float)):
+        self.check.require_not_skipped(bn)
+        if stats[2] is None or stats[3] is None or not isinstance(stats[4], (int, float)):
             raise _NotFused("no running statistics")
-        for what, v in (("weight", gamma), ("bias", beta), ("running mean", mean), ("running variance", var)):
-            self._require_constant(v, f"batch norm {what}")
+        for what, v in zip(("weight", "bias", "running mean", "running variance"), stats):
+            self.check.require_constant(v, f"batch norm {what}")
         if is_dequantize(getattr(x, "target", None)) or any(is_quantize(u.target) for u in out.users):
             raise _NotFused("quantized operands: a quantize/dequantize pair at the batch norm (its encoding "
                             "was chosen for the batch norm's output; rewriting it would need another)")
-        stats = (gamma, beta, mean, var, float(eps))
-        why_not = self._fusible(x, "batch norm")
-        if why_not is None and _weight_op(x).channels != x_val.shape[1]:
-            why_not = f"{x.name} has {_weight_op(x).channels} output channels, the batch norm {x_val.shape[1]}"
+        why_not = self.check.fusible(x, batch_norm=True)
+        if why_not is None and weight_op(x).channels != x_val.shape[1]:
+            why_not = f"{x.name} has {weight_op(x).channels} output channels, the batch norm {x_val.shape[1]}"
         if why_not is None:
-            self._fuse_batch_norm(bn, out, _weight_op(x), stats)
+            self._fuse_batch_norm(bn, out, weight_op(x), stats[:4] + (float(stats[4]),))
         else:
-            self._scale_and_shift(bn, out, x, stats, why_not)
-
-    def _bn_output(self, bn: torch.fx.Node, tuple_result: bool) -> torch.fx.Node:
-        """The node whose value is the normalised tensor: `bn`, or its only ``getitem(bn, 0)``."""
-        if not tuple_result:
-            return bn
-        getitems = [u for u in bn.users if u.target is operator.getitem]
-        if len(getitems) != len(bn.users) or any(u.args[1] != 0 for u in getitems) or len(getitems) != 1:
-            raise _NotFused("its saved statistics (outputs 1 and 2) are read")
-        return getitems[0]
+            self._scale_and_shift(bn, out, x, stats[:4] + (float(stats[4]),), why_not)
 
     def _binary(self, node: torch.fx.Node, kind: str) -> None:
-        alpha = _arg(node, 2, "alpha", 1)
-        op, c = _operands(node, kind, self.constness)
-        w_op = _weight_op(op)
+        op, c = _operands(node, kind, self.check.constness)
+        w_op = weight_op(op)
         if w_op is None:
             return  # a rewrite before changed what it reads
-        if alpha != 1:
-            raise _NotFused(f"alpha={alpha}")
-        if isinstance(c, torch.fx.Node) and self.constness(c) is not None:
+        if arg(node, 2, "alpha", 1) != 1:
+            raise _NotFused(f"alpha={arg(node, 2, 'alpha', 1)}")
+        if isinstance(c, torch.fx.Node) and self.check.constness(c) is not None:
             if kind in ("add", "sub"):
                 return  # a residual or another runtime sum, not a shift
-            raise _NotFused(f"runtime scale: {c.name} is {self.constness(c)}")
-        if self._skipped(node):
-            raise _NotFused(self._skip_detail(node))
-        why_not = self._fusible(op, f"{kind} by a constant")
+            raise _NotFused(f"runtime scale: {c.name} is {self.check.constness(c)}")
+        self.check.require_not_skipped(node)
+        why_not = self.check.fusible(op, batch_norm=False)
         if why_not is not None:
             raise _NotFused(why_not)
         node.prepend(op)  # after every constant the binary op reads (only `node` reads the op)
         with self.graph.inserting_before(op):
-            c_vec = self._channel_vector(c, node, w_op)
-        self._fuse_binary(node, w_op, kind, c_vec)
+            c_vec = self.check.channel_vector(self.make, c, node, w_op)
+            weight, bias = binary_operands(self.make, w_op, kind, c_vec)
+        self._fused(node, [node], w_op, weight, bias)
 
-    # --- conditions ------------------------------------------------------------------------
-
-    def _require_constant(self, node: Any, what: str) -> None:
-        why = self.constness(node)
-        if why is not None:
-            prefix = "quantized operands: " if why.startswith("quantized") else "runtime operand: "
-            raise _NotFused(f"{prefix}{what} {getattr(node, 'name', node)} is {why}")
-
-    def _fusible(self, x: Any, what: str) -> Optional[str]:
-        """None when the weight op `x` can take a `what` into its weight and bias, else why not."""
-        w_op = _weight_op(x)
-        if w_op is None:
-            return f"reads {getattr(x, 'name', x)} ({op_name(getattr(x, 'target', ''))}), not a conv or linear"
-        users = [u.name for u in x.users]
-        if len(users) != 1:
-            return f"{x.name}'s output is also read by {', '.join(u for u in users[:4])}"
-        if w_op.layout == "linear" and _val(x).dim() != 2:
-            if what == "batch norm":
-                return f"{x.name} is a linear of a rank-{_val(x).dim()} input: its channels are not dim 1"
-        if self._skipped(x):
-            return self._skip_detail(x)
-        for role, v in (("weight", w_op.weight), ("bias", w_op.bias)):
-            why = self.constness(v)
-            if why is not None:
-                return f"{'quantized operands' if why.startswith('quantized') else 'runtime operand'}: " \
-                       f"{x.name}'s {role} {v.name} is {why}"
-        w_val = _val(w_op.weight)
-        if w_val.dtype not in _FLOATS or _val(x).dtype != w_val.dtype:
-            return f"{x.name}'s weight is {w_val.dtype}"
-        cap = self.policy.max_tensor_bytes
-        if cap is not None and nbytes(w_val) > cap:
-            return f"{x.name}'s weight ({nbytes(w_val)} bytes) is above FoldPolicy.max_tensor_bytes"
-        shared = self._shared_bytes(w_op)
-        if shared and self.budget is not None and self.spent + shared > self.budget:
-            return f"{x.name}'s weight is also read by other ops; a copy ({shared} bytes) exceeds the growth budget"
-        return None
-
-    def _shared_bytes(self, w_op: _WeightOp) -> int:
-        """Bytes of the weight and bias that stay stored for other readers when this op reads
-        new ones (0 when only `w_op` reads them)."""
-        total = 0
-        for v in (w_op.weight, w_op.bias):
-            if v is None or v in self.made:
-                continue
-            ancestry = self._ancestry(v)
-            if any(u is not w_op.node and u not in ancestry for a in ancestry for u in a.users):
-                total += nbytes(_val(v))
-        return total
-
-    @staticmethod
-    def _ancestry(node: torch.fx.Node) -> set:
-        seen, todo = set(), [node]
-        while todo:
-            n = todo.pop()
-            if n not in seen:
-                seen.add(n)
-                todo.extend(n.all_input_nodes)
-        return seen
-
-    def _skipped(self, node: torch.fx.Node) -> bool:
-        return bool(self.skipped) or op_name(node.target) in self.skip or \
-            op_name(node.target).rsplit(".", 1)[0] in self.skip
-
-    def _skip_detail(self, node: torch.fx.Node) -> str:
-        names = self.skipped or [op_name(node.target)]
-        return f"FoldPolicy.skip_targets holds {', '.join(names)}"
-
-    # --- the rewrites ----------------------------------------------------------------------
-
-    def _fuse_batch_norm(self, bn, out, w_op: _WeightOp, stats) -> None:
-        gamma, beta, mean, var, eps = stats
+    def _fuse_batch_norm(self, bn, out, w_op: WeightOp, stats) -> None:
         bn.prepend(w_op.node)  # after every constant the batch norm reads (only `bn` reads the op)
         with self.graph.inserting_before(w_op.node):
-            r = self._rsqrt(var, eps, w_op)
-            s = self._make(self.ops.mul, (self._compute(gamma, w_op), r), f"{bn.name}_scale") if gamma is not None else r
-            weight = self._scaled_weight(w_op, self.ops.mul, s, f"{w_op.node.name}_fused_weight")
-            b = self._make(self.ops.neg, (self._compute(mean, w_op),), f"{bn.name}_neg_mean") if w_op.bias is None \
-                else self._make(self.ops.sub, (self._compute(w_op.bias, w_op), self._compute(mean, w_op)), f"{bn.name}_centred")
-            b = self._make(self.ops.mul, (b, r), f"{bn.name}_shift")
-            if gamma is not None:
-                b = self._make(self.ops.mul, (b, self._compute(gamma, w_op)), f"{bn.name}_scaled_shift")
-            if beta is not None:
-                b = self._make(self.ops.add, (b, self._compute(beta, w_op)), f"{bn.name}_shifted")
-            bias = self._stored_dtype(b, w_op, f"{w_op.node.name}_fused_bias")
-        fused = self._replace_operands(w_op, weight, bias)
-        rows = [Decision(n.name, op_name(n.target), Reason.FUSED, f"into {fused.name}") for n in dict.fromkeys((bn, out))]
-        self.notes.append(f"{bn.name} ({op_name(bn.target)}) folded into the weight and bias of {fused.name}")
-        self._replace(out, fused, [bn] if out is not bn else [])
-        self.decisions.extend(rows)
+            weight, bias = batch_norm_operands(self.make, w_op, stats, bn.name)
+        self._fused(out, list(dict.fromkeys((bn, out))), w_op, weight, bias)
 
-    def _fuse_binary(self, node, w_op: _WeightOp, kind: str, c_vec) -> None:
-        with self.graph.inserting_before(w_op.node):
-            weight, bias = w_op.weight, w_op.bias
-            if kind in ("mul", "div"):
-                target = self.ops.mul if kind == "mul" else self.ops.div
-                weight = self._scaled_weight(w_op, target, c_vec, f"{w_op.node.name}_{kind}_weight")
-                if bias is not None:
-                    b = self._make(target, (self._compute(bias, w_op), c_vec), f"{w_op.node.name}_{kind}_bias_value")
-                    bias = self._stored_dtype(b, w_op, f"{w_op.node.name}_{kind}_bias")
-            else:
-                base = self._compute(bias, w_op) if bias is not None else self._zeros(w_op)
-                target = self.ops.add if kind == "add" else self.ops.sub
-                b = self._make(target, (base, c_vec), f"{w_op.node.name}_{kind}_bias_value")
-                bias = self._stored_dtype(b, w_op, f"{w_op.node.name}_{kind}_bias")
-        fused = self._replace_operands(w_op, weight, bias)
-        self.notes.append(f"{node.name} ({op_name(node.target)}) folded into the weight and bias of {fused.name}")
-        self.decisions.append(Decision(node.name, op_name(node.target), Reason.FUSED, f"into {fused.name}"))
-        self._replace(node, fused, [])
+    def _fused(self, out: torch.fx.Node, removed: list, w_op: WeightOp, weight, bias) -> None:
+        """`w_op` reads `weight` and `bias`; the readers of `out` read it; `removed` (`out`
+        and what computed it) leave the graph, each reported `Reason.FUSED`; an output spec
+        naming `out` names the op."""
+        self.check.spend(w_op)
+        fused = self.make.with_operands(w_op, weight, bias)
+        first = removed[0]
+        self.notes.append(f"{first.name} ({op_name(first.target)}) folded into the weight and bias of {fused.name}")
+        self.decisions += [Decision(n.name, op_name(n.target), Reason.FUSED, f"into {fused.name}") for n in removed]
+        self._replaced(out, fused, removed)
+
+    def _replaced(self, out: torch.fx.Node, new: torch.fx.Node, removed: list) -> None:
+        """The readers of `out` read `new` (an output spec naming `out` names `new`);
+        `removed` leave the graph."""
+        if any(u.op == "output" for u in out.users):
+            self.renamed[out.name] = new.name
+        self.replaced.append((out.name, new.name))
+        out.replace_all_uses_with(new)
+        for n in reversed(removed):
+            self.dead.add(n)
+            self.graph.erase_node(n)
+        self.changed = True
 
     def _scale_and_shift(self, bn, out, x, stats, why_not: str) -> None:
-        gamma, beta, mean, var, eps = stats
-        x_val = _val(x)
-        compute = _compute_dtype(x_val.dtype)
-        shape = [x_val.shape[1]] + [1] * (x_val.dim() - 2)
+        """``x * s + t`` by constants viewed [C, 1, ...] (`weight_ops.scale_and_shift`)."""
+        make, ops = self.make, self.ops
         with self.graph.inserting_before(bn):
-            cast = lambda v: self._cast(v, compute)  # noqa: E731
-            s = self._make(self.ops.rsqrt, (self._make(self.ops.add_scalar, (cast(var), eps), f"{bn.name}_var_eps"),),
-                           f"{bn.name}_rsqrt")
-            if gamma is not None:
-                s = self._make(self.ops.mul, (cast(gamma), s), f"{bn.name}_scale")
-            t = self._make(self.ops.mul, (cast(mean), s), f"{bn.name}_mean_scaled")
-            t = self._make(self.ops.sub, (cast(beta), t), f"{bn.name}_shift") if beta is not None \
-                else self._make(self.ops.neg, (t,), f"{bn.name}_shift")
-            s = self._make(self.ops.view, (self._cast(s, x_val.dtype), shape), f"{bn.name}_scale_view")
-            t = self._make(self.ops.view, (self._cast(t, x_val.dtype), shape), f"{bn.name}_shift_view")
-            scaled = self._runtime(self.ops.mul, (x, s), f"{bn.name}_scaled", bn)
-            shifted = self._runtime(self.ops.add, (scaled, t), f"{out.name}_shifted", bn)
-        out.replace_all_uses_with(shifted)
-        name = out.name
-        for n in dict.fromkeys((out, bn)):
-            self.dead.add(n)
-        self._erase(out, bn)
-        keep_name(shifted, name)
-        self.changed = True
+            s, t = scale_and_shift(make, val(x), stats, bn.name)
+            scaled = make.node(ops.mul, (x, s), {}, f"{bn.name}_scaled", bn)
+            shifted = make.node(ops.add, (scaled, t), {}, f"{bn.name}_shifted", bn)
         self.notes.append(f"{bn.name} ({op_name(bn.target)}) rewritten as a per-channel multiply and add "
-                          f"(not fused into a weight: {why_not})")
-        if bn is not out:
-            self.decisions.append(Decision(bn.name, op_name(bn.target), Reason.SCALE_AND_SHIFT, why_not))
-        else:
-            self.decisions.append(Decision(name, op_name(bn.target), Reason.SCALE_AND_SHIFT, why_not))
-
-    # --- node helpers ----------------------------------------------------------------------
-
-    def _channel_vector(self, c, node, w_op: _WeightOp):
-        """`c` as a constant node of shape ``[channels]`` in the compute dtype, or `_NotFused`
-        when it does not broadcast along the output channels of `w_op` only."""
-        compute = _compute_dtype(_val(w_op.weight).dtype)
-        channels = w_op.channels
-        if isinstance(c, (int, float)) and not isinstance(c, bool):
-            if not math.isfinite(float(c)):
-                raise _NotFused(f"non-finite constant {c}")
-            return self._make(self.ops.full, ([channels], float(c)), f"{node.name}_constant",
-                              dtype=compute, device=torch.device("cpu"))
-        c_val = _val(c)
-        out_val, op_val = _val(node), _val(w_op.node)
-        if not isinstance(c_val, torch.Tensor) or c_val.dtype not in _FLOATS + (torch.int32, torch.int64) \
-                or tuple(out_val.shape) != tuple(op_val.shape) or out_val.dtype != op_val.dtype \
-                or (c_val.dim() > 0 and c_val.dtype != op_val.dtype):
-            raise _NotFused(f"{c.name} does not keep {w_op.node.name}'s shape and dtype")
-        axis = 1 if w_op.layout in ("conv", "conv_t") else op_val.dim() - 1
-        padded = [1] * (op_val.dim() - c_val.dim()) + list(c_val.shape)
-        if c_val.dim() > op_val.dim() or any(d != 1 for i, d in enumerate(padded) if i != axis) \
-                or padded[axis] not in (1, channels):
-            raise _NotFused(f"{c.name} of shape {list(c_val.shape)} does not broadcast per output channel "
-                            f"(dim {axis}) of {w_op.node.name}")
-        flat = self._make(self.ops.view, (self._cast(c, compute), [-1]), f"{node.name}_vector")
-        if padded[axis] == 1:
-            flat = self._make(self.ops.expand, (flat, [channels]), f"{node.name}_expanded")
-        return flat
-
-    def _rsqrt(self, var, eps: float, w_op: _WeightOp):
-        v = self._compute(var, w_op)
-        return self._make(self.ops.rsqrt, (self._make(self.ops.add_scalar, (v, eps), f"{var.name}_eps"),),
-                          f"{var.name}_rsqrt")
-
-    def _scaled_weight(self, w_op: _WeightOp, target, s, name: str):
-        """`w_op`'s weight times (or divided by) the per-channel vector `s`, along its
-        output-channel axis, cast back to the weight's dtype."""
-        w_val = _val(w_op.weight)
-        rank, shape = w_val.dim(), list(w_val.shape)
-        ones = [1] * (rank - 2)
-        w = w_op.weight
-        if w_op.layout == "conv_t" and w_op.groups > 1:
-            g = w_op.groups
-            w = self._make(self.ops.view, (w, [g, shape[0] // g] + shape[1:]), f"{name}_grouped")
-            s = self._make(self.ops.view, (s, [g, 1, shape[1]] + ones), f"{name}_scale")
-        else:
-            view = {"conv": [-1, 1] + ones, "conv_t": [1, -1] + ones, "linear": [-1, 1], "matrix": [1, -1]}
-            s = self._make(self.ops.view, (s, view[w_op.layout]), f"{name}_scale")
-        w = self._make(target, (w, s), f"{name}_value")
-        if w_op.layout == "conv_t" and w_op.groups > 1:
-            w = self._make(self.ops.view, (w, shape), f"{name}_ungrouped")
-        return self._renamed(self._cast(w, w_val.dtype), name)
-
-    def _compute(self, v, w_op: _WeightOp):
-        return self._cast(v, _compute_dtype(_val(w_op.weight).dtype))
-
-    def _stored_dtype(self, b, w_op: _WeightOp, name: str):
-        """`b` cast to the dtype of `w_op`'s bias (or weight), its last node named `name` (the
-        lifted constant's name: ``c_folded_<name>``)."""
-        dtype = _val(w_op.bias).dtype if w_op.bias is not None else _val(w_op.weight).dtype
-        return self._renamed(self._cast(b, dtype), name)
-
-    def _renamed(self, node: torch.fx.Node, base: str) -> torch.fx.Node:
-        if node.name != base and node in self.made:
-            name = unique_name(base, self.taken)
-            self.taken.add(name)
-            keep_name(node, name)
-        return node
-
-    def _zeros(self, w_op: _WeightOp):
-        return self._make(self.ops.full, ([w_op.channels], 0.0), f"{w_op.node.name}_zero_bias",
-                          dtype=_compute_dtype(_val(w_op.weight).dtype), device=torch.device("cpu"))
-
-    def _cast(self, v, dtype: torch.dtype):
-        if _val(v).dtype == dtype:
-            return v
-        target, kwargs = self.ops.cast(dtype)
-        return self._make(target, (v,), f"{v.name}_{str(dtype).split('.')[-1]}", **kwargs)
-
-    def _make(self, target, args, base: str, **kwargs) -> torch.fx.Node:
-        node = self._node(target, args, kwargs, base, None)
-        self.made.add(node)
-        return node
-
-    def _runtime(self, target, args, base: str, like: torch.fx.Node) -> torch.fx.Node:
-        return self._node(target, args, {}, base, like)
-
-    def _node(self, target, args, kwargs, base: str, like: Optional[torch.fx.Node]) -> torch.fx.Node:
-        name = unique_name(base, self.taken)
-        self.taken.add(name)
-        node = self.graph.create_node("call_function", target, args, kwargs, name=name)
-        if like is not None:
-            node.meta = {k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta", "unbacked_bindings")}
-        vals = [_val(a) if isinstance(a, torch.fx.Node) else a for a in args]
-        fake = next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None)
-        with fake or contextlib.nullcontext():
-            node.meta["val"] = target(*vals, **kwargs)
-        return node
-
-    def _replace_operands(self, w_op: _WeightOp, weight, bias) -> torch.fx.Node:
-        """`w_op` reading `weight` and `bias`: the node itself, or the ``addmm`` (with its
-        name) that replaces an ``mm`` given a bias."""
-        node = w_op.node
-        name = op_name(node.target)
-        self.spent += self._shared_bytes(w_op)
-        if name == "aten.mm.default" and bias is not None:  # a bias for a linear without one: addmm
-            with self.graph.inserting_before(node):
-                addmm = self._runtime(self.ops.addmm, (bias, node.args[0], weight), f"{node.name}_addmm", node)
-            node.replace_all_uses_with(addmm)
-            old = node.name
-            self._erase(node)
-            return keep_name(addmm, old)
-        args = list(node.args)
-        w_i = _CONVS[name][0] if name in _CONVS else _LINEARS[name][0]
-        args[w_i] = weight
-        if bias is not None:
-            while len(args) <= w_op.bias_index:
-                args.append(None)
-            args[w_op.bias_index] = bias
-        node.args = tuple(args)
-        node.kwargs = {k: v for k, v in node.kwargs.items() if k not in ("weight", "bias")}
-        return node
-
-    def _replace(self, old: torch.fx.Node, new: torch.fx.Node, extra: list) -> None:
-        """Every reader of `old` reads `new`; `old` and `extra` (the batch norm of a getitem)
-        leave the graph; an output spec naming `old` names `new`."""
-        if any(u.op == "output" for u in old.users):
-            self.renamed[old.name] = new.name
-        old.replace_all_uses_with(new)
-        self.dead.update([old, *extra])
-        self._erase(old, *extra)
-        self.changed = True
-
-    def _erase(self, *nodes: torch.fx.Node) -> None:
-        for n in nodes:
-            if not n.users:
-                self.graph.erase_node(n)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp16 and bf16 values are computed in fp32 (as eager's batch norm kernels do)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+                          f"({shifted.name}; not fused into a weight: {why_not})")
+        removed = list(dict.fromkeys((bn, out)))
+        self.decisions += [Decision(n.name, op_name(n.target), Reason.SCALE_AND_SHIFT, why_not) for n in removed]
+        self._replaced(out, shifted, removed)

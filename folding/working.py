@@ -34,7 +34,7 @@ from .returned_dequantizes import split_returned_dequantizes
 from .policy import FoldPolicy
 from .signature import mutated_targets
 from .transposed_gathers import Rewrite, read_through_transposes
-from .weight_fusion import Fusion, fuse_into_weights
+from .weight_fusion import Fusion, FusionRows, fuse_into_weights
 from .report import PhaseTimer
 from .torch_internals import program_with
 
@@ -50,7 +50,7 @@ class Working:
         notes: one line per rewritten gather and per dequantize copied for the output
             (`FoldReport.rewrites`).
         body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
-        fusions: the decisions of `weight_fusion.fuse_into_weights` (`Fusion.decisions`).
+        fusions: the report rows of `weight_fusion.fuse_into_weights` (`Fusion.rows`).
         shares_base: `program` is the program being folded, not a copy (in place only; see
             the module docstring): `lift` edits the caller's graph.
     """
@@ -61,7 +61,7 @@ class Working:
     notes: tuple[str, ...]
     body_decisions: tuple = ()
     shares_base: bool = False
-    fusions: tuple = ()
+    fusions: FusionRows = FusionRows()
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Preparation:
     transposes: frozenset = frozenset()
     notes: tuple[str, ...] = ()
     may_share_base: bool = False
-    fusions: tuple = ()
+    fusions: FusionRows = FusionRows()
 
     def __call__(self) -> Working:
         with self.timer.phase("rewrites"):
@@ -119,7 +119,7 @@ class Preparation:
             hoisting = hoist_body_constants(program, self.policy, self.clone_op, self.pins,
                                             analyze=self.analyze, inplace=True)
         return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
-                       hoisting.decisions, shares_base=shares, fusions=fusion.decisions)
+                       hoisting.decisions, shares_base=shares, fusions=fusion.rows)
 
     def copying(self) -> "Preparation":
         """This preparation, with every attempt on a copy (`Working.shares_base` never set)."""

@@ -341,11 +341,44 @@ class Case:
         """Two calls of `ep` as a module, on copies of its buffers."""
         return run_twice(cls._module(ep), inputs)
 
+    def _fusion(self, ep):
+        """`folding.weight_fusion.fuse_into_weights` of `ep` (a stage's unfolded program) under
+        the case's policy, computed once per program."""
+        from folding.sizes import stored_constant_bytes
+        from folding.weight_fusion import fuse_into_weights
+
+        cache = self.__dict__.setdefault("_fusions", {})
+        if id(ep) not in cache:
+            cache[id(ep)] = (ep, fuse_into_weights(ep, self.policy, stored_constant_bytes(ep)))
+        return cache[id(ep)][1]
+
+    def _unfused(self, ep):
+        """The reference a folded program is compared with when it differs from eager: `ep`
+        with the weight-fusion rewrite applied and nothing folded (the same program as `ep`
+        when the rewrite does not apply). Folding evaluates exactly its ops, so a right fold
+        matches it at the tolerances of every other fold; the rewrite itself is checked on
+        its own, value by value (``fusion-numerics``, tests/fusion_bounds.py)."""
+        return self._fusion(ep).program
+
+    def _fusion_problem(self, ep) -> Optional[str]:
+        from tests.fusion_bounds import rewrite_problem
+
+        fusion = self._fusion(ep)
+        if not fusion.replaced:
+            return None
+        runs = [(self.inputs, "")] + ([(self.inputs_flip, " flipped")] if self.p.flip_inputs else [])
+        for inputs, label in runs:
+            problem = rewrite_problem(ep, fusion.program, fusion.replaced, inputs)
+            if problem:
+                return problem + label
+        return None
+
     def _unfolded(self, ep, inputs) -> Callable[[], Optional[list]]:
-        """The outputs of `ep`, the unfolded program of the stage (ATen or Edge), computed once
-        and only when needed (a folded output differs from eager, or a folded run fails);
-        None when the unfolded program fails to run."""
+        """The outputs of `ep`, the unfolded program of the stage (ATen or Edge) with the
+        weight-fusion rewrite applied (`_unfused`), computed once and only when needed (a folded
+        output differs from eager, or a folded run fails); None when it fails to run."""
         cache: list = []
+        ep = self._unfused(ep)
 
         def outputs():
             if not cache:
@@ -381,6 +414,7 @@ class Case:
             raise exception_kind(stage, "second fold", exc)
         self._check(stage, "nondeterministic", same_fingerprint(fingerprint(folded), fingerprint(again.program)))
         self._check_outputs(stage, ep, folded)
+        self._check(stage, "fusion-numerics", self._fusion_problem(ep))
         return result
 
     def _check(self, stage: str, check: str, problem: Optional[str]) -> None:
@@ -474,7 +508,8 @@ class Case:
             self._check("edge", check, f"report: {report.constant_bytes_before} -> {report.constant_bytes_after} "
                         f"constant bytes stored; .pte: {ser_before} -> {ser_after}")
         if not self.p.has_random:
-            self._run_pte("edge", first, lambda: before)
+            unfused = self._unfused(edge)
+            self._run_pte("edge", first, lambda: before if unfused is edge else lower.edge_pte(unfused, self.mutated))
 
     def _run_pte(self, stage: str, buffer: bytes, unfolded_buffer: Callable[[], bytes]) -> None:
         """The .pte's outputs (two calls on a fresh load) against eager, on the example inputs
@@ -531,7 +566,7 @@ class Case:
                     continue
                 raise exception_kind(stage, "lower", exc)
             if not self.p.has_random:
-                self._run_pte(stage, buffer, lambda b=backend: lower.lower_pte(self.ep, b, self.mutated))
+                self._run_pte(stage, buffer, lambda b=backend: lower.lower_pte(self._unfused(self.ep), b, self.mutated))
 
 
     def _input_runs(self) -> list:
@@ -602,7 +637,7 @@ class Case:
             """The unfolded .pte's outputs on `calls`, None when it does not lower or run."""
             try:
                 if not unfolded:
-                    unfolded.append(documented_pte(self.ep))
+                    unfolded.append(documented_pte(self._unfused(self.ep)))
                 return lower.run_pte(unfolded[0], calls)
             except Exception:
                 return None

@@ -360,10 +360,12 @@ def norm(g: Gen) -> Optional[Proposal]:
         return _one("norm", fn, name, *inputs)
     if choice in (1, 2) and channels_static:
         c = shape[1]
+        training = choice == 2 and rng.random() < 0.5
+        if not training and rng.random() < 0.7:  # a trained network's statistics
+            return Proposal("norm", [_eval_batch_norm(g, name, c)])
         mean = g.random_state((c,), torch.float32, "buffer")
         var = g.random_state((c,), torch.float32, "buffer", "pos")
         (w, b), inputs = _args([_param_or_computed(g, (c,), True), _param_or_computed(g, (c,))], first=3)
-        training = choice == 2 and rng.random() < 0.5
         proposal = _one("norm", f"F.batch_norm($0, $1, $2, {w}, {b}, training={training}, momentum=0.1, eps=1e-5)",
                         name, mean, var, *inputs)
         if training:
@@ -382,6 +384,26 @@ def norm(g: Gen) -> Optional[Proposal]:
         proposal.mutates = (mean, var)
         return proposal
     return _one("norm", f"F.normalize($0, dim={rng.randrange(-r, r)})", name)
+
+
+def _eval_batch_norm(g: Gen, source: str, c: int) -> tuple[str, tuple]:
+    """A step: an eval-mode batch norm of `source` (a value, or ``@k``) with a trained
+    network's statistics (issue 54): running variances log-uniform in [1e-5, 10] (dead and
+    quiet channels), means and gammas of either sign, eps 1e-3 or 1e-5, weight or bias
+    sometimes None."""
+    rng = g.rng
+    var = g.new_state(f"torch.empty({c}).uniform_(-11.5, 2.3, generator=_g({g.seed()})).exp()", "buffer", "b")
+    mean = g.new_state(f"torch.randn({c}, generator=_g({g.seed()})) * {rng.choice([0.1, 1.0, 3.0])}", "buffer", "b")
+    inputs = [source, mean, var]
+    affine = []
+    for _ in ("weight", "bias"):
+        if rng.random() < 0.15:
+            affine.append("None")
+        else:
+            inputs.append(g.new_state(f"torch.randn({c}, generator=_g({g.seed()}))", "parameter", "w"))
+            affine.append(f"${len(inputs) - 1}")
+    eps = rng.choice([1e-3, 1e-5])
+    return f"F.batch_norm($0, $1, $2, {affine[0]}, {affine[1]}, training=False, momentum=0.1, eps={eps})", tuple(inputs)
 
 
 # -- convs, linears and pools with computed weights --------------------------------------------
@@ -418,9 +440,89 @@ def _computed_weight(g: Gen, shape: tuple) -> tuple[list[tuple[str, tuple]], str
     return [(expr, (w,))], "@0"
 
 
+def _weight_op_step(g: Gen) -> Optional[tuple[tuple[str, tuple], int, int, int]]:
+    """A conv, transposed conv (1d/2d, grouped and depthwise) or linear with stored weights, as
+    a step; with its output's channel count, channel dim and rank."""
+    rng = g.rng
+    if rng.random() < 0.3:
+        name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.dim() - 1 in u.static_dims)
+        if name is None:
+            return None
+        v = g.v(name)
+        n = rng.choice([1, 2, 4, 8])
+        inputs = (name, g.random_state((n, v.ex.shape[-1]), torch.float32, "parameter", "randn"))
+        if rng.random() < 0.6:
+            inputs += (g.random_state((n,), torch.float32, "parameter", "randn"),)
+        return ("F.linear($0, $1, $2)" if len(inputs) == 3 else "F.linear($0, $1)", inputs), n, v.ex.dim() - 1, v.ex.dim()
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() in (3, 4) and 1 in u.static_dims)
+    if name is None:
+        return None
+    v = g.v(name)
+    r, c = v.ex.dim(), v.ex.shape[1]
+    groups = rng.choice([1, 1, c] + ([2] if c % 2 == 0 else []))
+    cout = groups * rng.choice([1, 2])
+    ksize = rng.choice([1, 3]) if min(v.ex.shape[2:]) >= 3 else 1
+    transposed = rng.random() < 0.3
+    kshape = ((c, cout // groups) if transposed else (cout, c // groups)) + (ksize,) * (r - 2)
+    inputs = (name, g.random_state(kshape, torch.float32, "parameter", "randn"))
+    bias = "None"
+    if rng.random() < 0.6:
+        inputs += (g.random_state((cout,), torch.float32, "parameter", "randn"),)
+        bias = "$2"
+    fn = ("F.conv_transpose2d" if r == 4 else "F.conv_transpose1d") if transposed else ("F.conv2d" if r == 4 else "F.conv1d")
+    extra = f"stride=1, padding=0, groups={groups}" if transposed else f"padding={rng.choice([0, ksize // 2])}, groups={groups}"
+    return (f"{fn}($0, $1, {bias}, {extra})", inputs), cout, 1, r
+
+
+def _constant_operand(g: Gen, kind: str, channels: int, axis: int, rank: int) -> tuple[str, tuple]:
+    """The other operand of a scale or shift: a number, or a stored tensor of one element, per
+    channel (shaped to broadcast along `axis` of a rank-`rank` value), or (rarely) along
+    another dim, which is not folded into a weight."""
+    rng = g.rng
+    u = rng.random()
+    if u < 0.3:
+        return rng.choice(["2.5", "-0.75", "0.125", "3"]), ()
+    style = "pos" if kind == "div" else "randn"
+    if u < 0.4:
+        shape = ()
+    elif u < 0.9 or rank < 2:
+        full = [1] * rank
+        full[axis] = channels
+        shape = tuple(full[rng.choice(range(axis + 1)):]) if rng.random() < 0.5 else tuple(full)
+    else:
+        full = [1] * rank
+        full[0 if axis else rank - 1] = 2  # broadcasts along another dim
+        shape = tuple(full)
+    return "$1", (g.random_state(shape, torch.float32, "constant" if rng.random() < 0.3 else "parameter", style),)
+
+
+def weight_chain(g: Gen) -> Optional[Proposal]:
+    """A weight op, then what folds into its weight and bias (issue 54): an eval-mode batch
+    norm with a trained network's statistics, a scale or a shift by a constant, or a few of
+    them in a row."""
+    found = _weight_op_step(g)
+    if found is None:
+        return None
+    step, channels, axis, rank = found
+    steps = [step]
+    for _ in range(g.rng.choice([1, 1, 2, 3])):
+        prev = f"@{len(steps) - 1}"
+        kind = g.rng.choice(["bn", "bn", "mul", "div", "add", "sub"])
+        if kind == "bn" and axis == 1 and rank >= 2:
+            steps.append(_eval_batch_norm(g, prev, channels))
+            continue
+        operand, state = _constant_operand(g, kind, channels, axis, rank)
+        op = {"mul": "*", "div": "/", "add": "+", "sub": "-"}.get(kind, "*")
+        expr = f"$0 {op} {operand}" if kind in ("div", "sub") or g.rng.random() < 0.5 else f"{operand} {op} $0"
+        steps.append((expr, (prev,) + state))
+    return Proposal("conv", steps)
+
+
 def conv(g: Gen) -> Optional[Proposal]:
     rng = g.rng
-    choice = rng.randrange(4)
+    choice = rng.randrange(6)
+    if choice >= 4:
+        return weight_chain(g)
     if choice == 0:
         # linear (or matmul) with a computed weight
         name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.dim() - 1 in u.static_dims)
