@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, List, Sequence
 
 import torch
+from torch._higher_order_ops.cond import cond_op
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
@@ -62,6 +63,10 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, bias: Any = None) -> torch.Tensor:
     return acc
 
 
+# Checks an exported program makes of its tensors' dtypes (fp32 there, fp16 here): skipped.
+_DTYPE_ASSERTS = (aten._assert_tensor_metadata.default,)
+
+
 class _Fp16Storage(TorchFunctionMode):
     """Every torch function reads fp16 operands and returns fp16 float results, so that the
     composite ops (``conv2d``, ``linear``), which check their operands' dtypes before
@@ -70,6 +75,8 @@ class _Fp16Storage(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _DTYPE_ASSERTS:
+            return None
         name = getattr(func, "__name__", "")
         if name.endswith("_") and not name.endswith("__") or name in ("__setitem__", "__set__"):
             return func(*args, **kwargs)
@@ -82,6 +89,8 @@ class _Fp16Accumulation(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _DTYPE_ASSERTS:
+            return None
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if kwargs or not tensors or any(t.dtype != HALF for t in tensors):
             return func(*args, **kwargs)
@@ -92,6 +101,13 @@ class _Fp16Accumulation(TorchDispatchMode):
         if func in (aten.addmm.default, aten.baddbmm.default):
             return _matmul(args[1], args[2], args[0])
         return func(*args, **kwargs)
+
+
+@cond_op.py_impl(_Fp16Accumulation)
+def _cond(mode: _Fp16Accumulation, pred, true_fn, false_fn, operands):
+    """``torch.cond`` under the emulation: the branch `pred` selects, run in fp16 arithmetic."""
+    with _Fp16Storage(), mode:  # the branch runs with neither mode active otherwise
+        return (true_fn if bool(pred) else false_fn)(*operands)
 
 
 class Fp16Arithmetic:

@@ -229,3 +229,28 @@ def test_a_qnn_rows_cell_names_the_bound_that_applied():
     assert row["status"] == "ok" and verdict.judge("fp16", 0.0018, 0.158).startswith("mismatch")
     assert "| 1.80e-03 (scale 0.158; tolerance 0.00552: 4 x fp16-emulated error 0.00138 (floor 0.01 of scale 0.158)) |" \
         in report.to_markdown([row])
+
+
+def test_the_fp16_emulation_runs_exported_programs_with_dtype_checks_and_cond():
+    """A program exported non-strict (as the benchmark's fp16 rows are) checks its tensors'
+    dtypes (``_assert_tensor_metadata``: fp32) and may branch (``torch.cond``): the emulation
+    skips the checks and runs the branch taken in fp16 arithmetic."""
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 64, generator=torch.Generator().manual_seed(3)) / 8)
+
+        def forward(self, x, flag):
+            x = x.to(torch.float32)
+            return torch.cond(flag.sum() > 0, lambda a, w: (a @ w).relu(), lambda a, w: a @ w * 2, (x, self.w))
+
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(4))
+    for flag in (torch.tensor([1]), torch.tensor([0])):
+        with torch.no_grad():
+            program = torch.export.export(Gated(), (x, flag), strict=False).module()
+            want = program(x, flag)
+        assert any("_assert_tensor_metadata" in str(n.target) for n in program.graph.nodes)
+        (got,) = fp16_emulation.fp16_outputs(program, (x, flag))
+        assert got.dtype == torch.float16
+        error = float((got.float() - want).abs().max())
+        assert 0 < error < 1e-2 * float(want.abs().max())
