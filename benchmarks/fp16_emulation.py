@@ -13,7 +13,10 @@ kernel window per step, summed in fp32, as a fused multiply-add of one tap would
 to fp16 after every step. That gives 1.38e-3 on the same mobilenet (1.59e-3 with torch's
 native convolutions, which executorch's QNN flow switches to on AMD CPUs: the fp32 partial sums
 round in another order). Other reductions (mean, pooling, softmax, norms) keep torch's fp32
-accumulation between fp16 operands and result. Costs about a second on mobilenet_v3_small;
+accumulation between fp16 operands and result. An exported program's dtype checks
+(``_assert_tensor_metadata``) are skipped and ``torch.cond`` runs its taken branch under the
+emulation (an eager module's ``torch.cond`` goes through dynamo, which the emulation does not
+support: the caller falls back to the floor). Costs about a second on mobilenet_v3_small;
 a matrix product's accumulation is one step per term of its inner dimension.
 """
 
