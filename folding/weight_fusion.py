@@ -51,15 +51,16 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputKind
 
+from .dedup import placeholder_savings
 from .hops import copy_uncompiled
 from .names import reserve_node_names
-from .ops import OpKind, op_facts, op_name
+from .ops import OpKind, arg_at, op_facts, op_name, written_arg_positions
 from .policy import FoldPolicy
 from .quant import is_dequantize, is_quantize
 from .reasons import Reason
 from .report import Decision
 from .signature import unchanging_stored_specs
-from .sizes import nbytes
+from .sizes import aligned, nbytes
 from .torch_internals import program_with
 from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, INSERTED, LINEARS, TRAINING_BATCH_NORMS, DialectOps,
                          NodeMaker, WeightOp, arg, batch_norm_operands, batch_norm_output, binary_operands,
@@ -128,7 +129,9 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
     maker = NodeMaker(gm.graph, DialectOps.of(program))
-    rewriter = _Rewriter(maker, _Conditions(_Constness(stored, maker.made), policy, bytes_before))
+    savings = placeholder_savings(gm.graph, program)
+    unchanging = {name: spec for name, spec in stored.items() if name not in _written(gm.graph)}
+    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings))
     for node in candidates:
         rewriter.visit(env[node])
     if not rewriter.changed:
@@ -169,6 +172,24 @@ def _candidates(graph: torch.fx.Graph, constness: "_Constness") -> list[torch.fx
             if any(op in feeds and (kind in ("mul", "div") or constness(c) is None) for op, c in pairs):
                 out.append(n)
                 feeds.add(n)
+    return out
+
+
+def _written(graph: torch.fx.Graph) -> set[str]:
+    """Names of the placeholders some op of `graph` writes in place, directly or through a
+    view (torch 2.14's training IR: ``buffer.copy_(...)`` is not in the signature): their
+    values change at runtime, so they are not constant here."""
+    out = set()
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        for position in written_arg_positions(n):
+            a = arg_at(n, position)
+            while isinstance(a, torch.fx.Node) and a.op == "call_function" \
+                    and op_facts(a.target).aliased_position is not None:
+                a = arg_at(a, op_facts(a.target).aliased_position)
+            if isinstance(a, torch.fx.Node) and a.op == "placeholder":
+                out.add(a.name)
     return out
 
 
@@ -252,10 +273,14 @@ def _operand_detail(why: str) -> str:
 
 class _Conditions:
     """When a candidate may be rewritten (module docstring); each check raises `_NotFused` or
-    returns why not, for the report. Keeps the bytes spent on copies of shared weights."""
+    returns why not, for the report. Keeps the growth of stored bytes the rewrites spent.
 
-    def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int) -> None:
-        self.constness, self.policy = constness, policy
+    Attributes:
+        savings: what dropping each constant placeholder saves (`dedup.placeholder_savings`).
+    """
+
+    def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int, savings: dict) -> None:
+        self.constness, self.policy, self.savings = constness, policy, savings
         self.budget, self.spent = policy.growth_budget(bytes_before), 0
         self.skip = policy.skip_names()
         self.skipped = sorted(INSERTED & self.skip)
@@ -295,30 +320,47 @@ class _Conditions:
         cap = self.policy.max_tensor_bytes
         if cap is not None and nbytes(w_val) > cap:
             return f"{x.name}'s weight ({nbytes(w_val)} bytes) is above FoldPolicy.max_tensor_bytes"
-        shared = self.shared_bytes(w_op)
-        if shared and self.budget is not None and self.spent + shared > self.budget:
-            return f"{x.name}'s weight is also read by other ops; a copy ({shared} bytes) exceeds the growth budget"
         return None
 
-    def spend(self, w_op: WeightOp) -> None:
-        self.spent += self.shared_bytes(w_op)
+    def fits(self, growth: int) -> bool:
+        """Whether the program may grow by `growth` more stored bytes (the growth budget);
+        spends them when it may."""
+        if self.budget is not None and self.spent + growth > self.budget:
+            return False
+        self.spent += growth
+        return True
 
-    def shared_bytes(self, w_op: WeightOp) -> int:
-        """Bytes of `w_op`'s weight and bias that stay stored for other readers once it reads
-        new ones (0 when only `w_op` reads them)."""
-        total = 0
-        for v in (w_op.weight, w_op.bias):
-            if v is None or v in self.constness.made:
-                continue
-            ancestry, todo = set(), [v]
-            while todo:
-                n = todo.pop()
-                if n not in ancestry:
-                    ancestry.add(n)
-                    todo.extend(n.all_input_nodes)
-            if any(u is not w_op.node and u not in ancestry for a in ancestry for u in a.users):
-                total += nbytes(val(v))
-        return total
+    def rewrite_fits(self, w_op: WeightOp, scaled: bool, new_bias: bool, reader=None, dropped=()) -> bool:
+        """Whether `w_op` reading a new weight (when `scaled`) and a new bias (`new_bias`), while
+        `reader` stops reading `dropped`, fits the growth budget, counted as the planner
+        counts it (`dedup.placeholder_savings`: a placeholder another op still reads, or
+        whose bytes another stored tensor repeats, saves nothing)."""
+        bias_like = w_op.bias if w_op.bias is not None else w_op.weight
+        added = (self.stored_bytes(w_op.weight, w_op.weight) if scaled else 0) \
+            + (self.stored_bytes(w_op.bias, bias_like, w_op.channels) if new_bias else 0)
+        saved = sum(self.saved(w_op.node, v) for v in ([w_op.weight] if scaled else []) + [w_op.bias])
+        return self.fits(added - saved - sum(self.saved(reader, v) for v in dropped))
+
+    def saved(self, reader: torch.fx.Node, v: Any) -> int:
+        if not isinstance(v, torch.fx.Node) or v in self.constness.made:
+            return 0
+        ancestry, todo = set(), [v]
+        while todo:
+            n = todo.pop()
+            if n not in ancestry:
+                ancestry.add(n)
+                todo.extend(n.all_input_nodes)
+        if any(u is not reader and u not in ancestry for a in ancestry for u in a.users):
+            return 0  # another op reads it: it stays
+        return sum(self.savings.get(a, 0) for a in ancestry)
+
+    def stored_bytes(self, v: Any, like: torch.fx.Node, numel: Optional[int] = None) -> int:
+        """Bytes a new value replacing `v` stores (none when `v` is one the rewrite made: it
+        replaces it), shaped like `like` or of `numel` elements of its dtype."""
+        if v is not None and v in self.constness.made:
+            return 0
+        value = val(like)
+        return aligned((numel if numel is not None else value.numel()) * value.element_size())
 
     def channel_vector(self, make: NodeMaker, c: Any, node: torch.fx.Node, w_op: WeightOp) -> torch.fx.Node:
         """`c` as a constant node of shape [channels] in the compute dtype; `_NotFused` when
@@ -344,6 +386,30 @@ class _Conditions:
         if padded[axis] == 1:
             flat = make.make(make.ops.expand, (flat, [channels]), f"{node.name}_expanded")
         return flat
+
+
+def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
+    """(output node, input, (gamma, beta, mean, var, eps)) of an eval-mode batch norm on a
+    float input with a static channel count and no encoding at it; else `_NotFused`."""
+    w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[name]
+    if t_i is not None and arg(bn, t_i, "training", False):
+        raise _NotFused("training-mode batch norm (batch statistics)")
+    out, x = batch_norm_output(bn, tuple_result), bn.args[0]
+    stats = (arg(bn, w_i, "weight"), arg(bn, b_i, "bias"), arg(bn, m_i, "running_mean"),
+             arg(bn, v_i, "running_var"), arg(bn, e_i, "eps"))
+    x_val = val(x)
+    if out is None:
+        raise _NotFused("its saved statistics (outputs 1 and 2) are read")
+    if not isinstance(x_val, torch.Tensor) or x_val.dtype not in FLOATS or x_val.dim() < 2:
+        raise _NotFused("input is not a floating-point tensor of rank >= 2")
+    if not isinstance(x_val.shape[1], int):
+        raise _NotFused(f"symbolic channel count {x_val.shape[1]}")
+    if stats[2] is None or stats[3] is None or not isinstance(stats[4], (int, float)):
+        raise _NotFused("no running statistics")
+    if is_dequantize(getattr(x, "target", None)) or any(is_quantize(u.target) for u in out.users):
+        raise _NotFused("quantized operands: a quantize/dequantize pair at the batch norm (its encoding "
+                        "was chosen for the batch norm's output; rewriting it would need another)")
+    return out, x, stats[:4] + (float(stats[4]),)
 
 
 class _Rewriter:
@@ -375,34 +441,23 @@ class _Rewriter:
             self.decisions.append(Decision(node.name, name, Reason.NOT_FUSED, str(why)))
 
     def _batch_norm(self, bn: torch.fx.Node, name: str) -> None:
-        w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[name]
-        if t_i is not None and arg(bn, t_i, "training", False):
-            raise _NotFused("training-mode batch norm (batch statistics)")
-        out, x = batch_norm_output(bn, tuple_result), bn.args[0]
-        stats = (arg(bn, w_i, "weight"), arg(bn, b_i, "bias"), arg(bn, m_i, "running_mean"),
-                 arg(bn, v_i, "running_var"), arg(bn, e_i, "eps"))
+        out, x, stats = _eval_batch_norm(bn, name)
         x_val = val(x)
-        if out is None:
-            raise _NotFused("its saved statistics (outputs 1 and 2) are read")
-        if not isinstance(x_val, torch.Tensor) or x_val.dtype not in FLOATS or x_val.dim() < 2:
-            raise _NotFused("input is not a floating-point tensor of rank >= 2")
-        if not isinstance(x_val.shape[1], int):
-            raise _NotFused(f"symbolic channel count {x_val.shape[1]}")
         self.check.require_not_skipped(bn)
-        if stats[2] is None or stats[3] is None or not isinstance(stats[4], (int, float)):
-            raise _NotFused("no running statistics")
         for what, v in zip(("weight", "bias", "running mean", "running variance"), stats):
             self.check.require_constant(v, f"batch norm {what}")
-        if is_dequantize(getattr(x, "target", None)) or any(is_quantize(u.target) for u in out.users):
-            raise _NotFused("quantized operands: a quantize/dequantize pair at the batch norm (its encoding "
-                            "was chosen for the batch norm's output; rewriting it would need another)")
         why_not = self.check.fusible(x, batch_norm=True)
-        if why_not is None and weight_op(x).channels != x_val.shape[1]:
-            why_not = f"{x.name} has {weight_op(x).channels} output channels, the batch norm {x_val.shape[1]}"
+        w_op = weight_op(x)
+        if why_not is None and w_op.channels != x_val.shape[1]:
+            why_not = f"{x.name} has {w_op.channels} output channels, the batch norm {x_val.shape[1]}"
         if why_not is None:
-            self._fuse_batch_norm(bn, out, weight_op(x), stats[:4] + (float(stats[4]),))
-        else:
-            self._scale_and_shift(bn, out, x, stats[:4] + (float(stats[4]),), why_not)
+            if self.check.rewrite_fits(w_op, True, True, bn, stats[:4]):
+                return self._fuse_batch_norm(bn, out, w_op, stats)
+            why_not = f"storing {x.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)"
+        saved = sum(self.check.saved(bn, v) for v in stats[:4])
+        if not self.check.fits(2 * self.check.stored_bytes(None, x, x_val.shape[1]) - saved):
+            raise _NotFused(f"not fused ({why_not}), and storing its scale and shift exceeds the growth budget")
+        self._scale_and_shift(bn, out, x, stats, why_not)
 
     def _binary(self, node: torch.fx.Node, kind: str) -> None:
         op, c = _operands(node, kind, self.check.constness)
@@ -419,6 +474,9 @@ class _Rewriter:
         why_not = self.check.fusible(op, batch_norm=False)
         if why_not is not None:
             raise _NotFused(why_not)
+        scaled = kind in ("mul", "div")
+        if not self.check.rewrite_fits(w_op, scaled, w_op.bias is not None or not scaled):
+            raise _NotFused(f"storing {op.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)")
         node.prepend(op)  # after every constant the binary op reads (only `node` reads the op)
         with self.graph.inserting_before(op):
             c_vec = self.check.channel_vector(self.make, c, node, w_op)
@@ -435,7 +493,6 @@ class _Rewriter:
         """`w_op` reads `weight` and `bias`; the readers of `out` read it; `removed` (`out`
         and what computed it) leave the graph, each reported `Reason.FUSED`; an output spec
         naming `out` names the op."""
-        self.check.spend(w_op)
         fused = self.make.with_operands(w_op, weight, bias)
         first = removed[0]
         self.notes.append(f"{first.name} ({op_name(first.target)}) folded into the weight and bias of {fused.name}")

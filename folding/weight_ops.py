@@ -32,7 +32,7 @@ TRAINING_BATCH_NORMS = frozenset({"aten._native_batch_norm_legit.default", "aten
 CONVS = {
     "aten.convolution.default": (1, 2, 8, 6),
     **{f"aten.conv{d}d.{o}": (1, 2, 6, False) for d in (1, 2, 3) for o in ("default", "padding")},
-    **{f"aten.conv_transpose{d}d.input": (1, 2, 6, True) for d in (1, 2, 3)},
+    **{f"aten.conv_transpose{d}d.{o}": (1, 2, 6, True) for d in (1, 2, 3) for o in ("default", "input")},
 }
 # Linears by op name: (index of weight, bias or None). Edge decomposes `linear` into
 # addmm(b, x, permute_copy(W)) or mm(x, permute_copy(W)): the matrix is (in, out).

@@ -48,12 +48,53 @@ def _module(program: ExportedProgram) -> torch.fx.GraphModule:
     return gm
 
 
-def values_by_name(gm: torch.fx.GraphModule, inputs: Sequence) -> dict[str, object]:
-    """Every node's value when `gm` runs on `inputs`, by node name."""
-    interpreter = torch.fx.Interpreter(gm, garbage_collect_values=False)
-    with torch.no_grad():
-        interpreter.run(*inputs)
-    return {n.name: v for n, v in interpreter.env.items()}
+def values_by_name(gm: torch.fx.GraphModule, inputs: Sequence, replay: Optional[dict] = None,
+                   fresh: frozenset = frozenset()) -> dict[str, object]:
+    """Every node's value when `gm` runs on `inputs`, by node name. With `replay` (another
+    run's values by name), each call node of that name not in `fresh` takes the replayed
+    value instead of computing: the rewritten values are then computed from exactly the
+    inputs the original program gave them, so an earlier rewrite's rounding does not
+    propagate into a later one's check."""
+
+    values: dict[str, object] = {}
+
+    class Replaying(torch.fx.Interpreter):
+        def run_node(self, n):
+            if replay is not None and n.op == "call_function" and n.name in replay and n.name not in fresh:
+                out = replay[n.name]
+                out = out.clone() if isinstance(out, torch.Tensor) else out
+            else:
+                out = super().run_node(n)
+            # as computed: a later in-place op (``clamp_``) must not change what is compared
+            values[n.name] = out.clone() if isinstance(out, torch.Tensor) else out
+            return out
+
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(0)  # random ops draw the same numbers in both programs
+        Replaying(gm).run(*inputs)
+    return values
+
+
+def _downstream_of_another(node: torch.fx.Node, others: set) -> bool:
+    seen, todo = set(), list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n in others:
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return False
+
+
+def _replayable(gm: torch.fx.GraphModule, values: dict) -> Optional[dict]:
+    """`values` to replay, or None when an op of `gm` writes in place: a value replayed as
+    computed would then miss the writes its readers saw (``v.narrow(...).tanh_()`` before a
+    batch norm reads ``v``), so both programs run on their own."""
+    from folding.ops import written_arg_positions
+
+    writes = any(n.op == "call_function" and written_arg_positions(n) for n in gm.graph.nodes)
+    return None if writes else values
 
 
 class _Magnitudes:
@@ -115,9 +156,13 @@ def rewrite_problem(original: ExportedProgram, rewritten: ExportedProgram, repla
         return None
     gm = _module(original)
     before = values_by_name(gm, inputs)
-    after = values_by_name(_module(rewritten), inputs)
+    replay = _replayable(gm, before)
+    after = values_by_name(_module(rewritten), inputs, replay, frozenset(new for _, new in replaced))
     nodes = {n.name: n for n in gm.graph.nodes}
-    for new, old in {new: old for old, new in replaced}.items():  # a chain's last rewrite holds its value
+    last = {new: old for old, new in replaced}  # a chain's last rewrite holds its value
+    for new, old in last.items():
+        if replay is None and _downstream_of_another(nodes[old], {nodes[o] for n, o in last.items() if n != new}):
+            continue  # not replayed: an earlier rewrite's rounding reaches its input (checked where replayed)
         want, got = before[old], after[new]
         magnitudes = _Magnitudes(before)
         m = magnitudes(nodes[old])
@@ -140,7 +185,8 @@ def _excess(want: torch.Tensor, got: torch.Tensor, bound: torch.Tensor) -> float
 def bound_ratio(original: ExportedProgram, rewritten: ExportedProgram, replaced, inputs) -> float:
     """The largest ``|new - old| / bound`` over the replaced values (for measurements)."""
     gm = _module(original)
-    before, after = values_by_name(gm, inputs), values_by_name(_module(rewritten), inputs)
+    before = values_by_name(gm, inputs)
+    after = values_by_name(_module(rewritten), inputs, _replayable(gm, before), frozenset(new for _, new in replaced))
     nodes = {n.name: n for n in gm.graph.nodes}
     worst = 0.0
     for new, old in {new: old for old, new in replaced}.items():

@@ -257,17 +257,23 @@ def test_folded_pte_matches_the_unfolded_program(case, backend):
     torch.testing.assert_close(got, want, atol=1e-5 * scale, rtol=0)
 
 
+def _trained(bn: nn.BatchNorm2d, seed: int) -> nn.BatchNorm2d:
+    """`bn` with a trained network's statistics (`_stats`), in eval mode."""
+    s = _stats(bn.num_features, seed, bn.eps)
+    with torch.no_grad():
+        bn.running_mean.copy_(s["mean"])
+        bn.running_var.copy_(s["var"])
+        bn.weight.copy_(s["gamma"])
+        bn.bias.copy_(s["beta"])
+    return bn.eval()
+
+
 class InputNorm(nn.Module):
     """A batch norm on the input (nothing to fuse into), then a conv."""
 
     def __init__(self):
         super().__init__()
-        self.bn = nn.BatchNorm2d(3, eps=1e-3)
-        s = _stats(3, 11, 1e-3)
-        self.bn.running_mean.copy_(s["mean"])
-        self.bn.running_var.copy_(s["var"])
-        self.bn.weight.data.copy_(s["gamma"])
-        self.bn.bias.data.copy_(s["beta"])
+        self.bn = _trained(nn.BatchNorm2d(3, eps=1e-3), 11)
         self.conv = nn.Conv2d(3, 4, 3)
 
     def forward(self, x):
@@ -291,7 +297,7 @@ class TwoReaders(nn.Module):
     def __init__(self, tail: str):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = nn.BatchNorm2d(4).eval()
+        self.bn = _trained(nn.BatchNorm2d(4), 5)
         self.tail = tail
 
     def forward(self, x):
@@ -322,7 +328,7 @@ class Where(nn.Module):
         super().__init__()
         self.case = case
         self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = nn.BatchNorm2d(4)
+        self.bn = _trained(nn.BatchNorm2d(4), 6).train()
         self.register_buffer("c", torch.randn(1, 1, 1, 4))
         self.register_buffer("wq", torch.randint(-8, 8, (4, 3, 3, 3), dtype=torch.int8))
 
@@ -371,7 +377,7 @@ def test_a_weight_another_op_reads_is_copied_within_the_growth_budget_only():
         def __init__(self):
             super().__init__()
             self.conv = nn.Conv2d(8, 8, 3)
-            self.bn = nn.BatchNorm2d(8).eval()
+            self.bn = _trained(nn.BatchNorm2d(8), 3)
 
         def forward(self, x):
             return self.bn(self.conv(x)), F.conv2d(x, self.conv.weight)
@@ -443,3 +449,26 @@ def test_the_bound_is_tight_enough_to_catch_a_wrong_eps():
     model.tail[0][1]["eps"] = 1e-5
     wrong = _export(model, x)
     assert bound_ratio(ep, fuse_into_weights(wrong, FoldPolicy(), 0).program, fusion.replaced, (x,)) > 100
+
+
+def test_a_rewrite_the_budget_cannot_store_is_not_made():
+    """A fresh BatchNorm2d's vectors repeat each other's bytes (ones, zeros), so dropping them
+    saves nothing the planner can count; under a zero growth budget, storing its scale and
+    shift would grow the program: the batch norm stays, with its row, and nothing the rewrite
+    would have inserted is left at runtime."""
+    class Fresh(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(4).eval()
+
+        def forward(self, x):
+            return self.bn(x.relu())
+
+    x = torch.randn(2, 4, 3, 3)
+    ep = _export(Fresh(), x)
+    result = fold_constants(ep, FoldPolicy.strict())
+    check_folded(ep, result)
+    (row,) = _row(result, "aten.batch_norm")
+    assert row.reason is Reason.NOT_FUSED and "growth budget" in row.detail
+    assert "aten.batch_norm.default" in call_targets(result.program)
+    assert any(d.reason is Reason.SCALE_AND_SHIFT for d in fold_constants(ep).report.decisions)
