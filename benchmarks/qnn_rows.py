@@ -79,7 +79,11 @@ class QnnRow:
         htp_max_abs_diff: max |emulated HTP output - eager output| over the float outputs.
         output_scale: max |eager output| over the same outputs.
         htp_integer_mismatch: fraction of integer output elements that differ from eager.
-        tolerance: the largest ``htp_max_abs_diff`` still ``ok`` (`benchmarks.verdict.tolerance`).
+        tolerance: the largest ``htp_max_abs_diff`` still ``ok`` (`benchmarks.verdict.tolerance_of`).
+        tolerance_rule: the bound that gave `tolerance` (``Tolerance.rule``: a fraction of the
+            scale, or for fp16 a multiple of the model's emulated fp16 error).
+        fp16_emulation_error: an fp16 row whose emulation failed (it is then judged at the
+            floor): the exception, else None.
         htp_vs_off_max_abs_diff: max |this row's HTP output - the fold-off row's HTP output| over
             the float outputs, on the same inputs (None for ``off``, or when ``off`` did not run).
         htp_vs_off_integer_mismatch: fraction of integer output elements that differ from ``off``'s.
@@ -119,6 +123,8 @@ class QnnRow:
     qnn_error: Optional[str] = None
     htp_integer_mismatch: Optional[float] = None
     tolerance: Optional[float] = None
+    tolerance_rule: Optional[str] = None
+    fp16_emulation_error: Optional[str] = None
     htp_vs_off_max_abs_diff: Optional[float] = None
     htp_vs_off_integer_mismatch: Optional[float] = None
     mismatch_cause: Optional[str] = None
@@ -323,10 +329,15 @@ def _differences(got: List[torch.Tensor], want: List[torch.Tensor]) -> Tuple[Opt
 
 
 def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor],
-                fold_off: Optional[List[torch.Tensor]], module: Optional[torch.nn.Module] = None) -> List[torch.Tensor]:
+                fold_off: Optional[List[torch.Tensor]], module: Optional[torch.nn.Module] = None,
+                fold_off_ok: bool = True) -> List[torch.Tensor]:
     """Run the ``.pte`` on the emulated HTP and judge it (`benchmarks.verdict`): against eager
-    (`htp_max_abs_diff`, `output_scale`, `htp_integer_mismatch`), then against the fold-off
-    row's HTP outputs `fold_off` when given. A miss of eager is attributed to a known fault
+    (`htp_max_abs_diff`, `output_scale`, `htp_integer_mismatch`; an fp16 row by the bound of the
+    model's own fp16 arithmetic when `module` is given, `tolerance_rule` naming the bound), then
+    against the fold-off row's HTP outputs `fold_off` when given; that second check decides the
+    status only when the fold-off row itself matched eager (`fold_off_ok`): a fold that makes
+    HTP compute what fold off computed wrong, e.g. a batch norm folded out of reach of QNN's
+    BatchNorm builder, is not a mismatch. A miss of eager is attributed to a known fault
     (`benchmarks.htp_faults`) when `module`, the eager reference, is given. Returns the HTP
     outputs."""
     from . import htp_faults, verdict
@@ -337,20 +348,48 @@ def _run_on_htp(row: QnnRow, buffer: bytes, inputs, expected: List[torch.Tensor]
     got = _tensors(qnn.run_pte(buffer, inputs))
     row.htp_run_ms = (time.perf_counter() - start) * 1e3
     row.htp_max_abs_diff, row.output_scale, row.htp_integer_mismatch = _differences(got, expected)
+    fp16_error = _fp16_error(row, module, inputs, expected)
+    bound = None
     if row.output_scale is not None:
-        row.tolerance = verdict.tolerance(row.precision, row.output_scale)
-    row.status = verdict.judge(row.precision, row.htp_max_abs_diff, row.output_scale, row.htp_integer_mismatch)
+        bound = verdict.tolerance_of(row.precision, row.output_scale, row.htp_max_abs_diff, fp16_error)
+        row.tolerance, row.tolerance_rule = bound.limit, bound.rule
+    row.status = verdict.judge(row.precision, row.htp_max_abs_diff, row.output_scale, row.htp_integer_mismatch,
+                               bound=bound)
     if row.status.startswith("mismatch") and module is not None:
         row.mismatch_cause = htp_faults.attribute(module, inputs, got, row.precision)
     if fold_off is not None:
         row.htp_vs_off_max_abs_diff, _, row.htp_vs_off_integer_mismatch = _differences(got, fold_off)
         vs_off = verdict.judge(row.precision, row.htp_vs_off_max_abs_diff, row.output_scale,
-                               row.htp_vs_off_integer_mismatch, what="fold off on HTP")
-        if row.status == "ok" and vs_off != "ok":
+                               row.htp_vs_off_integer_mismatch, what="fold off on HTP", fp16_error=fp16_error)
+        if row.status == "ok" and vs_off != "ok" and fold_off_ok:
             row.status = vs_off
     if row.status != "ok":
         logger.warning("%s/%s/%s: %s", row.model, row.precision, row.mode, row.status)
     return got
+
+
+def _fp16_error(row: QnnRow, module: Optional[torch.nn.Module], inputs, expected: List[torch.Tensor]):
+    """For an fp16 row with its eager `module`: a function giving the model's max abs error in
+    fp16 arithmetic on the CPU (`benchmarks.fp16_emulation`), computed once on first call;
+    None (recorded in ``fp16_emulation_error``) if the emulation fails. Else None."""
+    if row.precision != "fp16" or module is None:
+        return None
+    cache: List[Optional[float]] = []
+
+    def error() -> Optional[float]:
+        if not cache:
+            from . import fp16_emulation
+
+            try:
+                cache.append(fp16_emulation.fp16_error(module, inputs, expected))
+            except Exception as exc:  # noqa: BLE001 - the row is then judged at the floor
+                row.fp16_emulation_error = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+                logger.warning("%s/%s/%s: fp16 emulation failed: %s", row.model, row.precision, row.mode,
+                               row.fp16_emulation_error)
+                cache.append(None)
+        return cache[0]
+
+    return error
 
 
 def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], precision: str,
@@ -363,22 +402,22 @@ def lower_rows(model: str, module: torch.nn.Module, inputs: Tuple[torch.Tensor, 
     recorded in the rows."""
     with torch.no_grad():
         expected = _tensors(module(*inputs))
-    rows, fold_off = [], None
+    rows, fold_off, fold_off_ok = [], None, True
     for mode in sorted(modes, key=lambda m: m != "off"):  # off first: the others are compared with it
         on_start(mode)
         row = QnnRow(model, precision, mode, quantize_time_s=quantize_time_s)
         rows.append(row)
         reset_hwm()
         start = time.perf_counter()
-        outputs = _lower_one(row, module, inputs, expected, skip_node_op_set, run, start, fold_off)
+        outputs = _lower_one(row, module, inputs, expected, skip_node_op_set, run, start, fold_off, fold_off_ok)
         if mode == "off":
-            fold_off = outputs
+            fold_off, fold_off_ok = outputs, row.status == "ok"
         row.peak_rss_bytes = hwm_bytes()
     return sorted(rows, key=lambda r: list(modes).index(r.mode))
 
 
 def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: bool, start: float,
-               fold_off: Optional[List[torch.Tensor]]) -> Optional[List[torch.Tensor]]:
+               fold_off: Optional[List[torch.Tensor]], fold_off_ok: bool = True) -> Optional[List[torch.Tensor]]:
     """One mode of `lower_rows`, filling `row`; returns its HTP outputs (None if it did not run)."""
     mode = row.mode
     try:
@@ -416,7 +455,7 @@ def _lower_one(row: QnnRow, module, inputs, expected, skip_node_op_set, run: boo
         del manager
         stage = "run on HTP"
         if run:
-            outputs = _run_on_htp(row, buffer, inputs, expected, fold_off, module)
+            outputs = _run_on_htp(row, buffer, inputs, expected, fold_off, module, fold_off_ok)
     except Exception as exc:  # noqa: BLE001
         _error(row, stage, exc)
     row.wall_time_s = time.perf_counter() - start

@@ -129,6 +129,7 @@ def fill_row(row: Row, q: Any) -> None:
     row.lower_time_s = q.lower_time_s
     row.quantize_time_s = q.quantize_time_s
     row.max_abs_diff, row.eager_max_abs, row.tolerance = q.htp_max_abs_diff, q.output_scale, q.tolerance
+    row.tolerance_rule = q.tolerance_rule
     row.vs_off_max_abs_diff = q.htp_vs_off_max_abs_diff
     row.cold_run_ms = q.htp_run_ms
     row.partitions, row.refused_partitions, row.static_partitions = q.partitions, q.refused_partitions, q.static_partitions

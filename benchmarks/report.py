@@ -75,7 +75,9 @@ COLUMN_LEGEND = {
     "max_abs_diff": "max |ExecuTorch output - eager output|; QNN rows: of the emulated HTP, with the "
                     "output's scale (max |eager output|); quantized QNN rows against the converted q/dq program. "
                     "Judged at the precision's tolerance, a fraction of the scale (`benchmarks/verdict.py`: "
-                    + ", ".join(f"{p} {rtol:g}" for p, rtol in verdict.RTOL.items()) + ")",
+                    + ", ".join(f"{p} {rtol:g}" for p, rtol in verdict.RTOL.items()) + "; an fp16 row beyond its floor: "
+                    f"{verdict.FP16_SAFETY:g}x the model's own error in fp16 arithmetic, if larger); the cell names the "
+                    "tolerance and the bound that applied",
     "vs_off_max_abs_diff": "QNN rows that fold: max |HTP output - the fold-off row's HTP output| on the same "
                            "inputs, judged at the same tolerance (folding must not move HTP's output)",
 }
@@ -157,7 +159,10 @@ def _cell(rows: Sequence[Dict[str, Any]], row: Dict[str, Any], key: str) -> str:
         return _float(row.get(key), ".2e")
     if key == "max_abs_diff":
         scale = row.get("eager_max_abs")
-        of_scale = f" (scale {scale:.3g})" if row.get("backend") == "qnn" and scale is not None and row.get(key) is not None else ""
+        of_scale = ""
+        if row.get("backend") == "qnn" and scale is not None and row.get(key) is not None:
+            bound = f"; tolerance {row['tolerance']:.3g}: {row['tolerance_rule']}" if row.get("tolerance_rule") else ""
+            of_scale = f" (scale {scale:.3g}{bound})"
         return _float(row.get(key), ".2e") + of_scale
     return str(row.get(key))
 

@@ -83,6 +83,7 @@ class Row:
     max_abs_diff: Optional[float] = None
     eager_max_abs: Optional[float] = None    # scale of the eager output
     tolerance: Optional[float] = None        # largest max_abs_diff still ok (benchmarks.verdict)
+    tolerance_rule: Optional[str] = None     # QNN: the bound that gave it (verdict.Tolerance.rule)
     vs_off_max_abs_diff: Optional[float] = None  # QNN: max |HTP output - the fold-off row's HTP output|
     fold_report: Optional[Dict[str, Any]] = None
     note: Optional[str] = None               # e.g. the fold had nothing to do
