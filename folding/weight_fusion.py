@@ -52,6 +52,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputKind
 
 from .dedup import placeholder_savings
+from .executorch_internals import edge_ops
 from .hops import copy_uncompiled
 from .names import reserve_node_names
 from .ops import OpKind, arg_at, op_facts, op_name, written_arg_positions
@@ -185,9 +186,7 @@ def _targets(program: ExportedProgram, names: tuple) -> list:
     key = (edge, names)
     if key not in _TARGETS:
         if edge:
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            namespace = exir_ops.edge.aten
+            namespace = edge_ops().edge.aten
         else:
             namespace = torch.ops.aten
         targets = []

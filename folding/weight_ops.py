@@ -13,6 +13,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from .executorch_internals import edge_ops
 from .names import keep_name, unique_name
 from .ops import op_name
 
@@ -157,8 +158,7 @@ class DialectOps:
             return DialectOps(a.mul.Tensor, a.div.Tensor, a.add.Tensor, a.sub.Tensor, a.add.Scalar, a.rsqrt.default,
                               a.neg.default, a.full.default, a.view.default, a.expand.default, a.addmm.default,
                               a._to_copy.default)
-        from executorch.exir.dialects._ops import ops as exir_ops
-
+        exir_ops = edge_ops()
         e = exir_ops.edge.aten
         return DialectOps(e.mul.Tensor, e.div.Tensor, e.add.Tensor, e.sub.Tensor, e.add.Scalar, e.rsqrt.default,
                           e.neg.default, e.full.default, e.view_copy.default, e.expand_copy.default, e.addmm.default,
