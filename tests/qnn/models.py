@@ -155,7 +155,9 @@ CASES: dict[str, Case] = {
 
 class SkipIdShift(torch.nn.Module):
     """A constant ``mul`` before a runtime one: folding it would rename the runtime
-    ``aten_mul_tensor_1`` to ``aten_mul_tensor`` without name restoration."""
+    ``aten_mul_tensor_1`` to ``aten_mul_tensor`` without name restoration. The runtime ``mul``
+    reads a ``sigmoid``, not the ``linear``: the fold would otherwise move its scale into the
+    linear's weight (`folding.weight_fusion`), and no runtime ``mul`` would be left to name."""
 
     def __init__(self, d: int = 16) -> None:
         super().__init__()
@@ -166,7 +168,7 @@ class SkipIdShift(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = torch.relu(F.linear(self.table, self.weight) * 2.0)
-        return torch.sigmoid(self.proj(x) * 3.0) + k
+        return torch.sigmoid(self.proj(x)) * 3.0 + k
 
 
 class RenamedOutput(torch.nn.Module):
