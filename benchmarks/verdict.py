@@ -39,9 +39,9 @@ the float eager model, or for a quantized row the converted q/dq program run in 
 
 A reference whose scale is below `MIN_SCALE` proves nothing by matching (a randomly initialised
 model can output ~1e-9): such a row is not passed but reported as ``unverified``, whatever the
-difference. Integer outputs must match exactly. A NaN difference or scale is not caught
-(``NaN > tolerance`` is false): a known gap, held by a strict xfail in
-``tests/test_benchmark_verdict.py``.
+difference. Integer outputs must match exactly. A difference or scale that is NaN or infinite
+is a ``mismatch`` (``NaN > tolerance`` is false, so it is checked first): a ``.pte`` that outputs
+NaN never reads ``ok``.
 """
 
 from __future__ import annotations
