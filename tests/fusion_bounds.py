@@ -34,19 +34,16 @@ from torch.export import ExportedProgram
 
 from folding.ops import op_name
 from folding.weight_ops import BATCH_NORMS, BINARY, arg, weight_op
+from tests.invariants import module_on_copies
 
 KAPPA = 4.0
 _ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
 
 def _module(program: ExportedProgram) -> torch.fx.GraphModule:
-    """`program` as a module on copies of its buffers (a program may update them in place)."""
-    gm = program.module()
-    for m in gm.modules():
-        for name, b in list(m._buffers.items()):
-            if b is not None:
-                m._buffers[name] = b.clone()
-    return gm
+    """`program` as a module on copies of its buffers and parameters: a program may update
+    them in place, and the original and the rewritten program each run from the same state."""
+    return module_on_copies(program)
 
 
 def values_by_name(gm: torch.fx.GraphModule, inputs: Sequence, replay: Optional[dict] = None,

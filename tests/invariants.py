@@ -316,3 +316,19 @@ def assert_no_new_leftovers(before, after) -> None:
     """A folded program has no dead leftover beyond those the input already had."""
     new = leftovers(after) - leftovers(before)
     assert not new, f"dead leftovers after folding: {sorted(new)}"
+
+
+def module_on_copies(ep) -> torch.nn.Module:
+    """`ep` as a module (``ExportedProgram.module()``) on copies of its buffers and plain
+    parameters: the module's are the program's own tensors (shared with the caller's program
+    where unchanged), and a program may update a buffer in place or, through an undeclared
+    write, a parameter. (A wrapper-subclass parameter, such as torchao's, stays shared.)"""
+    module = ep.module()
+    for m in module.modules():
+        for name, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[name] = b.clone()
+        for name, p in list(m._parameters.items()):
+            if p is not None and type(p) is torch.nn.Parameter:
+                m._parameters[name] = torch.nn.Parameter(p.detach().clone(), p.requires_grad)
+    return module

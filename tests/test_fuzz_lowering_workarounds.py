@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fuzz import Options, check, generate
-from tests.fuzz.generate import CONTROL_FLOW
+from tests.fuzz.generate import CONTROL_FLOW, pinned
 
 
 @pytest.mark.slow
@@ -19,7 +19,7 @@ def test_control_flow_case_whose_pte_executorch_got_wrong_passes():
     (`tests/test_executorch_upstream.py`); every .pte is now lowered with that worked around.
     Slow tier (about 16 s): the default tier lowers the case shrunk, folded and not, with the
     workaround (`test_executorch_upstream.py`'s ConstantTwiceConds)."""
-    outcome = check(generate(11000257, CONTROL_FLOW), Options(pte=True))
+    outcome = check(generate(11000257, pinned(CONTROL_FLOW)), Options(pte=True))
     assert outcome.status == "ok", (outcome.kind, outcome.message)
 
 
@@ -27,7 +27,7 @@ def test_control_flow_case_whose_xnnpack_pte_left_a_cond_output_to_the_next_cond
     """Control-flow campaign seed 26, case 26000182: XNNPACK's delegation left the first cond's
     getitem after the second cond, past the copy that works around executorch issue 21490; the
     copy now moves each getitem right after its call (`tests.lowering.CopyControlFlowOutputs`)."""
-    outcome = check(generate(26000182, CONTROL_FLOW), Options(pte=True))
+    outcome = check(generate(26000182, pinned(CONTROL_FLOW)), Options(pte=True))
     assert outcome.status == "ok", (outcome.kind, outcome.message)
 
 
@@ -42,7 +42,7 @@ def test_control_flow_cases_where_inlining_handed_xnnpack_its_own_faults_pass(se
     branch. 23000074: ``sqrt`` of an inf (from a ``-inf`` mask added into a buffer) is NaN on
     XNNPACK; 23000294: a value returned through two clones fails XNNPACK's preprocess. Both are
     XNNPACK's, without folding (`tests/test_executorch_upstream.py`)."""
-    outcome = check(generate(seed, CONTROL_FLOW), Options(pte=True))
+    outcome = check(generate(seed, pinned(CONTROL_FLOW)), Options(pte=True))
     assert outcome.status == "ok", (outcome.kind, outcome.message)
     if seed == 23000074:
         assert any("aten.sqrt.default reads a non-finite value" in n for n in outcome.notes), outcome.notes

@@ -330,17 +330,10 @@ class Case:
 
     @staticmethod
     def _module(ep) -> torch.nn.Module:
-        """`ep` as a module, on copies of its buffers and parameters: the module's are the
-        program's own tensors (shared with the caller's program where unchanged)."""
-        module = ep.module()
-        for m in module.modules():
-            for name, b in list(m._buffers.items()):
-                if b is not None:
-                    m._buffers[name] = b.clone()
-            for name, p in list(m._parameters.items()):  # an undeclared write may update one
-                if p is not None and type(p) is torch.nn.Parameter:
-                    m._parameters[name] = torch.nn.Parameter(p.detach().clone(), p.requires_grad)
-        return module
+        """`ep` as a module on copies of its buffers and parameters (`invariants.module_on_copies`)."""
+        from tests.invariants import module_on_copies
+
+        return module_on_copies(ep)
 
     @classmethod
     def _run(cls, ep, inputs) -> list:

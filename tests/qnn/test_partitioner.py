@@ -79,7 +79,7 @@ def test_skip_node_id_set_names_the_same_node(fold):
     manager = lower_with_wrapper(SkipIdShift().eval(), _x(4, 16), compiler_specs(fold), {RELU},
                                  skip_ids={"aten_mul_tensor_1"})
     report = partitioner_of(manager).reports[-1]
-    assert report.nodes["aten_mul_tensor_1"][1][0] == "aten_linear_default_1"  # reads proj(x)
+    assert report.nodes["aten_mul_tensor_1"][1][0] == "aten_sigmoid_default"  # reads sigmoid(proj(x))
     cpu = [n.name for n in manager.exported_program().graph.nodes
            if n.op == "call_function" and n.name.startswith("aten_")]
     assert cpu == (["aten_mul_tensor_1"] if fold else ["aten_mul_tensor_1", "aten_relu_default"])
