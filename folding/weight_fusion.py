@@ -131,7 +131,8 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     reserve_node_names(gm)
     maker = NodeMaker(gm.graph, DialectOps.of(program))
     savings = placeholder_savings(gm.graph, program)
-    unchanging = {name: spec for name, spec in stored.items() if name not in _written(gm.graph)}
+    written = _written(gm.graph)  # once: a pass over every node
+    unchanging = {name: spec for name, spec in stored.items() if name not in written}
     rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings))
     for node in candidates:
         rewriter.visit(env[node])

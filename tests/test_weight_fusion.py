@@ -479,3 +479,41 @@ def test_the_switch_must_be_a_bool():
 
     with pytest.raises(PolicyError, match="fuse_into_weights"):
         FoldPolicy(fuse_into_weights="yes")
+
+
+def test_the_written_placeholders_are_found_in_one_pass_not_one_per_stored_tensor():
+    """`_written` walks the whole graph: it runs once per rewrite, however many parameters
+    and buffers the program stores (it ran once per stored tensor: params x nodes)."""
+    import sys
+
+    from folding import weight_fusion
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.ModuleList(nn.Conv2d(3, 3, 1) for _ in range(6))
+
+        def forward(self, x):
+            for conv in self.convs:
+                x = conv(x) * 2.0
+            return x
+
+    x = torch.randn(1, 3, 4, 4, generator=_g(2))
+    ep = _export(Wide(), x)
+    calls = 0
+
+    def profiler(frame, event, arg):
+        nonlocal calls
+        if event == "call" and frame.f_code is weight_fusion._written.__code__:
+            calls += 1
+
+    sys.setprofile(profiler)
+    try:
+        fusion = fuse_into_weights(ep, FoldPolicy(), stored_constant_bytes(ep))
+    finally:
+        sys.setprofile(None)
+    assert len(fusion.replaced) == 6
+    assert calls == 1
+    result = fold_constants(ep)
+    want = ep.module()(x)
+    torch.testing.assert_close(result.program.module()(x), want, atol=1e-5 * want.abs().max().item(), rtol=0)
