@@ -41,7 +41,7 @@ turns the rewrite off.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -179,27 +179,23 @@ def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: 
     return bool(others) and (kind in ("mul", "div") or constness(others[0]) is None)
 
 
-_TARGETS: dict = {}
-
-
 def _targets(program: ExportedProgram, names: tuple) -> list:
     """The call targets of `names` (``aten.conv2d.default`` …) in the program's dialect."""
-    edge = getattr(program, "dialect", "ATEN") == "EDGE"
-    key = (edge, names)
-    if key not in _TARGETS:
-        if edge:
-            namespace = edge_ops().edge.aten
-        else:
-            namespace = torch.ops.aten
-        targets = []
-        for name in names:
-            _, packet, overload = name.split(".")
-            try:
-                targets.append(getattr(getattr(namespace, packet), overload))
-            except (AttributeError, RuntimeError):
-                continue
-        _TARGETS[key] = targets
-    return _TARGETS[key]
+    return _dialect_targets(getattr(program, "dialect", "ATEN") == "EDGE", names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dialect_targets(edge: bool, names: tuple) -> list:
+    """`_targets` for Edge (`edge`) or ATen; bounded, as the package's other per-target answers."""
+    namespace = edge_ops().edge.aten if edge else torch.ops.aten
+    targets = []
+    for name in names:
+        _, packet, overload = name.split(".")
+        try:
+            targets.append(getattr(getattr(namespace, packet), overload))
+        except (AttributeError, RuntimeError):
+            continue
+    return targets
 
 
 def _written(graph: torch.fx.Graph) -> set[str]:
