@@ -7,7 +7,9 @@ step, like `transposed_gathers`) replaces, in the program's own dialect (ATen or
 
 1. ``bn(op(x, W, b))`` -> ``op(x, W', b')`` with ``W' = W * s`` along the op's output-channel
    axis and ``b' = (b - mean) * rsqrt(var + eps) * gamma + beta`` (the node's own ``eps``; the
-   order of torch.nn.utils.fusion.fuse_conv_bn_weights, so the values are the same bits), where
+   same order of operations as torch.nn.utils.fusion.fuse_conv_bn_weights, so equal values;
+   not always the same bits: without a bias or beta it computes ``neg(mean)`` and adds no
+   zeros, so a zero mean gives -0.0 where torch gives +0.0), where
    ``op`` is a conv (1d/2d/3d, grouped, depthwise, with or without bias), a transposed conv
    (output channels on dim 1 of its weight, per group), a ``linear``, or Edge's ``addmm``/``mm``
    of a decomposed ``linear`` (output channels on dim 1 of the matrix it reads);
@@ -33,6 +35,11 @@ norm; runtime weights, statistics or scales; quantized operands (a dequantize re
 statistic, scale or input, or a batch norm whose output is quantized: the rewrite would need an
 encoding the quantizer never chose); a symbolic channel count; a ``c`` that does not broadcast
 per output channel; a weight op whose output other ops read too (then 2. for a batch norm); a
+node between the weight op and the batch norm or binary op that writes in place or has side
+effects (the rewrite moves the weight op down to it; then 2.); ``* c`` or ``/ c`` by a
+computed tensor (its values are not known before evaluation) or one holding inf or NaN (or 0
+for ``/``): ``W / 0`` gives NaN where ``(W x) / 0`` gives ±inf; batch-norm statistics that are
+computed, hold inf or NaN, or have ``var + eps <= 0`` (the batch norm stays); a
 copy of a weight another op also reads beyond the growth budget, or a weight above
 ``max_tensor_bytes`` (then 2.); ops the policy skips. ``FoldPolicy(fuse_into_weights=False)``
 turns the rewrite off.
@@ -118,8 +125,11 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
 
     Returns:
         A `Fusion`: a copy of `program` (top-level graph copied; tensors, bodies shared) that
-        the attempt then owns, or `program` itself when nothing was rewritten. A program with
-        no batch norm and no binary op of a weight op's output costs one pass over its nodes.
+        the attempt then owns, or `program` itself when nothing was rewritten. Without a
+        candidate (a batch norm, or a binary op of a weight op's output) it reads only fx's
+        per-target node index; with one, a few passes over the nodes (the copy, names, the
+        written placeholders, placeholder savings, the inserted names) and, per candidate, the
+        nodes between its weight op and it and the ancestry of the constants it drops.
     """
     if not policy.fuse_into_weights:
         return Fusion(program)
@@ -510,8 +520,9 @@ def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
 
 
 class _Rewriter:
-    """The rewrite of one graph, candidate by candidate in graph order (`visit`); its records
-    are the `Fusion`'s."""
+    """The rewrite of one graph, candidate by candidate in `_candidates`' order (chain by chain,
+    breadth-first from each weight op, the weight ops by target then graph order; then every
+    other batch norm) (`visit`); its records are the `Fusion`'s."""
 
     def __init__(self, make: NodeMaker, conditions: _Conditions) -> None:
         self.make, self.ops, self.check = make, make.ops, conditions

@@ -185,8 +185,8 @@ def _conv_bn(dims=2, groups=1, transposed=False, bias=True, eps=1e-3, seed=0, ci
 @pytest.mark.parametrize("groups,transposed", [(1, False), (2, False), (4, False), (1, True)],
                          ids=["conv", "grouped", "depthwise", "transposed"])
 def test_the_fused_weight_and_bias_are_torchs_fuse_conv_bn_weights_bit_for_bit(groups, transposed):
-    """The stored weight and bias are the bits torch.nn.utils.fusion.fuse_conv_bn_weights gives
-    (the same ops in the same order). Not for a grouped transposed conv: that helper scales
+    """The stored weight and bias equal what torch.nn.utils.fusion.fuse_conv_bn_weights gives
+    (the same ops in the same order; `torch.equal`, so a -0.0 for its +0.0 passes). Not for a grouped transposed conv: that helper scales
     dim 1 of (in, out/G, k...) by all `out` channels, which is wrong for G > 1 (next test)."""
     from torch.nn.utils.fusion import fuse_conv_bn_weights
 
