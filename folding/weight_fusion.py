@@ -520,9 +520,9 @@ def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
 
 
 class _Rewriter:
-    """The rewrite of one graph, candidate by candidate in `_candidates`' order (chain by chain,
-    breadth-first from each weight op, the weight ops by target then graph order; then every
-    other batch norm) (`visit`); its records are the `Fusion`'s."""
+    """The rewrite of one graph, candidate by candidate in `_candidates`' order (chains from each
+    weight op by target then graph order, breadth-first; then other batch norms); its records
+    are the `Fusion`'s."""
 
     def __init__(self, make: NodeMaker, conditions: _Conditions) -> None:
         self.make, self.ops, self.check = make, make.ops, conditions
@@ -585,8 +585,7 @@ class _Rewriter:
         why_not = self.check.fusible(op, batch_norm=False)
         if why_not is not None:
             raise _NotFused(why_not)
-        # every check before any edit: a refused candidate leaves the graph and the budget as they were
-        _channel_check(c, node, w_op)
+        _channel_check(c, node, w_op)  # every check before any edit (and before the budget)
         self.check.known.require_known_values(kind, c)
         why_not = _movable(op, node)
         if why_not is not None:
