@@ -177,9 +177,28 @@ def _candidates(program: ExportedProgram, constness: "_Constness") -> list[torch
                 elif kind == "bn" or (kind not in ("", "weight", "getitem") and len(u.args) >= 2 and _continues(u, n, kind, constness)):
                     out[u] = None
                     todo.append(u)
+                elif n is op and _is_view(u):  # Edge's linear of a rank-3 input: only a row (`_binary`)
+                    out.update((v, None) for v in u.users if v.op == "call_function" and _kind(v.target) not in
+                               ("", "weight", "getitem", "bn") and len(v.args) >= 2 and _continues(v, u, _kind(v.target), constness))
     for bn in found(tuple(BATCH_NORMS) + tuple(TRAINING_BATCH_NORMS)):
         out.setdefault(bn, None)
     return list(out)
+
+
+_VIEWS = frozenset({"aten.view.default", "aten.view_copy.default", "aten._unsafe_view.default", "aten.reshape.default"})
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and op_name(node.target) in _VIEWS
+
+
+def _require_no_view_between(node: torch.fx.Node) -> None:
+    """`_NotFused` when the binary op `node` reads a weight op through a view (Edge's linear of
+    a rank-3 input: view_copy -> addmm -> view_copy): not fused, with its row."""
+    for a in node.args[:2]:
+        if isinstance(a, torch.fx.Node) and _is_view(a) and weight_op(a.args[0]) is not None:
+            raise _NotFused(f"reads {a.args[0].name} through {a.name} (a linear of a rank-3 input, "
+                            f"view -> addmm -> view): not fused")
 
 
 def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: "_Constness") -> bool:
@@ -574,7 +593,7 @@ class _Rewriter:
         op, c = _operands(node, kind, self.check.constness)
         w_op = weight_op(op)
         if w_op is None:
-            return  # a rewrite before changed what it reads
+            return _require_no_view_between(node)  # or a rewrite before changed what it reads
         if arg(node, 2, "alpha", 1) != 1:
             raise _NotFused(f"alpha={arg(node, 2, 'alpha', 1)}")
         if isinstance(c, torch.fx.Node) and self.check.constness(c) is not None:

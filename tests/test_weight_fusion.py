@@ -623,3 +623,24 @@ def test_a_scale_or_statistic_that_is_not_finite_is_never_folded_into_another_re
         _assert_same_as_eager(g, w)
     rows = _row(result, "aten.batch_norm" if case == "batch_norm" else "aten.")
     assert rows and all(r.reason is Reason.NOT_FUSED for r in rows), rows
+
+
+def test_an_edge_linear_of_a_rank_3_input_then_a_scale_gets_a_row():
+    """Edge decomposes a linear of a rank-3 input into view_copy -> addmm -> view_copy: the
+    scale after it reads a view, not the addmm; it is not fused, and says so."""
+    class Linear3(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 5)
+
+        def forward(self, x):
+            return self.l(x) * 2.0
+
+    x = torch.randn(2, 3, 4, generator=_g(10))
+    edge = to_edge_program(_export(Linear3(), x))
+    result = fold_constants(edge)
+    assert_fold_invariants(edge, result)
+    rows = _row(result, "aten.mul")
+    assert [r.reason for r in rows] == [Reason.NOT_FUSED] and "rank-3" in rows[0].detail, rows
+    want = edge.module()(x)
+    torch.testing.assert_close(result.program.module()(x), want, atol=1e-6 * want.abs().max().item(), rtol=0)
