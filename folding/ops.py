@@ -81,7 +81,11 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
     return edge_overload_aten(target)
 
 
-@functools.lru_cache(maxsize=4096)  # the package's one cache: bounded, keyed by hashable arguments
+# The package's cache across folds for per-target answers: `functools.lru_cache(maxsize=4096)`,
+# bounded, keyed by hashable arguments (`_FACTS` below is the one keyed by identity, for
+# targets that hash slowly). dedup's `fold_scope` memo is a per-fold record, dropped when the
+# fold ends, not a cache across folds.
+@functools.lru_cache(maxsize=4096)
 def op_name(target: Any) -> str:
     """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.
 

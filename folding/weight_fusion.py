@@ -7,7 +7,9 @@ step, like `transposed_gathers`) replaces, in the program's own dialect (ATen or
 
 1. ``bn(op(x, W, b))`` -> ``op(x, W', b')`` with ``W' = W * s`` along the op's output-channel
    axis and ``b' = (b - mean) * rsqrt(var + eps) * gamma + beta`` (the node's own ``eps``; the
-   order of torch.nn.utils.fusion.fuse_conv_bn_weights, so the values are the same bits), where
+   same order of operations as torch.nn.utils.fusion.fuse_conv_bn_weights, so equal values;
+   not always the same bits: without a bias or beta it computes ``neg(mean)`` and adds no
+   zeros, so a zero mean gives -0.0 where torch gives +0.0), where
    ``op`` is a conv (1d/2d/3d, grouped, depthwise, with or without bias), a transposed conv
    (output channels on dim 1 of its weight, per group), a ``linear``, or Edge's ``addmm``/``mm``
    of a decomposed ``linear`` (output channels on dim 1 of the matrix it reads);
@@ -33,6 +35,11 @@ norm; runtime weights, statistics or scales; quantized operands (a dequantize re
 statistic, scale or input, or a batch norm whose output is quantized: the rewrite would need an
 encoding the quantizer never chose); a symbolic channel count; a ``c`` that does not broadcast
 per output channel; a weight op whose output other ops read too (then 2. for a batch norm); a
+node between the weight op and the batch norm or binary op that writes in place or has side
+effects (the rewrite moves the weight op down to it; then 2.); ``* c`` or ``/ c`` by a
+computed tensor (its values are not known before evaluation) or one holding inf or NaN (or 0
+for ``/``): ``W / 0`` gives NaN where ``(W x) / 0`` gives ±inf; batch-norm statistics that are
+computed, hold inf or NaN, or have ``var + eps <= 0`` (the batch norm stays); a
 copy of a weight another op also reads beyond the growth budget, or a weight above
 ``max_tensor_bytes`` (then 2.); ops the policy skips. ``FoldPolicy(fuse_into_weights=False)``
 turns the rewrite off.
@@ -41,7 +48,7 @@ turns the rewrite off.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -61,7 +68,7 @@ from .quant import is_dequantize, is_quantize
 from .reasons import Reason
 from .report import Decision
 from .signature import unchanging_stored_specs
-from .sizes import aligned, nbytes
+from .sizes import aligned, nbytes, stored_tensor
 from .torch_internals import program_with
 from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, INSERTED, LINEARS, TRAINING_BATCH_NORMS, DialectOps,
                          NodeMaker, WeightOp, arg, batch_norm_operands, batch_norm_output, binary_operands,
@@ -118,8 +125,11 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
 
     Returns:
         A `Fusion`: a copy of `program` (top-level graph copied; tensors, bodies shared) that
-        the attempt then owns, or `program` itself when nothing was rewritten. A program with
-        no batch norm and no binary op of a weight op's output costs one pass over its nodes.
+        the attempt then owns, or `program` itself when nothing was rewritten. Without a
+        candidate (a batch norm, or a binary op of a weight op's output) it reads only fx's
+        per-target node index; with one, a few passes over the nodes (the copy, names, the
+        written placeholders, placeholder savings, the inserted names) and, per candidate, the
+        nodes between its weight op and it and the ancestry of the constants it drops.
     """
     if not policy.fuse_into_weights:
         return Fusion(program)
@@ -131,8 +141,10 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     reserve_node_names(gm)
     maker = NodeMaker(gm.graph, DialectOps.of(program))
     savings = placeholder_savings(gm.graph, program)
-    unchanging = {name: spec for name, spec in stored.items() if name not in _written(gm.graph)}
-    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings))
+    written = _written(gm.graph)  # once: a pass over every node
+    unchanging = {name: spec for name, spec in stored.items() if name not in written}
+    values = lambda spec: stored_tensor(spec, program.state_dict, program.constants)  # noqa: E731
+    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings, values))
     for node in candidates:
         rewriter.visit(env[node])
     if not rewriter.changed:
@@ -165,9 +177,28 @@ def _candidates(program: ExportedProgram, constness: "_Constness") -> list[torch
                 elif kind == "bn" or (kind not in ("", "weight", "getitem") and len(u.args) >= 2 and _continues(u, n, kind, constness)):
                     out[u] = None
                     todo.append(u)
+                elif n is op and _is_view(u):  # Edge's linear of a rank-3 input: only a row (`_binary`)
+                    out.update((v, None) for v in u.users if v.op == "call_function" and _kind(v.target) not in
+                               ("", "weight", "getitem", "bn") and len(v.args) >= 2 and _continues(v, u, _kind(v.target), constness))
     for bn in found(tuple(BATCH_NORMS) + tuple(TRAINING_BATCH_NORMS)):
         out.setdefault(bn, None)
     return list(out)
+
+
+_VIEWS = frozenset({"aten.view.default", "aten.view_copy.default", "aten._unsafe_view.default", "aten.reshape.default"})
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and op_name(node.target) in _VIEWS
+
+
+def _require_no_view_between(node: torch.fx.Node) -> None:
+    """`_NotFused` when the binary op `node` reads a weight op through a view (Edge's linear of
+    a rank-3 input: view_copy -> addmm -> view_copy): not fused, with its row."""
+    for a in node.args[:2]:
+        if isinstance(a, torch.fx.Node) and _is_view(a) and weight_op(a.args[0]) is not None:
+            raise _NotFused(f"reads {a.args[0].name} through {a.name} (a linear of a rank-3 input, "
+                            f"view -> addmm -> view): not fused")
 
 
 def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: "_Constness") -> bool:
@@ -177,27 +208,23 @@ def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: 
     return bool(others) and (kind in ("mul", "div") or constness(others[0]) is None)
 
 
-_TARGETS: dict = {}
-
-
 def _targets(program: ExportedProgram, names: tuple) -> list:
     """The call targets of `names` (``aten.conv2d.default`` …) in the program's dialect."""
-    edge = getattr(program, "dialect", "ATEN") == "EDGE"
-    key = (edge, names)
-    if key not in _TARGETS:
-        if edge:
-            namespace = edge_ops().edge.aten
-        else:
-            namespace = torch.ops.aten
-        targets = []
-        for name in names:
-            _, packet, overload = name.split(".")
-            try:
-                targets.append(getattr(getattr(namespace, packet), overload))
-            except (AttributeError, RuntimeError):
-                continue
-        _TARGETS[key] = targets
-    return _TARGETS[key]
+    return _dialect_targets(getattr(program, "dialect", "ATEN") == "EDGE", names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dialect_targets(edge: bool, names: tuple) -> list:
+    """`_targets` for Edge (`edge`) or ATen; bounded, as the package's other per-target answers."""
+    namespace = edge_ops().edge.aten if edge else torch.ops.aten
+    targets = []
+    for name in names:
+        _, packet, overload = name.split(".")
+        try:
+            targets.append(getattr(getattr(namespace, packet), overload))
+        except (AttributeError, RuntimeError):
+            continue
+    return targets
 
 
 def _written(graph: torch.fx.Graph) -> set[str]:
@@ -296,16 +323,86 @@ def _operand_detail(why: str) -> str:
     return "quantized operands" if why.startswith("quantized") else "runtime operand"
 
 
+def _movable(op: torch.fx.Node, reader: torch.fx.Node) -> Optional[str]:
+    """None when the weight op `op` may move down to just before `reader` (the batch norm or
+    binary op, its only reader), else why not: a node strictly between them that writes
+    in place (its input may be one of them: ``y = linear(buf); buf.add_(x); y * 2``) or has
+    side effects would then run before it."""
+    n = op.next
+    while n is not reader and n.op != "output":
+        if n.op != "call_function" or written_arg_positions(n) \
+                or op_facts(n.target).kind in (OpKind.EFFECTFUL, OpKind.ASSERTION, OpKind.CONTROL_FLOW):
+            what = op_name(n.target) if n.op == "call_function" else n.op
+            return f"{n.name} ({what}) writes in place or has side effects between {op.name} and {reader.name}"
+        n = n.next
+    return None
+
+
+class _StoredValues:
+    """The values of a candidate's operands known at rewrite time (numbers and the tensors of
+    placeholders the program never writes), and the checks that folding them gives what the
+    runtime op gives."""
+
+    def __init__(self, stored: dict, values) -> None:
+        self.stored, self.values = stored, values
+
+    def require_known_values(self, kind: str, c: Any) -> None:
+        """`_NotFused` unless folding ``* c`` or ``/ c`` (`kind`) into a weight gives what the
+        runtime op gives: `c` a number or a stored tensor (`stored_value`), finite, and
+        nonzero for ``/``. ``W * inf`` or ``W / 0`` gives NaN where ``W x`` is 0 and ±inf
+        where eager gives ±inf or NaN. ``+ c`` and ``- c`` fold as ``b + c`` whatever `c` holds."""
+        if kind not in ("mul", "div"):
+            return
+        value = self.value(c)
+        if value is None:
+            raise _NotFused(f"{getattr(c, 'name', c)} is computed: its values are not known before evaluation "
+                            f"(0, inf or NaN would change the result)")
+        bad = ~torch.isfinite(value) | (value == 0) if kind == "div" else ~torch.isfinite(value)
+        if bool(bad.any()):
+            raise _NotFused(f"{getattr(c, 'name', c)} holds {'0, ' if kind == 'div' else ''}inf or NaN: "
+                            f"folded into the weight it would give NaN where the runtime op does not")
+
+    def require_known_statistics(self, stats: tuple) -> None:
+        """`_NotFused` unless a batch norm's gamma, beta, mean and var (`stats`, then eps) are
+        stored tensors (or absent), finite, with ``var + eps > 0``: else eager's
+        ``(x - mean) * rsqrt(var + eps)`` gives ±inf or NaN where ``W * s`` or ``x * s + t``
+        gives others (``inf - inf``)."""
+        *vectors, eps = stats
+        for what, v in zip(("weight", "bias", "running mean", "running variance"), vectors):
+            if v is None:
+                continue
+            value = self.value(v)
+            if value is None:
+                raise _NotFused(f"batch norm {what} {v.name} is computed: its values are not known before evaluation "
+                                f"(inf, NaN or var + eps <= 0 would change the result)")
+            if not bool(torch.isfinite(value).all()) or (what == "running variance"
+                                                           and not bool((value.to(compute_dtype(value.dtype)) + eps > 0).all())):
+                raise _NotFused(f"batch norm {what} {v.name} holds inf or NaN, or var + eps <= 0: "
+                                f"rewritten it would give other non-finite values than the batch norm")
+
+    def value(self, v: Any) -> Optional[torch.Tensor]:
+        """The value of `v` known at rewrite time: a number, or the tensor a placeholder the
+        program never writes stores; else None (a computed value)."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return torch.tensor(float(v), dtype=torch.float64)
+        if isinstance(v, torch.fx.Node) and v.op == "placeholder" and v.name in self.stored:
+            return self.values(self.stored[v.name])
+        return None
+
+
 class _Conditions:
     """When a candidate may be rewritten (module docstring); each check raises `_NotFused` or
     returns why not, for the report. Keeps the growth of stored bytes the rewrites spent.
 
     Attributes:
         savings: what dropping each constant placeholder saves (`dedup.placeholder_savings`).
+        values: the tensor a stored placeholder's InputSpec names (`sizes.stored_tensor`).
     """
 
-    def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int, savings: dict) -> None:
+    def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int, savings: dict,
+                 values=lambda spec: None) -> None:
         self.constness, self.policy, self.savings = constness, policy, savings
+        self.known = _StoredValues(constness.stored, values)
         self.budget, self.spent = policy.growth_budget(bytes_before), 0
         self.skip = policy.skip_names()
         self.skipped = sorted(INSERTED & self.skip)
@@ -387,30 +484,34 @@ class _Conditions:
         value = val(like)
         return aligned((numel if numel is not None else value.numel()) * value.element_size())
 
-    def channel_vector(self, make: NodeMaker, c: Any, node: torch.fx.Node, w_op: WeightOp) -> torch.fx.Node:
-        """`c` as a constant node of shape [channels] in the compute dtype; `_NotFused` when
-        it does not broadcast along `w_op`'s output channels only, or would change the
-        result's dtype or shape."""
-        compute, channels = compute_dtype(val(w_op.weight).dtype), w_op.channels
-        if isinstance(c, (int, float)) and not isinstance(c, bool):
-            if not math.isfinite(float(c)) or (c == 0 and op_name(node.target).startswith("aten.div")):
-                raise _NotFused(f"constant {c}")
-            return make.full(channels, float(c), compute, f"{node.name}_constant")
-        c_val, out_val, op_val = val(c), val(node), val(w_op.node)
-        if not isinstance(c_val, torch.Tensor) or c_val.dtype not in FLOATS + (torch.int32, torch.int64) \
-                or tuple(out_val.shape) != tuple(op_val.shape) or out_val.dtype != op_val.dtype \
-                or (c_val.dim() > 0 and c_val.dtype != op_val.dtype):
-            raise _NotFused(f"{getattr(c, 'name', c)} changes {w_op.node.name}'s shape or dtype")
-        axis = w_op.channel_axis
-        padded = [1] * (op_val.dim() - c_val.dim()) + list(c_val.shape)
-        if c_val.dim() > op_val.dim() or any(d != 1 for i, d in enumerate(padded) if i != axis) \
-                or padded[axis] not in (1, channels):
-            raise _NotFused(f"{c.name} of shape {list(c_val.shape)} does not broadcast per output channel "
-                            f"(dim {axis}) of {w_op.node.name}")
-        flat = make.make(make.ops.view, (make.cast(c, compute), [-1]), f"{node.name}_vector")
-        if padded[axis] == 1:
-            flat = make.make(make.ops.expand, (flat, [channels]), f"{node.name}_expanded")
-        return flat
+
+def _channel_check(c: Any, node: torch.fx.Node, w_op: WeightOp) -> None:
+    """`_NotFused` when `c` does not broadcast along `w_op`'s output channels only, or
+    would change the result's dtype or shape."""
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        return
+    c_val, out_val, op_val, channels = val(c), val(node), val(w_op.node), w_op.channels
+    if not isinstance(c_val, torch.Tensor) or c_val.dtype not in FLOATS + (torch.int32, torch.int64) \
+            or tuple(out_val.shape) != tuple(op_val.shape) or out_val.dtype != op_val.dtype \
+            or (c_val.dim() > 0 and c_val.dtype != op_val.dtype):
+        raise _NotFused(f"{getattr(c, 'name', c)} changes {w_op.node.name}'s shape or dtype")
+    axis = w_op.channel_axis
+    padded = [1] * (op_val.dim() - c_val.dim()) + list(c_val.shape)
+    if c_val.dim() > op_val.dim() or any(d != 1 for i, d in enumerate(padded) if i != axis) \
+            or padded[axis] not in (1, channels):
+        raise _NotFused(f"{c.name} of shape {list(c_val.shape)} does not broadcast per output channel "
+                        f"(dim {axis}) of {w_op.node.name}")
+
+def _channel_vector(make: NodeMaker, c: Any, node: torch.fx.Node, w_op: WeightOp) -> torch.fx.Node:
+    """`c` (checked: `_channel_check`) as a constant node of shape [channels] in the compute dtype."""
+    compute, channels = compute_dtype(val(w_op.weight).dtype), w_op.channels
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        return make.full(channels, float(c), compute, f"{node.name}_constant")
+    padded = [1] * (val(w_op.node).dim() - val(c).dim()) + list(val(c).shape)
+    flat = make.make(make.ops.view, (make.cast(c, compute), [-1]), f"{node.name}_vector")
+    if padded[w_op.channel_axis] == 1:
+        flat = make.make(make.ops.expand, (flat, [channels]), f"{node.name}_expanded")
+    return flat
 
 
 def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
@@ -438,7 +539,8 @@ def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
 
 
 class _Rewriter:
-    """The rewrite of one graph, candidate by candidate in graph order (`visit`); its records
+    """The rewrite of one graph, candidate by candidate in `_candidates`' order (chains from each
+    weight op by target then graph order, breadth-first; then other batch norms); its records
     are the `Fusion`'s."""
 
     def __init__(self, make: NodeMaker, conditions: _Conditions) -> None:
@@ -471,10 +573,13 @@ class _Rewriter:
         self.check.require_not_skipped(bn)
         for what, v in zip(("weight", "bias", "running mean", "running variance"), stats):
             self.check.require_constant(v, f"batch norm {what}")
+        self.check.known.require_known_statistics(stats)
         why_not = self.check.fusible(x, batch_norm=True)
         w_op = weight_op(x)
         if why_not is None and w_op.channels != x_val.shape[1]:
             why_not = f"{x.name} has {w_op.channels} output channels, the batch norm {x_val.shape[1]}"
+        if why_not is None:
+            why_not = _movable(x, bn)
         if why_not is None:
             if self.check.rewrite_fits(w_op, True, True, bn, stats[:4]):
                 return self._fuse_batch_norm(bn, out, w_op, stats)
@@ -488,7 +593,7 @@ class _Rewriter:
         op, c = _operands(node, kind, self.check.constness)
         w_op = weight_op(op)
         if w_op is None:
-            return  # a rewrite before changed what it reads
+            return _require_no_view_between(node)  # or a rewrite before changed what it reads
         if arg(node, 2, "alpha", 1) != 1:
             raise _NotFused(f"alpha={arg(node, 2, 'alpha', 1)}")
         if isinstance(c, torch.fx.Node) and self.check.constness(c) is not None:
@@ -499,17 +604,22 @@ class _Rewriter:
         why_not = self.check.fusible(op, batch_norm=False)
         if why_not is not None:
             raise _NotFused(why_not)
+        _channel_check(c, node, w_op)  # every check before any edit (and before the budget)
+        self.check.known.require_known_values(kind, c)
+        why_not = _movable(op, node)
+        if why_not is not None:
+            raise _NotFused(why_not)
         scaled = kind in ("mul", "div")
         if not self.check.rewrite_fits(w_op, scaled, w_op.bias is not None or not scaled):
             raise _NotFused(f"storing {op.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)")
-        node.prepend(op)  # after every constant the binary op reads (only `node` reads the op)
+        node.prepend(op)  # after every constant the binary op reads (only `node` reads the op; `_movable`)
         with self.graph.inserting_before(op):
-            c_vec = self.check.channel_vector(self.make, c, node, w_op)
+            c_vec = _channel_vector(self.make, c, node, w_op)
             weight, bias = binary_operands(self.make, w_op, kind, c_vec)
         self._fused(node, [node], w_op, weight, bias)
 
     def _fuse_batch_norm(self, bn, out, w_op: WeightOp, stats) -> None:
-        bn.prepend(w_op.node)  # after every constant the batch norm reads (only `bn` reads the op)
+        bn.prepend(w_op.node)  # after every constant the batch norm reads (only `bn` reads the op; `_movable`)
         with self.graph.inserting_before(w_op.node):
             weight, bias = batch_norm_operands(self.make, w_op, stats, bn.name)
         self._fused(out, list(dict.fromkeys((bn, out))), w_op, weight, bias)

@@ -196,8 +196,9 @@ class NodeMaker:
         return node
 
     def inserted_names(self) -> frozenset:
-        """Names of the inserted nodes still in the graph."""
-        return frozenset(n.name for n in self.created if not n._erased)
+        """Names of the inserted nodes still in the graph (one pass over its nodes)."""
+        alive = set(self.graph.nodes)
+        return frozenset(n.name for n in self.created if n in alive)
 
     def cast(self, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
         if val(v).dtype == dtype:

@@ -188,6 +188,19 @@ def test_only_executorch_internals_imports_a_private_executorch_module(package):
         f"{internals_path} imports no private executorch module: the rule checks nothing")
 
 
+# torch.fx.Node's private attributes (torch/fx/node.py): read only in folding/torch_internals.py
+_FX_NODE_PRIVATE = {"_erased", "_prev", "_next", "_input_nodes", "_args", "_kwargs", "_sort_key", "_repr_fn"}
+
+
+def test_only_torch_internals_reads_private_fx_node_attributes():
+    """A private ``torch.fx.Node`` attribute (``node._erased``) changes without notice: only
+    folding/torch_internals.py may read one, each pinned by tests/test_torch_internals.py."""
+    found = [f"{path}:{node.lineno} reads .{node.attr}" for path, tree in _sources("folding")
+             if path != "folding/torch_internals.py" for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr in _FX_NODE_PRIVATE]
+    assert not found, "\n".join(found)
+
+
 def test_nothing_in_folding_but_its_xnnpack_leaf_depends_on_xnnpack():
     """`folding` is backend-independent: the XNNPACK workaround (`folding.xnnpack`) is a leaf that
     no other folding module imports (the package's lazy `__init__` names it), and no other

@@ -185,8 +185,8 @@ def _conv_bn(dims=2, groups=1, transposed=False, bias=True, eps=1e-3, seed=0, ci
 @pytest.mark.parametrize("groups,transposed", [(1, False), (2, False), (4, False), (1, True)],
                          ids=["conv", "grouped", "depthwise", "transposed"])
 def test_the_fused_weight_and_bias_are_torchs_fuse_conv_bn_weights_bit_for_bit(groups, transposed):
-    """The stored weight and bias are the bits torch.nn.utils.fusion.fuse_conv_bn_weights gives
-    (the same ops in the same order). Not for a grouped transposed conv: that helper scales
+    """The stored weight and bias equal what torch.nn.utils.fusion.fuse_conv_bn_weights gives
+    (the same ops in the same order; `torch.equal`, so a -0.0 for its +0.0 passes). Not for a grouped transposed conv: that helper scales
     dim 1 of (in, out/G, k...) by all `out` channels, which is wrong for G > 1 (next test)."""
     from torch.nn.utils.fusion import fuse_conv_bn_weights
 
@@ -479,3 +479,168 @@ def test_the_switch_must_be_a_bool():
 
     with pytest.raises(PolicyError, match="fuse_into_weights"):
         FoldPolicy(fuse_into_weights="yes")
+
+
+def test_the_written_placeholders_are_found_in_one_pass_not_one_per_stored_tensor():
+    """`_written` walks the whole graph: it runs once per rewrite, however many parameters
+    and buffers the program stores (it ran once per stored tensor: params x nodes)."""
+    import sys
+
+    from folding import weight_fusion
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.ModuleList(nn.Conv2d(3, 3, 1) for _ in range(6))
+
+        def forward(self, x):
+            for conv in self.convs:
+                x = conv(x) * 2.0
+            return x
+
+    x = torch.randn(1, 3, 4, 4, generator=_g(2))
+    ep = _export(Wide(), x)
+    calls = 0
+
+    def profiler(frame, event, arg):
+        nonlocal calls
+        if event == "call" and frame.f_code is weight_fusion._written.__code__:
+            calls += 1
+
+    sys.setprofile(profiler)
+    try:
+        fusion = fuse_into_weights(ep, FoldPolicy(), stored_constant_bytes(ep))
+    finally:
+        sys.setprofile(None)
+    assert len(fusion.replaced) == 6
+    assert calls == 1
+    result = fold_constants(ep)
+    want = ep.module()(x)
+    torch.testing.assert_close(result.program.module()(x), want, atol=1e-5 * want.abs().max().item(), rtol=0)
+
+
+def _assert_same_as_eager(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-5) -> None:
+    """`got` equals `want` where `want` is not finite (NaN where NaN, the same signed
+    infinity), and within `rtol` of the finite values' scale elsewhere."""
+    bad = ~torch.isfinite(want)
+    torch.testing.assert_close(got[bad], want[bad], equal_nan=True, atol=0, rtol=0)
+    fine = want[~bad]
+    scale = fine.abs().max().item() if fine.numel() else 1.0
+    torch.testing.assert_close(got[~bad], fine, atol=rtol * scale, rtol=0)
+
+
+class WrittenBetween(nn.Module):
+    """``y = linear(buf); buf.add_(x); y * c``: the linear reads `buf` before the write (and a
+    second, fusible linear: the rewritten graph is kept even where the first is refused)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.l, self.other = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.register_buffer("buf", torch.randn(2, 4, generator=_g(3)))
+        self.register_buffer("c", c) if isinstance(c, torch.Tensor) else None
+        self.scale = c if not isinstance(c, torch.Tensor) else None
+
+    def forward(self, x):
+        y = self.l(self.buf)
+        self.buf.add_(x)
+        return y * (self.c if self.scale is None else self.scale), self.other(x) * 3.0
+
+
+@pytest.mark.parametrize("c", [2.0, torch.randn(2, 1, generator=_g(4))], ids=["fusible", "refused_not_per_channel"])
+def test_a_weight_op_is_never_moved_past_an_in_place_write(c):
+    """Fusing moves the weight op down to its reader; an in-place write of its input between
+    them would then come first. Refused with a row (and a refused rewrite moves nothing)."""
+    x = torch.randn(2, 4, generator=_g(5))
+    model = WrittenBetween(c).eval()
+    ep = torch.export.export(model, (x,))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    result = fold_constants(ep)
+    want = WrittenBetween(c).eval()
+    want.load_state_dict(state)
+    for got, expected in zip(result.program.module()(x), want(x)):
+        _assert_same_as_eager(got, expected)
+    rows = _row(result, "aten.mul")
+    assert [r.reason for r in rows] == [Reason.NOT_FUSED], rows
+
+
+def test_a_refused_rewrite_spends_none_of_the_growth_budget():
+    """A scale that does not broadcast per channel is refused before its weight copy is
+    counted: the budget is left for the next rewrite."""
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(8, 8, 3), nn.Conv2d(8, 8, 3)
+            self.register_buffer("c", torch.randn(1, 1, 1, 4, generator=_g(6)))
+
+        def forward(self, x):
+            return self.a(x) * self.c, self.b(x) * 2.0, F.conv2d(x, self.a.weight), F.conv2d(x, self.b.weight)
+
+    x = torch.randn(1, 8, 6, 6, generator=_g(7))
+    ep = _export(Shared(), x)
+    weight_bytes = 8 * 8 * 3 * 3 * 4
+    result = fold_constants(ep, FoldPolicy(max_growth_bytes=weight_bytes + 512, max_growth_fraction=0.0))
+    assert_fold_invariants(ep, result)
+    rows = {d.node: d for d in result.report.decisions if d.target == "aten.mul.Tensor"}
+    assert rows["mul"].reason is Reason.NOT_FUSED and "broadcast" in rows["mul"].detail, rows
+    assert rows["mul_1"].reason is Reason.FUSED, rows
+    for got, want in zip(result.program.module()(x), ep.module()(x)):
+        _assert_same_as_eager(got, want)
+
+
+class NonFinite(nn.Module):
+    """A conv then ``/ c`` (c holding 0), ``* c`` (c holding inf), or a batch norm whose
+    running_var + eps is 0 in one channel: eager gives ±inf or NaN there."""
+
+    def __init__(self, case: str):
+        super().__init__()
+        self.case = case
+        self.conv = nn.Conv2d(3, 4, 1)
+        c = {"div_by_zero": [1.0, 0.0, 2.0, 0.0], "mul_by_inf": [1.0, float("inf"), -float("inf"), 2.0]}.get(case)
+        self.register_buffer("c", torch.tensor(c or [1.0] * 4).view(1, 4, 1, 1))
+        self.bn = _trained(nn.BatchNorm2d(4, eps=1e-3), 8)
+        with torch.no_grad():
+            self.bn.running_var[2] = -1e-3
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.case == "batch_norm":
+            return self.bn(y), self.bn(x.repeat(1, 2, 1, 1)[:, :4])
+        return y / self.c if self.case == "div_by_zero" else y * self.c
+
+
+@pytest.mark.parametrize("case", ["div_by_zero", "mul_by_inf", "batch_norm"])
+def test_a_scale_or_statistic_that_is_not_finite_is_never_folded_into_another_result(case):
+    """``W / 0`` gives NaN where eager's ``(W x) / 0`` gives ±inf; a batch norm with
+    ``var + eps = 0`` gives ±inf where ``W * s`` or ``x * s + t`` gives NaN: each is refused
+    with its row, and the program computes what eager does."""
+    x = torch.randn(2, 3, 4, 4, generator=_g(9))
+    ep = _export(NonFinite(case), x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    want, got = ep.module()(x), result.program.module()(x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert not bool(torch.isfinite(w).all())
+        _assert_same_as_eager(g, w)
+    rows = _row(result, "aten.batch_norm" if case == "batch_norm" else "aten.")
+    assert rows and all(r.reason is Reason.NOT_FUSED for r in rows), rows
+
+
+def test_an_edge_linear_of_a_rank_3_input_then_a_scale_gets_a_row():
+    """Edge decomposes a linear of a rank-3 input into view_copy -> addmm -> view_copy: the
+    scale after it reads a view, not the addmm; it is not fused, and says so."""
+    class Linear3(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 5)
+
+        def forward(self, x):
+            return self.l(x) * 2.0
+
+    x = torch.randn(2, 3, 4, generator=_g(10))
+    edge = to_edge_program(_export(Linear3(), x))
+    result = fold_constants(edge)
+    assert_fold_invariants(edge, result)
+    rows = _row(result, "aten.mul")
+    assert [r.reason for r in rows] == [Reason.NOT_FUSED] and "rank-3" in rows[0].detail, rows
+    want = edge.module()(x)
+    torch.testing.assert_close(result.program.module()(x), want, atol=1e-6 * want.abs().max().item(), rtol=0)
