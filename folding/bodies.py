@@ -194,8 +194,9 @@ def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy, analy
 
 
 class _Hoist:
-    """Rewrites what `split_body` decided, on copies: a body the caller's program holds is
-    copied on its first edit (`_own`); the moved nodes go before the HOP (`_copy_hoisted`) or
+    """Rewrites what `split_body` decided, on copies: a body two calls share is first copied
+    for each (`unshare`); a body the caller's program holds is copied on its first edit
+    (`_own`); the moved nodes go before the HOP (`_copy_hoisted`) or
     into a new autocast region around them (`_wrap_hoisted`, autocast only: code moved out of a
     ``no_grad`` region needs none, folding computes no gradients); the body then
     reads them as new operands (`_replace_with_operands`)."""
