@@ -287,6 +287,25 @@ def _share(gm, hop: str, position: int, source: str, source_position: int) -> No
     gm.recompile()
 
 
+class TwoRegions(nn.Module):
+    """Two ``no_grad`` regions (``wrap_with_set_grad_enabled``) on different weights; `_share`
+    makes the second call the first's body."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randn(4, generator=g))
+        self.register_buffer("v", torch.randn(4, generator=g))
+
+    def forward(self, x):
+        with torch.no_grad():
+            a = x + torch.sin(self.w)
+        a = a * 2.0
+        with torch.no_grad():
+            b = a + torch.sin(self.v)
+        return b
+
+
 class OuterTwice(nn.Module):
     """Two conds whose true branch holds a cond of its own; `_share` makes ``cond_1`` call
     ``cond``'s bodies, nested cond included."""
@@ -320,6 +339,7 @@ SHARED = {  # case -> (module, what it shares, in which graph, inputs taking eac
     "cond_and_map": (CondAndMap, [("map_impl", 0, "cond", 1)], "", XS),
     "nested_inner": (Nested, BOTH_BODIES, "true_graph_0", X4),
     "nested_outer": (OuterTwice, BOTH_BODIES, "", X4),
+    "two_regions": (TwoRegions, [("add_1", 1, "add", 1)], "", X4),
 }
 
 
@@ -343,7 +363,7 @@ def test_a_body_shared_by_two_calls_is_folded_for_each(case, inplace):
     for inputs, want in zip(inputs_list, expected):
         assert_close_all(want, outputs(result.program, inputs))
         assert_close_all(want, outputs(ep, inputs))  # the caller's program runs (replaced when inplace)
-    if case in ("two_conds", "nested_outer") and not inplace:  # executorch's emitter has no while_loop or map
+    if case in ("two_conds", "nested_outer", "two_regions") and not inplace:  # executorch's emitter has no while_loop or map
         for inputs, want in zip(inputs_list, expected):
             assert_pte_matches(result.program, inputs, expected=want)
 
