@@ -152,7 +152,9 @@ def check_body_arity(gm: torch.fx.GraphModule, path: str = "") -> None:
     """Every control-flow call in `gm` (nested ones included) passes each of its bodies as
     many operands as the body has placeholders (`hops.HopKind`: the varying operands, then
     the invariant ones). A body rewritten for one call but called by another too fails here,
-    not when the program runs (``forward() missing 1 required positional argument``).
+    not when the program runs (``forward() missing 1 required positional argument``); a net
+    only: such a rewrite that keeps the count gives wrong numbers, which `bodies` rules out by
+    copying a shared body for each call.
 
     Raises:
         ValueError: naming the call, the body and both counts.

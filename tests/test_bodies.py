@@ -200,7 +200,8 @@ def test_branches_differing_only_in_what_python_calls_equal_keep_their_values(a,
 # and executorch's `to_edge` accepts such a program (it traces each call anew). The fold copies
 # a shared body for each call that rewrites it (`bodies._Hoist.unshare`); before, the second
 # call kept its old operands and the folded program raised ``forward() missing 1 required
-# positional argument``.
+# positional argument``, or, where the count of operands stayed the same (``two_regions``),
+# read the first call's moved constant: wrong numbers.
 
 def _sin(x, w):
     return (x + torch.sin(w),)
