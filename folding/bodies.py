@@ -87,8 +87,9 @@ def hoist_body_constants(
         return Hoisting(program, frozenset())
     gm = program.graph_module if inplace else copy_uncompiled(program.graph_module)[0]
     reserve_node_names(gm)
-    top = analyze(gm.graph, program.graph_signature, policy)
     hoist = _Hoist(policy, clone_op, pins, gm, analyze)
+    hoist.unshare(gm)  # before the analysis: it may add get_attr nodes to `gm`
+    top = analyze(gm.graph, program.graph_signature, policy)
     hoist.graph(gm, top.is_constant, "")
     for module in hoist.changed:  # copies this pass made: what they no longer read goes
         drop_unused_attributes(module)
@@ -193,8 +194,9 @@ def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy, analy
 
 
 class _Hoist:
-    """Rewrites what `split_body` decided, on copies: a body the caller's program holds is
-    copied on its first edit (`_own`); the moved nodes go before the HOP (`_copy_hoisted`) or
+    """Rewrites what `split_body` decided, on copies: a body two calls share is first copied
+    for each (`unshare`); a body the caller's program holds is copied on its first edit
+    (`_own`); the moved nodes go before the HOP (`_copy_hoisted`) or
     into a new autocast region around them (`_wrap_hoisted`, autocast only: code moved out of a
     ``no_grad`` region needs none, folding computes no gradients); the body then
     reads them as new operands (`_replace_with_operands`)."""
@@ -207,12 +209,50 @@ class _Hoist:
         # recompiled once at the end.
         self.changed: dict[torch.fx.GraphModule, None] = {top: None}
 
+    def unshare(self, gm: torch.fx.GraphModule) -> None:
+        """Give every body slot of `gm`'s HOPs (nested ones included) an attribute of its own:
+        a body that a second slot calls (two ``cond`` nodes, a ``cond`` and a ``map_impl``,
+        both branches of one ``cond``) is copied for that slot, under a free name. Each call
+        then gets its own rewrite (new operands, code moved out): editing a shared body for
+        one call would break the other (``forward() missing 1 required positional
+        argument``). torch.export never shares a body, but ``to_edge`` accepts a program that
+        does (it traces each call anew). `gm` must be this pass's own copy; a body with a
+        shared body inside is copied before it is edited."""
+        seen: dict[str, torch.fx.GraphModule] = {}  # target -> the body it named first
+        for hop in hop_nodes(gm.graph):
+            args = list(hop.args)
+            for position in hop_kind(hop).bodies:
+                a = args[position]
+                body = getattr(gm, a.target, None) if isinstance(a, torch.fx.Node) and a.op == "get_attr" else None
+                if not isinstance(body, torch.fx.GraphModule):
+                    continue
+                if a.target in seen:  # a second slot: a copy of the first body (not of an
+                    body = self._copy(seen[a.target])  # owned copy: its bodies are owned)
+                    name = free_attribute(gm, a.target)
+                    setattr(gm, name, body)
+                    with gm.graph.inserting_before(hop):
+                        args[position] = gm.graph.create_node("get_attr", name)
+                    args[position].meta = copy.copy(a.meta)
+                else:
+                    seen[a.target] = body
+                if _shares_bodies(body):
+                    if body not in self.changed:
+                        body = self._copy(body)
+                        setattr(gm, args[position].target, body)
+                    self.unshare(body)
+            hop.args = tuple(args)
+
+    def _copy(self, body: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        copied, _ = copy_uncompiled(body)
+        self.changed[copied] = None
+        return copied
+
     def _own(self, gm, attr: str, body):
         """`body`, copied into `gm` under `attr` unless it is a copy already; and the map from
         the original's nodes (None when `body` was already owned)."""
         if body in self.changed:
             return body, None
-        copied, env = copy_uncompiled(body)
+        copied, env = copy_uncompiled(body)  # `unshare` made `attr` this call's own
         setattr(gm, attr, copied)
         self.changed[copied] = None
         return copied, env
@@ -259,6 +299,12 @@ class _Hoist:
             _replace_with_operands(body, sinks, new_operands, value_of, self.clone_op)
         hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
         _drop_unused_operands(hop)
+
+
+def _shares_bodies(gm: torch.fx.GraphModule) -> bool:
+    """True when two body slots of `gm`'s HOPs, or of its bodies' HOPs, name one attribute."""
+    targets = [attr for hop in hop_nodes(gm.graph) for attr, _ in bodies(hop)]
+    return len(targets) != len(set(targets)) or any(_shares_bodies(getattr(gm, t)) for t in set(targets))
 
 
 def _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo) -> list[torch.fx.Node]:

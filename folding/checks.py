@@ -12,6 +12,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ConstantArgument, ExportGraphSignature, InputKind, OutputSpec
 
 from .errors import FoldInvariantError, InvalidProgramError
+from .hops import bodies, hop_kind, hop_nodes
 from .sizes import STORED_KINDS, inner_tensors, stored_tensor
 from .torch_internals import is_fake, program_with, verify_signature
 
@@ -128,8 +129,9 @@ def _same_names(kind: str, names: list, spec_kind: str, specs) -> None:
 
 
 def check_folded(program: ExportedProgram) -> None:
-    """Graph lint and torch's signature verifier (`verify_signature`: placeholders and outputs
-    against the graph signature, stored tensors present) on a folded program.
+    """Graph lint, torch's signature verifier (`verify_signature`: placeholders and outputs
+    against the graph signature, stored tensors present) and `check_body_arity` on a folded
+    program.
 
     Raises:
         FoldInvariantError: the rewrite broke the program (a bug of this package); the message
@@ -138,8 +140,30 @@ def check_folded(program: ExportedProgram) -> None:
     try:
         program.graph.lint()
         verify_signature(program)
+        check_body_arity(program.graph_module)
     except Exception as e:
         raise FoldInvariantError(
             f"folding produced an invalid program (a bug in the folding stage, please report it): "
             f"{type(e).__name__}: {e}"
         ) from e
+
+
+def check_body_arity(gm: torch.fx.GraphModule, path: str = "") -> None:
+    """Every control-flow call in `gm` (nested ones included) passes each of its bodies as
+    many operands as the body has placeholders (`hops.HopKind`: the varying operands, then
+    the invariant ones). A body rewritten for one call but called by another too fails here,
+    not when the program runs (``forward() missing 1 required positional argument``); a net
+    only: such a rewrite that keeps the count gives wrong numbers, which `bodies` rules out by
+    copying a shared body for each call.
+
+    Raises:
+        ValueError: naming the call, the body and both counts.
+    """
+    for hop in hop_nodes(gm.graph):
+        kind = hop_kind(hop)
+        given = kind.varying(hop) + len(kind.invariant_operands(hop))
+        for attr, body in bodies(hop):
+            taken = sum(1 for n in body.graph.nodes if n.op == "placeholder")
+            if taken != given:
+                raise ValueError(f"{path}{hop.name} passes {given} operands to its body {attr!r}, which takes {taken}")
+            check_body_arity(body, f"{path}{hop.name}.{attr}/")

@@ -82,9 +82,8 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
 
 
 # The package's cache across folds for per-target answers: `functools.lru_cache(maxsize=4096)`,
-# bounded, keyed by hashable arguments (`_FACTS` below is the one keyed by identity, for
-# targets that hash slowly). dedup's `fold_scope` memo is a per-fold record, dropped when the
-# fold ends, not a cache across folds.
+# bounded, keyed by hashable arguments. dedup's `fold_scope` memo is a per-fold record, dropped
+# when the fold ends, not a cache across folds.
 @functools.lru_cache(maxsize=4096)
 def op_name(target: Any) -> str:
     """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.
@@ -260,19 +259,12 @@ class OpFacts(NamedTuple):
     uninitialised: bool  # `_is_uninitialised_allocation`
 
 
-# id(target) -> (target, facts). Keyed by identity: an ATen OpOverload hashes in Python (about
-# as slow as computing a small answer), and the entry keeps its target alive, so no other
-# object can take its id.
-_FACTS: dict[int, tuple[Any, OpFacts]] = {}
-
-
+@functools.lru_cache(maxsize=4096)
 def op_facts(target: Any) -> OpFacts:
-    """The `OpFacts` of `target` (any call_function target, hashable or not)."""
-    hit = _FACTS.get(id(target))
-    if hit is not None:
-        return hit[1]
+    """The `OpFacts` of `target` (any call_function target; like `op_name`, keyed by its
+    hash)."""
     overload = aten_overload(target)
-    facts = OpFacts(
+    return OpFacts(
         kind=_classify(target),
         call=overload or target,
         mutated_positions=_mutated_arg_positions(target),
@@ -282,8 +274,6 @@ def op_facts(target: Any) -> OpFacts:
         metadata_only=_reads_only_metadata(target),
         uninitialised=_is_uninitialised_allocation(target),
     )
-    _FACTS[id(target)] = (target, facts)
-    return facts
 
 
 def classify(target: Any) -> OpKind:

@@ -92,9 +92,12 @@ def test_the_documented_tolerances_are_the_codes():
     for precision, (value, constant) in table.items():
         assert value == verdict.RTOL[precision] == getattr(verdict, constant), precision
     assert float(re.search(r"`MIN_SCALE` = ([0-9.e-]+)", judged).group(1)) == verdict.MIN_SCALE
-    readme = re.search(r"tolerance of its reference[^(]*\(([^;]+);", (DOCS / "README.md").read_text()).group(1)
+    text = (DOCS / "README.md").read_text()
+    readme = re.search(r"tolerance of its reference[^(]*\(([^;]+);", text).group(1)
     stated = {p: float(v) for p, v in re.findall(r"(\w+) ([0-9.e-]+)", readme)}
     assert stated == verdict.RTOL, readme
+    safety = re.search(r"of the output's scale;\s+for fp16, (\d+)x the model's own fp16 error", text)
+    assert safety and float(safety.group(1)) == verdict.FP16_SAFETY, "README: fp16's bound above the floor"
 
 
 @given(scale=st.floats(1e-3, 1e3), precision=st.sampled_from(sorted(verdict.RTOL)))

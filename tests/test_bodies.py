@@ -15,6 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.while_loop import while_loop
 
 from folding import FoldPolicy
 from tests.control_flow_checks import body_targets, fold_and_compare
@@ -191,3 +193,194 @@ class SiblingBranches(nn.Module):
 ], ids=["zero", "negative_zero", "complex_zero", "inf", "nan", "int_float", "bool_int", "float_bool"])
 def test_branches_differing_only_in_what_python_calls_equal_keep_their_values(a, b, expr):
     fold_and_compare(SiblingBranches(a, b, expr), BOTH, pte=False)
+
+
+# A body shared by two control-flow slots (the second fresh review of issue 52, fault 5).
+# torch.export gives each call its own bodies, but a pass that deduplicates submodules may not,
+# and executorch's `to_edge` accepts such a program (it traces each call anew). The fold copies
+# a shared body for each call that rewrites it (`bodies._Hoist.unshare`); before, the second
+# call kept its old operands and the folded program raised ``forward() missing 1 required
+# positional argument``, or, where the count of operands stayed the same (``two_regions``),
+# read the first call's moved constant: wrong numbers.
+
+def _sin(x, w):
+    return (x + torch.sin(w),)
+
+
+def _cos(x, w):
+    return (x - torch.cos(w) * 2.0,)
+
+
+class TwoConds(nn.Module):
+    """Two ``cond`` nodes on different weights; `_share` makes ``cond_1`` call ``cond``'s bodies."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randn(4, generator=g))
+        self.register_buffer("v", torch.randn(4, generator=g))
+
+    def forward(self, x):
+        a = torch.cond(x.sum() > 0, _sin, _cos, (x, self.w))[0]
+        return torch.cond(x.mean() > 0.5, _sin, _cos, (a, self.v))[0]
+
+
+class TwoLoops(nn.Module):
+    """Two ``while_loop`` nodes whose bodies read a weight each (an additional input)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randn(4, generator=g))
+        self.register_buffer("v", torch.randn(4, generator=g))
+
+    def forward(self, x):
+        def loop(x, w):
+            return while_loop(lambda i, acc: i < 3, lambda i, acc: (i + 1, acc + torch.sin(w) * 2.0),
+                              (torch.zeros((), dtype=torch.int64), x))[1]
+
+        return loop(loop(x, self.w), self.v)
+
+
+class CondAndMap(nn.Module):
+    """A ``cond`` and a ``map_impl`` whose bodies take the same operands; `_share` makes the map
+    call the cond's true branch."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randn(4, generator=g))
+        self.register_buffer("v", torch.randn(4, generator=g))
+
+    def forward(self, x, xs):
+        a = torch.cond(x.sum() > 0, _sin, _cos, (x, self.w))[0]
+        return a, hop_map(_sin, xs, self.v)[0]
+
+
+class Nested(nn.Module):
+    """Two conds inside a cond's true branch (shared with each other), and the outer branches."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randn(4, generator=g))
+        self.register_buffer("v", torch.randn(4, generator=g))
+
+    def forward(self, x):
+        def outer(x, w, v):
+            a = torch.cond(x.sum() > 0, _sin, _cos, (x, w))[0]
+            return (torch.cond(x.mean() > 0.5, _sin, _cos, (a, v))[0],)
+
+        return torch.cond(x.max() > 0, outer, lambda x, w, v: (x * torch.tanh(v),), (x, self.w, self.v))[0]
+
+
+def _share(gm, hop: str, position: int, source: str, source_position: int) -> None:
+    """Make `gm`'s node `hop` call, at argument `position`, the body node `source` calls at
+    `source_position` (the same ``get_attr`` node); the body it called before is deleted."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    args = list(nodes[hop].args)
+    args[position] = nodes[source].args[source_position]
+    nodes[hop].args = tuple(args)
+    for n in list(gm.graph.nodes):
+        if n.op == "get_attr" and not n.users:
+            gm.graph.erase_node(n)
+            delattr(gm, n.target)  # not `delete_all_unused_submodules`: it deletes nested bodies
+    gm.recompile()
+
+
+class TwoRegions(nn.Module):
+    """Two ``no_grad`` regions (``wrap_with_set_grad_enabled``) on different weights; `_share`
+    makes the second call the first's body."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randn(4, generator=g))
+        self.register_buffer("v", torch.randn(4, generator=g))
+
+    def forward(self, x):
+        with torch.no_grad():
+            a = x + torch.sin(self.w)
+        a = a * 2.0
+        with torch.no_grad():
+            b = a + torch.sin(self.v)
+        return b
+
+
+class OuterTwice(nn.Module):
+    """Two conds whose true branch holds a cond of its own; `_share` makes ``cond_1`` call
+    ``cond``'s bodies, nested cond included."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("w", torch.randn(4, generator=g))
+        self.register_buffer("v", torch.randn(4, generator=g))
+
+    def forward(self, x):
+        def outer(x, w, v):
+            return (torch.cond(x.mean() > 0.5, _sin, _cos, (x, w))[0] * torch.tanh(v),)
+
+        def other(x, w, v):
+            return (x * torch.tanh(v) + w,)
+
+        a = torch.cond(x.max() > 0, outer, other, (x, self.w, self.v))[0]
+        return torch.cond(x.min() < 0, outer, other, (a, self.v, self.w))[0]
+
+
+X4 = [(torch.tensor([1.0, 2.0, 0.5, -0.2]),), (torch.tensor([0.2, 0.1, 0.3, 0.2]),),
+      (torch.tensor([-1.0, -2.0, 0.5, -0.2]),), (torch.tensor([-0.1, 0.1, 0.0, -0.3]),),
+      (torch.tensor([2.0, 1.0, 3.0, 0.5]),), (torch.tensor([-1.0, -2.0, -0.5, -0.2]),)]
+XS = [(x, torch.randn(3, 4, generator=torch.Generator().manual_seed(i))) for i, (x,) in enumerate(X4)]
+BOTH_BODIES = [("cond_1", 1, "cond", 1), ("cond_1", 2, "cond", 2)]
+SHARED = {  # case -> (module, what it shares, in which graph, inputs taking each branch)
+    "two_conds": (TwoConds, BOTH_BODIES, "", X4),
+    "one_body_twice": (TwoConds, [("cond", 2, "cond", 1)], "", X4),
+    "two_loops": (TwoLoops, [("while_loop_1", 0, "while_loop", 0), ("while_loop_1", 1, "while_loop", 1)], "", X4),
+    "cond_and_map": (CondAndMap, [("map_impl", 0, "cond", 1)], "", XS),
+    "nested_inner": (Nested, BOTH_BODIES, "true_graph_0", X4),
+    "nested_outer": (OuterTwice, BOTH_BODIES, "", X4),
+    "two_regions": (TwoRegions, [("add_1", 1, "add", 1)], "", X4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARED))
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_a_body_shared_by_two_calls_is_folded_for_each(case, inplace):
+    from folding import fold_constants
+    from tests.control_flow_checks import assert_each_branch_taken, fold_checked
+    from tests.fold_checks import reference
+    from tests.invariants import outputs
+    from tests.lowering import lower_pte, run_pte
+
+    make, shares, inside, inputs_list = SHARED[case]
+    ep = torch.export.export(make(), inputs_list[0])
+    for share in shares:
+        _share(ep.graph_module.get_submodule(inside), *share)
+    ref = reference(ep)
+    assert_each_branch_taken(ref, inputs_list)
+    expected = [outputs(ref, inputs) for inputs in inputs_list]
+    result = fold_constants(ep, inplace=True) if inplace else fold_checked(ep)
+    assert result.report.folded, "nothing moved out: the program does not test the rule"
+    for inputs, want in zip(inputs_list, expected):
+        assert_close_all(want, outputs(result.program, inputs))
+        assert_close_all(want, outputs(ep, inputs))  # the caller's program runs (replaced when inplace)
+    if case in ("two_conds", "nested_outer", "two_regions") and not inplace:  # executorch's emitter has no while_loop or map
+        buffer = lower_pte(result.program)  # once: each run of the .pte on one input
+        for inputs, want in zip(inputs_list, expected):
+            assert_close_all(want, run_pte(buffer, inputs), 1e-4, 1e-4)
+
+
+def test_a_call_passing_fewer_operands_than_its_body_takes_is_a_fold_invariant_error():
+    """The net under the rule above (`checks.check_body_arity`, run on every folded program):
+    a body rewritten for one call and called by another fails the fold, naming the call."""
+    from folding import FoldInvariantError
+    from folding.checks import check_folded
+
+    ep = torch.export.export(TwoConds(), X4[0])
+    body = ep.graph_module.true_graph_0
+    with body.graph.inserting_after(next(iter(body.graph.nodes))):
+        body.graph.placeholder("extra")
+    body.recompile()
+    with pytest.raises(FoldInvariantError, match="cond passes 2 operands to its body 'true_graph_0', which takes 3"):
+        check_folded(ep)
