@@ -71,8 +71,9 @@ from .signature import unchanging_stored_specs
 from .sizes import aligned, nbytes, stored_tensor
 from .torch_internals import program_with
 from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, INSERTED, LINEARS, TRAINING_BATCH_NORMS, DialectOps,
-                         NodeMaker, WeightOp, arg, batch_norm_operands, batch_norm_output, binary_operands,
-                         compute_dtype, scale_and_shift, val, weight_op)
+                         NodeMaker, WeightOp, batch_norm_operands, batch_norm_output, binary_operands,
+                         channel_magnitudes, compute_dtype, scale_and_shift, val,
+                         weight_op)
 
 
 @dataclass(frozen=True)
@@ -381,13 +382,100 @@ class _StoredValues:
                                 f"rewritten it would give other non-finite values than the batch norm")
 
     def value(self, v: Any) -> Optional[torch.Tensor]:
-        """The value of `v` known at rewrite time: a number, or the tensor a placeholder the
-        program never writes stores; else None (a computed value)."""
+        """The value of `v` known at rewrite time: a number, the tensor a placeholder the
+        program never writes stores, or a layout op of one (Edge's ``permute_copy`` of a
+        linear's weight: applied to the stored tensor); else None (a computed value)."""
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return torch.tensor(float(v), dtype=torch.float64)
         if isinstance(v, torch.fx.Node) and v.op == "placeholder" and v.name in self.stored:
             return self.values(self.stored[v.name])
+        if isinstance(v, torch.fx.Node) and v.op == "call_function" and op_name(v.target) in _LAYOUT_OPS:
+            inner = self.value(v.args[0])
+            return None if inner is None else v.target(inner, *v.args[1:], **v.kwargs)
         return None
+
+    def _weight_and_bias(self, w_op: WeightOp) -> Optional[tuple]:
+        """(per-channel largest ``|W|``, bias or 0) of `w_op` in float64, or None when not known."""
+        w = self.value(w_op.weight)
+        b = self.value(w_op.bias) if w_op.bias is not None else torch.zeros((), dtype=torch.float64)
+        if w is None or b is None:
+            return None
+        return channel_magnitudes(w_op, w), b.double()
+
+    def batch_norm_refusal(self, w_op: WeightOp, stats: tuple) -> Optional[str]:
+        """None when folding the batch norm of `stats` (known: `require_known_statistics`) into
+        `w_op` gives a weight and bias that fit its dtype and, in fp16 and bf16, a bias whose
+        rounding loses no more than eager's own (module docstring, "Rounding"); else why not."""
+        dtype = val(w_op.weight).dtype
+        known = self._weight_and_bias(w_op)
+        if known is None:
+            return None if dtype not in _LOW else (f"{w_op.node.name}'s weight or bias is computed: its {dtype} "
+                                                   f"range cannot be checked before evaluation")
+        w, b = known
+        gamma, beta, mean, var = (torch.zeros((), dtype=torch.float64) + (1.0 if i == 0 else 0.0) if v is None
+                                  else self.value(v).double() for i, v in enumerate(stats[:4]))
+        s = gamma / (var + stats[4]).sqrt()
+        folded = (b - mean) * s + beta
+        why = _overflow(dtype, ((w * s.abs(), f"{w_op.node.name}'s weight * s"), (folded, "its bias (b - mean) * s + beta")))
+        if why is not None or dtype not in _LOW:
+            return why
+        kept = (s * mean).abs() + beta.abs() + gamma.abs()
+        worst = (folded.abs() / kept.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
+        if worst > CANCELLATION_RATIO:
+            return (f"in {dtype} its folded bias would cancel {w_op.node.name}'s output: |b'| is {worst:.3g} x the "
+                    f"channel's |mean * s| + |beta| + |gamma| (above {CANCELLATION_RATIO:g}), rounding it would lose "
+                    f"more than the batch norm's own rounding")
+        return None
+
+    def scale_and_shift_refusal(self, dtype: torch.dtype, stats: tuple) -> Optional[str]:
+        """None when the scale ``s`` (and, in fp32 and fp64, the shift ``beta - mean * s``) of
+        `stats` (known) fit `dtype`; else why not."""
+        gamma, beta, mean, var = (None if v is None else self.value(v).double() for v in stats[:4])
+        s = (1.0 if gamma is None else gamma) / (var + stats[4]).sqrt()
+        values = [(s, "its scale gamma / sqrt(var + eps)")]
+        if dtype not in _LOW:
+            values.append(((0.0 if beta is None else beta) - mean * s, "its shift beta - mean * s"))
+        return _overflow(dtype, values)
+
+    def binary_refusal(self, kind: str, c: Any, w_op: WeightOp) -> Optional[str]:
+        """None when folding ``* c``, ``/ c``, ``+ c`` or ``- c`` (`kind`; `c` checked per
+        channel) into `w_op` gives a weight and bias that fit its dtype; else why not."""
+        dtype = val(w_op.weight).dtype
+        known, value = self._weight_and_bias(w_op), self.value(c)
+        if known is None or value is None:
+            return None if dtype not in _LOW else (f"{w_op.node.name}'s weight or bias, or {getattr(c, 'name', c)}, "
+                                                   f"is computed: its {dtype} range cannot be checked before evaluation")
+        w, b = known
+        c = value.double().reshape(-1)
+        if kind == "mul":
+            values = ((w * c.abs(), "its weight * c"), (b * c, "its bias * c"))
+        elif kind == "div":
+            values = ((w / c.abs(), "its weight / c"), (b / c, "its bias / c"))
+        else:
+            values = (((b + c) if kind == "add" else (b - c), f"its bias {'+' if kind == 'add' else '-'} c"),)
+        return _overflow(dtype, values)
+
+
+# Layout ops `_StoredValues.value` looks through (they move values, never change them).
+_LAYOUT_OPS = frozenset({"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
+                         "aten.transpose.int", "aten.transpose_copy.int", "aten.view.default",
+                         "aten.view_copy.default", "aten.reshape.default", "aten._unsafe_view.default",
+                         "aten.clone.default", "aten.alias.default", "aten.alias_copy.default"})
+_LOW = (torch.float16, torch.bfloat16)
+# Module docstring, "Rounding": an fp16/bf16 fused bias may be this many times the channel's
+# |mean * s| + |beta| + |gamma| (what eager rounds) before its own rounding outweighs eager's.
+CANCELLATION_RATIO = 8.0
+
+
+def _overflow(dtype: torch.dtype, values) -> Optional[str]:
+    """Why the first of `values` ((float64 tensor, what)) holding a finite value beyond
+    `dtype`'s range overflows it, or None (each is stored in `dtype`: beyond it, inf)."""
+    limit = torch.finfo(dtype).max
+    for value, what in values:
+        big = value.abs().masked_fill(~torch.isfinite(value), 0.0)
+        if big.numel() and big.max().item() > limit:
+            return f"{what} reaches {big.max().item():.3g}, beyond {dtype}'s largest value {limit:.3g}: stored, it overflows to inf"
+    return None
 
 
 class _Conditions:
@@ -427,7 +515,8 @@ class _Conditions:
         if len(x.users) != 1:
             return f"{x.name}'s output is also read by {', '.join(u.name for u in list(x.users)[:4])}"
         if batch_norm and w_op.channel_axis != 1:
-            return f"{x.name} is a linear of a rank-{val(x).dim()} input: its channels are not dim 1"
+            return (f"{x.name}'s output channels are its dim {w_op.channel_axis} (a linear of a rank-{val(x).dim()} "
+                    f"input or an unbatched conv), the batch norm's are dim 1")
         try:
             self.require_not_skipped(x)
         except _NotFused as why:
@@ -518,11 +607,10 @@ def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
     """(output node, input, (gamma, beta, mean, var, eps)) of an eval-mode batch norm on a
     float input with a static channel count and no encoding at it; else `_NotFused`."""
     w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[name]
-    if t_i is not None and arg(bn, t_i, "training", False):
+    if t_i is not None and arg_at(bn, t_i):
         raise _NotFused("training-mode batch norm (batch statistics)")
     out, x = batch_norm_output(bn, tuple_result), bn.args[0]
-    stats = (arg(bn, w_i, "weight"), arg(bn, b_i, "bias"), arg(bn, m_i, "running_mean"),
-             arg(bn, v_i, "running_var"), arg(bn, e_i, "eps"))
+    stats = tuple(arg_at(bn, i) for i in (w_i, b_i, m_i, v_i, e_i))
     x_val = val(x)
     if out is None:
         raise _NotFused("its saved statistics (outputs 1 and 2) are read")
@@ -581,11 +669,17 @@ class _Rewriter:
         if why_not is None:
             why_not = _movable(x, bn)
         if why_not is None:
+            why_not = self.check.known.batch_norm_refusal(w_op, stats)
+        if why_not is None:
             if self.check.rewrite_fits(w_op, True, True, bn, stats[:4]):
                 return self._fuse_batch_norm(bn, out, w_op, stats)
             why_not = f"storing {x.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)"
+        refusal = self.check.known.scale_and_shift_refusal(x_val.dtype, stats)
+        if refusal is not None:
+            raise _NotFused(f"not fused ({why_not}), and {refusal}")
         saved = sum(self.check.saved(bn, v) for v in stats[:4])
-        if not self.check.fits(2 * self.check.stored_bytes(None, x, x_val.shape[1]) - saved):
+        vectors = 3 if x_val.dtype in _LOW else 2  # (x - mean) * s + beta; x * s + t
+        if not self.check.fits(vectors * self.check.stored_bytes(None, x, x_val.shape[1]) - saved):
             raise _NotFused(f"not fused ({why_not}), and storing its scale and shift exceeds the growth budget")
         self._scale_and_shift(bn, out, x, stats, why_not)
 
@@ -594,8 +688,8 @@ class _Rewriter:
         w_op = weight_op(op)
         if w_op is None:
             return _require_no_view_between(node)  # or a rewrite before changed what it reads
-        if arg(node, 2, "alpha", 1) != 1:
-            raise _NotFused(f"alpha={arg(node, 2, 'alpha', 1)}")
+        if arg_at(node, 2) not in (None, 1):
+            raise _NotFused(f"alpha={arg_at(node, 2)}")
         if isinstance(c, torch.fx.Node) and self.check.constness(c) is not None:
             if kind in ("add", "sub"):
                 return  # a residual or another runtime sum, not a shift
@@ -606,6 +700,9 @@ class _Rewriter:
             raise _NotFused(why_not)
         _channel_check(c, node, w_op)  # every check before any edit (and before the budget)
         self.check.known.require_known_values(kind, c)
+        why_not = self.check.known.binary_refusal(kind, c, w_op)
+        if why_not is not None:
+            raise _NotFused(why_not)
         why_not = _movable(op, node)
         if why_not is not None:
             raise _NotFused(why_not)
@@ -647,12 +744,16 @@ class _Rewriter:
         self.changed = True
 
     def _scale_and_shift(self, bn, out, x, stats, why_not: str) -> None:
-        """``x * s + t`` by constants viewed [C, 1, ...] (`weight_ops.scale_and_shift`)."""
+        """``(x - centre) * s + t`` by constants viewed [C, 1, ...] (`weight_ops.scale_and_shift`:
+        ``x * s + t`` in fp32, ``(x - mean) * s + beta`` in fp16 and bf16)."""
         make, ops = self.make, self.ops
         with self.graph.inserting_before(bn):
-            s, t = scale_and_shift(make, val(x), stats, bn.name)
-            scaled = make.node(ops.mul, (x, s), {}, f"{bn.name}_scaled", bn)
-            shifted = make.node(ops.add, (scaled, t), {}, f"{bn.name}_shifted", bn)
+            centre, s, t = scale_and_shift(make, val(x), stats, bn.name)
+            if centre is not None:
+                x = make.node(ops.sub, (x, centre), {}, f"{bn.name}_centred", bn)
+            shifted = make.node(ops.mul, (x, s), {}, f"{bn.name}_scaled", bn)
+            if t is not None:
+                shifted = make.node(ops.add, (shifted, t), {}, f"{bn.name}_shifted", bn)
         self.notes.append(f"{bn.name} ({op_name(bn.target)}) rewritten as a per-channel multiply and add "
                           f"({shifted.name}; not fused into a weight: {why_not})")
         removed = list(dict.fromkeys((bn, out)))

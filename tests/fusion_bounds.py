@@ -32,8 +32,8 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from folding.ops import op_name
-from folding.weight_ops import BATCH_NORMS, BINARY, arg, weight_op
+from folding.ops import arg_at, op_name
+from folding.weight_ops import BATCH_NORMS, BINARY, weight_op
 from tests.invariants import module_on_copies
 
 KAPPA = 4.0
@@ -131,9 +131,9 @@ class _Magnitudes:
     def _batch_norm(self, bn: torch.fx.Node, name: str) -> torch.Tensor:
         w_i, b_i, m_i, v_i, e_i = BATCH_NORMS[name][:5]
         y = self(bn.args[0])
-        stat = lambda i, key, default: (self.values[n.name].double() if isinstance(n := arg(bn, i, key), torch.fx.Node)  # noqa: E731
+        stat = lambda i, key, default: (self.values[n.name].double() if isinstance(n := arg_at(bn, i), torch.fx.Node)  # noqa: E731
                                         else torch.tensor(default, dtype=torch.float64))
-        s = stat(w_i, "weight", 1.0) / (stat(v_i, "running_var", 1.0) + float(arg(bn, e_i, "eps"))).sqrt()
+        s = stat(w_i, "weight", 1.0) / (stat(v_i, "running_var", 1.0) + float(arg_at(bn, e_i))).sqrt()
         view = [-1] + [1] * (y.dim() - 2)
         self.ops += 4
         return s.abs().view(view) * (y + stat(m_i, "running_mean", 0.0).abs().view(view)) \
