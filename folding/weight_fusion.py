@@ -419,11 +419,11 @@ class _StoredValues:
         why = _overflow(dtype, ((w * s.abs(), f"{w_op.node.name}'s weight * s"), (folded, "its bias (b - mean) * s + beta")))
         if why is not None or dtype not in _LOW:
             return why
-        kept = (s * mean).abs() + beta.abs() + gamma.abs()
-        worst = (folded.abs() / kept.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
+        size = beta.abs() + gamma.abs()  # the output's size: beta + gamma * (a few)
+        worst = (folded.abs() / size.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
         if worst > CANCELLATION_RATIO:
-            return (f"in {dtype} its folded bias would cancel {w_op.node.name}'s output: |b'| is {worst:.3g} x the "
-                    f"channel's |mean * s| + |beta| + |gamma| (above {CANCELLATION_RATIO:g}), rounding it would lose "
+            return (f"in {dtype} its folded bias would cancel most of {w_op.node.name}'s output: |b'| is {worst:.3g} x "
+                    f"the channel's |beta| + |gamma| (above {CANCELLATION_RATIO:g}); rounded in {dtype} it could lose "
                     f"more than the batch norm's own rounding")
         return None
 
@@ -463,7 +463,7 @@ _LAYOUT_OPS = frozenset({"aten.permute.default", "aten.permute_copy.default", "a
                          "aten.clone.default", "aten.alias.default", "aten.alias_copy.default"})
 _LOW = (torch.float16, torch.bfloat16)
 # Module docstring, "Rounding": an fp16/bf16 fused bias may be this many times the channel's
-# |mean * s| + |beta| + |gamma| (what eager rounds) before its own rounding outweighs eager's.
+# |beta| + |gamma| (the size of its output) before its rounding may outweigh eager's.
 CANCELLATION_RATIO = 8.0
 
 
