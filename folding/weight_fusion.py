@@ -113,7 +113,7 @@ class Fusion:
     replaced: tuple[tuple[str, str], ...] = ()
 
 
-def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> Fusion:
+def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int, spent: int = 0) -> Fusion:
     """Fold eval-mode batch norms and constant scales and shifts into the weight and bias of the
     conv or linear before them, or rewrite a batch norm as a per-channel multiply and add
     (module docstring).
@@ -122,7 +122,9 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
         program: the program being folded (ATen or Edge dialect); never modified.
         policy: ``fuse_into_weights`` turns the rewrite off; ``skip_targets``,
             ``max_tensor_bytes`` and the growth budget decide as for any folded value.
-        bytes_before: the constant bytes `program` stores (for the growth budget), in bytes.
+        bytes_before: the constant bytes the caller's program stores (for the growth budget), in bytes.
+        spent: bytes of the growth budget earlier rounds spent (`program` stores
+            ``bytes_before + spent``; a negative `spent`, bytes they saved, spends none).
 
     Returns:
         A `Fusion`: a copy of `program` (top-level graph copied; tensors, bodies shared) that
@@ -145,7 +147,8 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     written = _written(gm.graph)  # once: a pass over every node
     unchanging = {name: spec for name, spec in stored.items() if name not in written}
     values = lambda spec: stored_tensor(spec, program.state_dict, program.constants)  # noqa: E731
-    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings, values))
+    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings, values,
+                                               max(spent, 0)))
     for node in candidates:
         rewriter.visit(env[node])
     if not rewriter.changed:
@@ -488,10 +491,10 @@ class _Conditions:
     """
 
     def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int, savings: dict,
-                 values=lambda spec: None) -> None:
+                 values=lambda spec: None, spent: int = 0) -> None:
         self.constness, self.policy, self.savings = constness, policy, savings
         self.known = _StoredValues(constness.stored, values)
-        self.budget, self.spent = policy.growth_budget(bytes_before), 0
+        self.budget, self.spent = policy.growth_budget(bytes_before), spent
         self.skip = policy.skip_names()
         self.skipped = sorted(INSERTED & self.skip)
 

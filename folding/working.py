@@ -23,6 +23,7 @@ from .bodies import hoist_body_constants
 from .hops import copy_uncompiled
 from .returned_dequantizes import split_returned_dequantizes
 from .policy import FoldPolicy
+from .sizes import stored_constant_bytes
 from .transposed_gathers import Rewrite, read_through_transposes
 from .weight_fusion import Fusion, FusionRows, fuse_into_weights
 from .report import PhaseTimer
@@ -64,9 +65,11 @@ class Preparation:
             driver's dict, read at each call.
         bytes_before: stored constant bytes of the caller's program (the growth budget's
             reference).
-        rewrite_readers: run `fuse_into_weights` and `read_through_transposes` (the first round
-            only: after a ``cond`` is inlined the program is the fold's own output, rewritten
-            already).
+        rewrite_readers: run `read_through_transposes` (the first round only: after a
+            ``cond`` is inlined the program is the fold's own output, rewritten already).
+            `fuse_into_weights` runs every round: inlining a ``cond`` brings its taken body's
+            batch norms and scales to the top level (the first round's rows stay, a later
+            round's replace them by node name; the growth the earlier rounds spent counts).
         transposes, notes, fusions: what the first round's rewrites found (used when they do
             not run).
         analyze: `analysis.analyze`, for the hoisting's analyses of bodies (the driver passes
@@ -91,9 +94,10 @@ class Preparation:
                 fusion = fuse_into_weights(self.base, self.policy, self.bytes_before)
                 rewrite = read_through_transposes(fusion.program, self.policy, self.bytes_before)
                 rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
-            else:
-                fusion = Fusion(self.base, (), self.fusions)
-                rewrite = Rewrite(self.base, self.notes, self.transposes)
+            else:  # batch norms and scales a ``cond``'s inlining brought to the top level
+                fusion = _merged(self.fusions, fuse_into_weights(self.base, self.policy, self.bytes_before,
+                                                                 stored_constant_bytes(self.base) - self.bytes_before))
+                rewrite = Rewrite(fusion.program, self.notes + fusion.notes, self.transposes)
             program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
             if program is self.base:  # the attempt's own copy, for `bodies` and `lift`
                 program = program_with(program, graph_module=copy_uncompiled(program.graph_module)[0])
@@ -108,3 +112,14 @@ class Preparation:
         whose working program was `last`, with a ``cond`` inlined since)."""
         return replace(self, base=folded, rewrite_readers=False, transposes=last.transposes, notes=last.notes,
                        fusions=last.fusions)
+
+
+def _merged(earlier: FusionRows, fusion: Fusion) -> Fusion:
+    """`fusion` (a later round's) with the rows of the rounds before it: a later row replaces an
+    earlier one of the same node name; rows for nodes an earlier round inserted (its runtime
+    multiply and add, read again by the candidate search) are dropped."""
+    later = [d for d in fusion.rows.decisions if d.node not in earlier.inserted]
+    names = {d.node for d in later}
+    rows = FusionRows(tuple(d for d in earlier.decisions if d.node not in names) + tuple(later),
+                      earlier.inserted | fusion.rows.inserted)
+    return Fusion(fusion.program, fusion.notes, rows, fusion.replaced)
