@@ -86,13 +86,23 @@ def _downstream_of_another(node: torch.fx.Node, others: set) -> bool:
 
 
 def _replayable(gm: torch.fx.GraphModule, values: dict) -> Optional[dict]:
-    """`values` to replay, or None when an op of `gm` writes in place: a value replayed as
-    computed would then miss the writes its readers saw (``v.narrow(...).tanh_()`` before a
-    batch norm reads ``v``), so both programs run on their own."""
+    """`values` to replay, or None when an op of `gm` writes in place, or may (an op outside
+    ATen's namespaces: its schema may not declare a write, as ``fuzz_writes.bump``'s does
+    not): a value replayed as computed would then miss the writes its readers saw
+    (``v.narrow(...).tanh_()`` before a batch norm reads ``v``), so both programs run on
+    their own."""
     from folding.ops import written_arg_positions
 
-    writes = any(n.op == "call_function" and written_arg_positions(n) for n in gm.graph.nodes)
-    return None if writes else values
+    def may_write(n: torch.fx.Node) -> bool:
+        if n.op != "call_function":
+            return False
+        custom = hasattr(n.target, "_schema") and op_name(n.target).split(".")[0] not in _ATEN_NAMESPACES
+        return custom or bool(written_arg_positions(n))
+
+    return None if any(map(may_write, gm.graph.nodes)) else values
+
+
+_ATEN_NAMESPACES = ("aten", "prims", "quantized_decomposed", "dim_order_ops")
 
 
 class _Magnitudes:
