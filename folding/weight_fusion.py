@@ -379,11 +379,15 @@ class _StoredValues:
     def __init__(self, stored: dict, values) -> None:
         self.stored, self.values = stored, values
 
-    def require_known_values(self, kind: str, c: Any) -> None:
-        """`_NotFused` unless folding ``* c`` or ``/ c`` (`kind`) into a weight gives what the
-        runtime op gives: `c` a number or a stored tensor (`stored_value`), finite, and
-        nonzero for ``/``. ``W * inf`` or ``W / 0`` gives NaN where ``W x`` is 0 and ±inf
-        where eager gives ±inf or NaN. ``+ c`` and ``- c`` fold as ``b + c`` whatever `c` holds."""
+    def require_known_values(self, kind: str, c: Any, w_op: WeightOp) -> None:
+        """`_NotFused` unless folding ``* c`` or ``/ c`` (`kind`) into `w_op`'s weight gives
+        what the runtime op gives: `c` a number or a stored tensor (`stored_value`), finite,
+        and nonzero for ``/``. ``W * inf`` or ``W / 0`` gives NaN where ``W x`` is 0 and ±inf
+        where eager gives ±inf or NaN. ``+ c`` and ``- c`` fold as ``b + c`` whatever `c`
+        holds. For every `kind`, the new weight and bias fit the dtype (`binary_refusal`)."""
+        why_not = self.binary_refusal(kind, c, w_op)
+        if why_not is not None:
+            raise _NotFused(why_not)
         if kind not in ("mul", "div"):
             return
         value = self.value(c)
@@ -536,6 +540,19 @@ class _Conditions:
         name = op_name(node.target)
         if self.skipped or name in self.skip or name.rsplit(".", 1)[0] in self.skip:
             raise _NotFused(f"FoldPolicy.skip_targets holds {', '.join(self.skipped or [name])}")
+
+    def require_scale_and_shift(self, bn: torch.fx.Node, x: torch.fx.Node, stats: tuple, why_not: str) -> None:
+        """`_NotFused` unless the batch norm `bn` of `x` (not fused: `why_not`) may become
+        ``(x - centre) * s + t``: its constants fit `x`'s dtype and the growth budget (spent
+        when they do)."""
+        x_val = val(x)
+        refusal = self.known.scale_and_shift_refusal(x_val.dtype, stats)
+        if refusal is not None:
+            raise _NotFused(f"not fused ({why_not}), and {refusal}")
+        saved = sum(self.saved(bn, v) for v in stats[:4])
+        vectors = 3 if x_val.dtype in _LOW else 2  # (x - mean) * s + beta; x * s + t
+        if not self.fits(vectors * self.stored_bytes(None, x, x_val.shape[1]) - saved):
+            raise _NotFused(f"not fused ({why_not}), and storing its scale and shift exceeds the growth budget")
 
     def fusible(self, x: Any, batch_norm: bool) -> Optional[str]:
         """None when the weight op `x` can take a batch norm (or a binary op) into its weight
@@ -706,13 +723,7 @@ class _Rewriter:
             if self.check.rewrite_fits(w_op, True, True, bn, stats[:4]):
                 return self._fuse_batch_norm(bn, out, w_op, stats)
             why_not = f"storing {x.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)"
-        refusal = self.check.known.scale_and_shift_refusal(x_val.dtype, stats)
-        if refusal is not None:
-            raise _NotFused(f"not fused ({why_not}), and {refusal}")
-        saved = sum(self.check.saved(bn, v) for v in stats[:4])
-        vectors = 3 if x_val.dtype in _LOW else 2  # (x - mean) * s + beta; x * s + t
-        if not self.check.fits(vectors * self.check.stored_bytes(None, x, x_val.shape[1]) - saved):
-            raise _NotFused(f"not fused ({why_not}), and storing its scale and shift exceeds the growth budget")
+        self.check.require_scale_and_shift(bn, x, stats, why_not)
         self._scale_and_shift(bn, out, x, stats, why_not)
 
     def _binary(self, node: torch.fx.Node, kind: str) -> None:
@@ -731,10 +742,7 @@ class _Rewriter:
         if why_not is not None:
             raise _NotFused(why_not)
         _channel_check(c, node, w_op)  # every check before any edit (and before the budget)
-        self.check.known.require_known_values(kind, c)
-        why_not = self.check.known.binary_refusal(kind, c, w_op)
-        if why_not is not None:
-            raise _NotFused(why_not)
+        self.check.known.require_known_values(kind, c, w_op)
         why_not = _movable(op, node)
         if why_not is not None:
             raise _NotFused(why_not)
@@ -778,14 +786,8 @@ class _Rewriter:
     def _scale_and_shift(self, bn, out, x, stats, why_not: str) -> None:
         """``(x - centre) * s + t`` by constants viewed [C, 1, ...] (`weight_ops.scale_and_shift`:
         ``x * s + t`` in fp32, ``(x - mean) * s + beta`` in fp16 and bf16)."""
-        make, ops = self.make, self.ops
         with self.graph.inserting_before(bn):
-            centre, s, t = scale_and_shift(make, val(x), stats, bn.name)
-            if centre is not None:
-                x = make.node(ops.sub, (x, centre), {}, f"{bn.name}_centred", bn)
-            shifted = make.node(ops.mul, (x, s), {}, f"{bn.name}_scaled", bn)
-            if t is not None:
-                shifted = make.node(ops.add, (shifted, t), {}, f"{bn.name}_shifted", bn)
+            shifted = scale_and_shift(self.make, x, stats, bn)
         self.notes.append(f"{bn.name} ({op_name(bn.target)}) rewritten as a per-channel multiply and add "
                           f"({shifted.name}; not fused into a weight: {why_not})")
         removed = list(dict.fromkeys((bn, out)))

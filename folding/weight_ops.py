@@ -303,31 +303,37 @@ def binary_operands(make: NodeMaker, w_op: WeightOp, kind: str, c: torch.fx.Node
     return weight, make.named(make.cast(b, val(bias if bias is not None else w_op.weight).dtype), f"{base}_{kind}_bias")
 
 
-def scale_and_shift(make: NodeMaker, x_val: torch.Tensor, stats: tuple, base: str) -> tuple:
-    """The constants of a batch norm computed as ``(x - centre) * s + t``, viewed [C, 1, ...] to
-    broadcast over the channel dim (dim 1) of `x_val`, in its dtype: ``(centre, s, t)``.
+def scale_and_shift(make: NodeMaker, x: torch.fx.Node, stats: tuple, bn: torch.fx.Node) -> torch.fx.Node:
+    """The batch norm `bn` of `x` with `stats` (gamma, beta, mean, var, eps) as runtime ops
+    ``(x - centre) * s + t`` by constants viewed [C, 1, ...] to broadcast over dim 1, in `x`'s
+    dtype: the last node inserted (named ``<bn>_shifted``, or ``<bn>_scaled`` without a shift).
 
-    In fp32 and fp64, ``centre`` is None, ``s = gamma * rsqrt(var + eps)`` and ``t = beta - mean
-    * s``: what eager's CPU kernel computes (aten/src/ATen/native/cpu/batch_norm_kernel.cpp).
+    In fp32 and fp64 there is no ``centre``, ``s = gamma * rsqrt(var + eps)`` and ``t = beta -
+    mean * s``: what eager's CPU kernel computes (aten/src/ATen/native/cpu/batch_norm_kernel.cpp).
     In fp16 and bf16, where that kernel computes ``x * s + t`` in fp32 and rounds once, the two
     runtime ops would each round in the low precision and ``x * s`` and ``t`` cancel in a quiet
     channel (``|mean| >> sqrt(var + eps)``, measured: 4.0 off at an output scale of 8.9 where
-    eager is 0.0018 off): then ``centre = mean``, ``t = beta`` (None when absent), and ``x -
-    mean`` is exact where ``x`` is near ``mean`` (Sterbenz), so each op rounds a value of the
+    eager is 0.0018 off): there ``centre = mean`` and ``t = beta`` (none when absent), and ``x
+    - mean`` is exact where ``x`` is near ``mean`` (Sterbenz), so each op rounds a value of the
     output's size."""
     gamma, beta, mean, var, eps = stats
-    ops, compute = make.ops, compute_dtype(x_val.dtype)
+    ops, x_val, base = make.ops, val(x), bn.name
+    compute = compute_dtype(x_val.dtype)
     shape = [x_val.shape[1]] + [1] * (x_val.dim() - 2)
     view = lambda v, name: make.make(ops.view, (make.cast(v, x_val.dtype), shape), f"{base}_{name}")  # noqa: E731
     s = make.inverse_std(var, eps, compute, base)
     if gamma is not None:
         s = make.make(ops.mul, (make.cast(gamma, compute), s), f"{base}_gamma_rsqrt")
     if compute != x_val.dtype:
-        return view(mean, "centre"), view(s, "scale"), view(beta, "shift") if beta is not None else None
-    t = make.make(ops.mul, (make.cast(mean, compute), s), f"{base}_mean_scaled")
-    t = make.make(ops.sub, (make.cast(beta, compute), t), f"{base}_beta_shift") if beta is not None \
-        else make.make(ops.neg, (t,), f"{base}_beta_shift")
-    return None, view(s, "scale"), view(t, "shift")
+        x = make.node(ops.sub, (x, view(mean, "centre")), {}, f"{base}_centred", bn)
+        t = view(beta, "shift") if beta is not None else None
+    else:
+        t = make.make(ops.mul, (make.cast(mean, compute), s), f"{base}_mean_scaled")
+        t = make.make(ops.sub, (make.cast(beta, compute), t), f"{base}_beta_shift") if beta is not None \
+            else make.make(ops.neg, (t,), f"{base}_beta_shift")
+        t = view(t, "shift")
+    out = make.node(ops.mul, (x, view(s, "scale")), {}, f"{base}_scaled", bn)
+    return make.node(ops.add, (out, t), {}, f"{base}_shifted", bn) if t is not None else out
 
 
 def channel_magnitudes(w_op: WeightOp, weight: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,6 @@ from .bodies import hoist_body_constants
 from .hops import copy_uncompiled
 from .returned_dequantizes import split_returned_dequantizes
 from .policy import FoldPolicy
-from .sizes import stored_constant_bytes
 from .transposed_gathers import Rewrite, read_through_transposes
 from .weight_fusion import Fusion, FusionRows, fuse_into_weights
 from .report import PhaseTimer
@@ -70,8 +69,10 @@ class Preparation:
             `fuse_into_weights` runs every round: inlining a ``cond`` brings its taken body's
             batch norms and scales to the top level (the first round's rows stay, a later
             round's replace them by node name; the growth the earlier rounds spent counts).
-        transposes, notes, fusions: what the first round's rewrites found (used when they do
-            not run).
+        transposes, notes, fusions: what the earlier rounds' rewrites found (used when they do
+            not run; `fusions` merged with a later round's).
+        spent: bytes of the growth budget the earlier rounds spent (`base` stores
+            ``bytes_before + spent``), in bytes.
         analyze: `analysis.analyze`, for the hoisting's analyses of bodies (the driver passes
             it: a stage never imports another).
     """
@@ -87,6 +88,7 @@ class Preparation:
     transposes: frozenset = frozenset()
     notes: tuple[str, ...] = ()
     fusions: FusionRows = FusionRows()
+    spent: int = 0
 
     def __call__(self) -> Working:
         with self.timer.phase("rewrites"):
@@ -95,8 +97,7 @@ class Preparation:
                 rewrite = read_through_transposes(fusion.program, self.policy, self.bytes_before)
                 rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
             else:  # batch norms and scales a ``cond``'s inlining brought to the top level
-                fusion = _merged(self.fusions, fuse_into_weights(self.base, self.policy, self.bytes_before,
-                                                                 stored_constant_bytes(self.base) - self.bytes_before))
+                fusion = _merged(self.fusions, fuse_into_weights(self.base, self.policy, self.bytes_before, self.spent))
                 rewrite = Rewrite(fusion.program, self.notes + fusion.notes, self.transposes)
             program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
             if program is self.base:  # the attempt's own copy, for `bodies` and `lift`
@@ -107,11 +108,12 @@ class Preparation:
         return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
                        hoisting.decisions, fusions=fusion.rows)
 
-    def after_inlining(self, folded: ExportedProgram, last: Working) -> "Preparation":
+    def after_inlining(self, folded: ExportedProgram, last: Working, bytes_after: int) -> "Preparation":
         """The preparation of the next round, which folds `folded` (the result of the round
-        whose working program was `last`, with a ``cond`` inlined since)."""
+        whose working program was `last`, with a ``cond`` inlined since; it stores
+        `bytes_after` constant bytes)."""
         return replace(self, base=folded, rewrite_readers=False, transposes=last.transposes, notes=last.notes,
-                       fusions=last.fusions)
+                       fusions=last.fusions, spent=bytes_after - self.bytes_before)
 
 
 def _merged(earlier: FusionRows, fusion: Fusion) -> Fusion:
