@@ -132,7 +132,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
         if not inlined:
             break
         steps.append(inlined)
-        prepare = prepare.after_inlining(folded, once.working)
+        prepare = prepare.after_inlining(folded, once.working, once.report.constant_bytes_after)
     with timer.phase("report"):
         report = merged(steps, folded)
         report.rewrites = list(once.working.notes)

@@ -6,7 +6,8 @@ and ``t = beta - mean * s``, all constant. This rewrite of the working program (
 step, like `transposed_gathers`) replaces, in the program's own dialect (ATen or Edge):
 
 1. ``bn(op(x, W, b))`` -> ``op(x, W', b')`` with ``W' = W * s`` along the op's output-channel
-   axis and ``b' = (b - mean) * rsqrt(var + eps) * gamma + beta`` (the node's own ``eps``; the
+   axis (dim 1 of a batched conv's output, dim 0 of an unbatched one's, the last of a linear's:
+   only dim 1 is a batch norm's) and ``b' = (b - mean) * rsqrt(var + eps) * gamma + beta`` (the node's own ``eps``; the
    same order of operations as torch.nn.utils.fusion.fuse_conv_bn_weights, so equal values;
    not always the same bits: without a bias or beta it computes ``neg(mean)`` and adds no
    zeros, so a zero mean gives -0.0 where torch gives +0.0), where
@@ -14,9 +15,10 @@ step, like `transposed_gathers`) replaces, in the program's own dialect (ATen or
    (output channels on dim 1 of its weight, per group), a ``linear``, or Edge's ``addmm``/``mm``
    of a decomposed ``linear`` (output channels on dim 1 of the matrix it reads);
 2. a batch norm with nothing to fuse into -> ``y * s_view + t_view`` (``aten.mul`` and
-   ``aten.add`` by constants shaped ``[C, 1, ...]``): what every backend computes right, where
-   QNN's BatchNorm builder ignores ``eps`` (executorch 1.5.1 backends/qualcomm/builders/
-   op_batch_norm.py);
+   ``aten.add`` by constants shaped ``[C, 1, ...]``; in fp16 and bf16 ``(y - mean_view) *
+   s_view + beta_view``, which does not cancel: "Rounding" below): what every backend computes
+   right, where QNN's BatchNorm builder ignores ``eps`` (executorch 1.5.1
+   backends/qualcomm/builders/op_batch_norm.py);
 3. ``op(x) * c``, ``/ c``, ``+ c``, ``- c`` with ``c`` a constant scalar or a tensor that
    broadcasts along the output-channel axis only -> the op with ``W * c`` / ``W / c`` and
    ``b * c``, ``b / c``, ``b + c``, ``b - c`` (a bias is added where there was none), as
@@ -41,8 +43,35 @@ computed tensor (its values are not known before evaluation) or one holding inf 
 for ``/``): ``W / 0`` gives NaN where ``(W x) / 0`` gives ±inf; batch-norm statistics that are
 computed, hold inf or NaN, or have ``var + eps <= 0`` (the batch norm stays); a
 copy of a weight another op also reads beyond the growth budget, or a weight above
-``max_tensor_bytes`` (then 2.); ops the policy skips. ``FoldPolicy(fuse_into_weights=False)``
-turns the rewrite off.
+``max_tensor_bytes`` (then 2.); ops the policy skips; a fused weight or bias, or a scale or
+shift of 2., beyond its dtype's largest value (stored, it would be inf where the runtime ops'
+results are finite: decided on the stored values, `_StoredValues`; in fp16 and bf16 a
+computed weight, bias or constant, whose range cannot be known, is refused too); in fp16 and
+bf16, a fused bias that would cancel most of the output ("Rounding"; then 2.).
+``FoldPolicy(fuse_into_weights=False)`` turns the rewrite off. After a ``cond`` is inlined the
+rewrite runs again on what its taken body brought (`working.Preparation`).
+
+Rounding in fp16 and bf16 (u = 2^-11, 2^-8; eager's kernels compute in fp32 and round the
+result once). Eager computes ``y = conv(x)``, rounds it (error ``u |y|``), then the batch norm
+``(y - mean) * s + beta`` in fp32, rounded once: its error is about ``u (|s| |y| + |out|)``.
+The fused conv rounds ``W' = W * s`` (error ``u |s| |x W|`` summed over the fan-in, as in fp32)
+and ``b' = (b - mean) * s + beta`` (error ``u |b'|``), then accumulates in fp32 and rounds once
+(``u |out|``). The term eager lacks is ``u |b'|``: in a quiet channel (``|mean| >> sqrt(var +
+eps)``) ``b'`` cancels most of ``W' x`` and ``|b'| ~ |mean * s|`` is thousands of times the
+output. Eager loses as much where ``y`` is not an exact fp16 value (``u |s| |y|``, ``y ~ mean``:
+measured on 3x3 convs of 1 to 64 random input channels, quiet channels mean 50 / var 1e-4,
+fused and eager within 1.5x of each other), but nothing where it is (an identity conv, constant
+inputs: 2.4 off at an output scale of 8.9 fused, 0.002 eager). So a batch norm is not fused in
+fp16/bf16 when some channel has ``|b'| > 8 (|beta| + |gamma|)`` (`CANCELLATION_RATIO`; the
+output's size is about ``|beta| + |gamma| z`` with ``|z|`` a few: that is the channel's mean
+more than ~8 of its own standard deviations from the conv's bias); the fused error is then at
+most eager's plus ``u (8 (|beta| + |gamma|) + |out|)`` and the ``W'`` term. A conv whose bias
+holds the mean (``b ~ mean``) fuses, and ``b - mean`` cancels exactly in fp32: measured 400x
+more accurate than eager. ``x * s + t`` as two runtime ops cancels the same way (4.0 off where
+eager is 0.0018); ``(x - mean) * s + beta`` does not (``x - mean`` is exact for ``x`` near
+``mean``), and is within 1-4x of eager (three roundings in fp16 where eager's kernel rounds
+once). fp32 programs (what QNN's flows export, HTP computing in fp16) keep ``x * s + t`` and
+the fusion: their bound is tests/fusion_bounds.py's.
 """
 
 from __future__ import annotations
@@ -71,8 +100,9 @@ from .signature import unchanging_stored_specs
 from .sizes import aligned, nbytes, stored_tensor
 from .torch_internals import program_with
 from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, INSERTED, LINEARS, TRAINING_BATCH_NORMS, DialectOps,
-                         NodeMaker, WeightOp, arg, batch_norm_operands, batch_norm_output, binary_operands,
-                         compute_dtype, scale_and_shift, val, weight_op)
+                         NodeMaker, WeightOp, batch_norm_operands, batch_norm_output, binary_operands,
+                         channel_magnitudes, compute_dtype, scale_and_shift, val,
+                         weight_op)
 
 
 @dataclass(frozen=True)
@@ -112,7 +142,7 @@ class Fusion:
     replaced: tuple[tuple[str, str], ...] = ()
 
 
-def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int) -> Fusion:
+def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int, spent: int = 0) -> Fusion:
     """Fold eval-mode batch norms and constant scales and shifts into the weight and bias of the
     conv or linear before them, or rewrite a batch norm as a per-channel multiply and add
     (module docstring).
@@ -121,7 +151,9 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
         program: the program being folded (ATen or Edge dialect); never modified.
         policy: ``fuse_into_weights`` turns the rewrite off; ``skip_targets``,
             ``max_tensor_bytes`` and the growth budget decide as for any folded value.
-        bytes_before: the constant bytes `program` stores (for the growth budget), in bytes.
+        bytes_before: the constant bytes the caller's program stores (for the growth budget), in bytes.
+        spent: bytes of the growth budget earlier rounds spent (`program` stores
+            ``bytes_before + spent``; a negative `spent`, bytes they saved, spends none).
 
     Returns:
         A `Fusion`: a copy of `program` (top-level graph copied; tensors, bodies shared) that
@@ -144,7 +176,8 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     written = _written(gm.graph)  # once: a pass over every node
     unchanging = {name: spec for name, spec in stored.items() if name not in written}
     values = lambda spec: stored_tensor(spec, program.state_dict, program.constants)  # noqa: E731
-    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings, values))
+    rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings, values,
+                                               max(spent, 0)))
     for node in candidates:
         rewriter.visit(env[node])
     if not rewriter.changed:
@@ -346,11 +379,15 @@ class _StoredValues:
     def __init__(self, stored: dict, values) -> None:
         self.stored, self.values = stored, values
 
-    def require_known_values(self, kind: str, c: Any) -> None:
-        """`_NotFused` unless folding ``* c`` or ``/ c`` (`kind`) into a weight gives what the
-        runtime op gives: `c` a number or a stored tensor (`stored_value`), finite, and
-        nonzero for ``/``. ``W * inf`` or ``W / 0`` gives NaN where ``W x`` is 0 and ±inf
-        where eager gives ±inf or NaN. ``+ c`` and ``- c`` fold as ``b + c`` whatever `c` holds."""
+    def require_known_values(self, kind: str, c: Any, w_op: WeightOp) -> None:
+        """`_NotFused` unless folding ``* c`` or ``/ c`` (`kind`) into `w_op`'s weight gives
+        what the runtime op gives: `c` a number or a stored tensor (`stored_value`), finite,
+        and nonzero for ``/``. ``W * inf`` or ``W / 0`` gives NaN where ``W x`` is 0 and ±inf
+        where eager gives ±inf or NaN. ``+ c`` and ``- c`` fold as ``b + c`` whatever `c`
+        holds. For every `kind`, the new weight and bias fit the dtype (`binary_refusal`)."""
+        why_not = self.binary_refusal(kind, c, w_op)
+        if why_not is not None:
+            raise _NotFused(why_not)
         if kind not in ("mul", "div"):
             return
         value = self.value(c)
@@ -381,13 +418,100 @@ class _StoredValues:
                                 f"rewritten it would give other non-finite values than the batch norm")
 
     def value(self, v: Any) -> Optional[torch.Tensor]:
-        """The value of `v` known at rewrite time: a number, or the tensor a placeholder the
-        program never writes stores; else None (a computed value)."""
+        """The value of `v` known at rewrite time: a number, the tensor a placeholder the
+        program never writes stores, or a layout op of one (Edge's ``permute_copy`` of a
+        linear's weight: applied to the stored tensor); else None (a computed value)."""
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return torch.tensor(float(v), dtype=torch.float64)
         if isinstance(v, torch.fx.Node) and v.op == "placeholder" and v.name in self.stored:
             return self.values(self.stored[v.name])
+        if isinstance(v, torch.fx.Node) and v.op == "call_function" and op_name(v.target) in _LAYOUT_OPS:
+            inner = self.value(v.args[0])
+            return None if inner is None else v.target(inner, *v.args[1:], **v.kwargs)
         return None
+
+    def _weight_and_bias(self, w_op: WeightOp) -> Optional[tuple]:
+        """(per-channel largest ``|W|``, bias or 0) of `w_op` in float64, or None when not known."""
+        w = self.value(w_op.weight)
+        b = self.value(w_op.bias) if w_op.bias is not None else torch.zeros((), dtype=torch.float64)
+        if w is None or b is None:
+            return None
+        return channel_magnitudes(w_op, w), b.double()
+
+    def batch_norm_refusal(self, w_op: WeightOp, stats: tuple) -> Optional[str]:
+        """None when folding the batch norm of `stats` (known: `require_known_statistics`) into
+        `w_op` gives a weight and bias that fit its dtype and, in fp16 and bf16, a bias whose
+        rounding loses no more than eager's own (module docstring, "Rounding"); else why not."""
+        dtype = val(w_op.weight).dtype
+        known = self._weight_and_bias(w_op)
+        if known is None:
+            return None if dtype not in _LOW else (f"{w_op.node.name}'s weight or bias is computed: its {dtype} "
+                                                   f"range cannot be checked before evaluation")
+        w, b = known
+        gamma, beta, mean, var = (torch.zeros((), dtype=torch.float64) + (1.0 if i == 0 else 0.0) if v is None
+                                  else self.value(v).double() for i, v in enumerate(stats[:4]))
+        s = gamma / (var + stats[4]).sqrt()
+        folded = (b - mean) * s + beta
+        why = _overflow(dtype, ((w * s.abs(), f"{w_op.node.name}'s weight * s"), (folded, "its bias (b - mean) * s + beta")))
+        if why is not None or dtype not in _LOW:
+            return why
+        size = beta.abs() + gamma.abs()  # the output's size: beta + gamma * (a few)
+        worst = (folded.abs() / size.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
+        if worst > CANCELLATION_RATIO:
+            return (f"in {dtype} its folded bias would cancel most of {w_op.node.name}'s output: |b'| is {worst:.3g} x "
+                    f"the channel's |beta| + |gamma| (above {CANCELLATION_RATIO:g}); rounded in {dtype} it could lose "
+                    f"more than the batch norm's own rounding")
+        return None
+
+    def scale_and_shift_refusal(self, dtype: torch.dtype, stats: tuple) -> Optional[str]:
+        """None when the scale ``s`` (and, in fp32 and fp64, the shift ``beta - mean * s``) of
+        `stats` (known) fit `dtype`; else why not."""
+        gamma, beta, mean, var = (None if v is None else self.value(v).double() for v in stats[:4])
+        s = (1.0 if gamma is None else gamma) / (var + stats[4]).sqrt()
+        values = [(s, "its scale gamma / sqrt(var + eps)")]
+        if dtype not in _LOW:
+            values.append(((0.0 if beta is None else beta) - mean * s, "its shift beta - mean * s"))
+        return _overflow(dtype, values)
+
+    def binary_refusal(self, kind: str, c: Any, w_op: WeightOp) -> Optional[str]:
+        """None when folding ``* c``, ``/ c``, ``+ c`` or ``- c`` (`kind`; `c` checked per
+        channel) into `w_op` gives a weight and bias that fit its dtype; else why not."""
+        dtype = val(w_op.weight).dtype
+        known, value = self._weight_and_bias(w_op), self.value(c)
+        if known is None or value is None:
+            return None if dtype not in _LOW else (f"{w_op.node.name}'s weight or bias, or {getattr(c, 'name', c)}, "
+                                                   f"is computed: its {dtype} range cannot be checked before evaluation")
+        w, b = known
+        c = value.double().reshape(-1)
+        if kind == "mul":
+            values = ((w * c.abs(), "its weight * c"), (b * c, "its bias * c"))
+        elif kind == "div":
+            values = ((w / c.abs(), "its weight / c"), (b / c, "its bias / c"))
+        else:
+            values = (((b + c) if kind == "add" else (b - c), f"its bias {'+' if kind == 'add' else '-'} c"),)
+        return _overflow(dtype, values)
+
+
+# Layout ops `_StoredValues.value` looks through (they move values, never change them).
+_LAYOUT_OPS = frozenset({"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
+                         "aten.transpose.int", "aten.transpose_copy.int", "aten.view.default",
+                         "aten.view_copy.default", "aten.reshape.default", "aten._unsafe_view.default",
+                         "aten.clone.default", "aten.alias.default", "aten.alias_copy.default"})
+_LOW = (torch.float16, torch.bfloat16)
+# Module docstring, "Rounding": an fp16/bf16 fused bias may be this many times the channel's
+# |beta| + |gamma| (the size of its output) before its rounding may outweigh eager's.
+CANCELLATION_RATIO = 8.0
+
+
+def _overflow(dtype: torch.dtype, values) -> Optional[str]:
+    """Why the first of `values` ((float64 tensor, what)) holding a finite value beyond
+    `dtype`'s range overflows it, or None (each is stored in `dtype`: beyond it, inf)."""
+    limit = torch.finfo(dtype).max
+    for value, what in values:
+        big = value.abs().masked_fill(~torch.isfinite(value), 0.0)
+        if big.numel() and big.max().item() > limit:
+            return f"{what} reaches {big.max().item():.3g}, beyond {dtype}'s largest value {limit:.3g}: stored, it overflows to inf"
+    return None
 
 
 class _Conditions:
@@ -400,10 +524,10 @@ class _Conditions:
     """
 
     def __init__(self, constness: _Constness, policy: FoldPolicy, bytes_before: int, savings: dict,
-                 values=lambda spec: None) -> None:
+                 values=lambda spec: None, spent: int = 0) -> None:
         self.constness, self.policy, self.savings = constness, policy, savings
         self.known = _StoredValues(constness.stored, values)
-        self.budget, self.spent = policy.growth_budget(bytes_before), 0
+        self.budget, self.spent = policy.growth_budget(bytes_before), spent
         self.skip = policy.skip_names()
         self.skipped = sorted(INSERTED & self.skip)
 
@@ -417,6 +541,19 @@ class _Conditions:
         if self.skipped or name in self.skip or name.rsplit(".", 1)[0] in self.skip:
             raise _NotFused(f"FoldPolicy.skip_targets holds {', '.join(self.skipped or [name])}")
 
+    def require_scale_and_shift(self, bn: torch.fx.Node, x: torch.fx.Node, stats: tuple, why_not: str) -> None:
+        """`_NotFused` unless the batch norm `bn` of `x` (not fused: `why_not`) may become
+        ``(x - centre) * s + t``: its constants fit `x`'s dtype and the growth budget (spent
+        when they do)."""
+        x_val = val(x)
+        refusal = self.known.scale_and_shift_refusal(x_val.dtype, stats)
+        if refusal is not None:
+            raise _NotFused(f"not fused ({why_not}), and {refusal}")
+        saved = sum(self.saved(bn, v) for v in stats[:4])
+        vectors = 3 if x_val.dtype in _LOW else 2  # (x - mean) * s + beta; x * s + t
+        if not self.fits(vectors * self.stored_bytes(None, x, x_val.shape[1]) - saved):
+            raise _NotFused(f"not fused ({why_not}), and storing its scale and shift exceeds the growth budget")
+
     def fusible(self, x: Any, batch_norm: bool) -> Optional[str]:
         """None when the weight op `x` can take a batch norm (or a binary op) into its weight
         and bias, else why not."""
@@ -427,7 +564,8 @@ class _Conditions:
         if len(x.users) != 1:
             return f"{x.name}'s output is also read by {', '.join(u.name for u in list(x.users)[:4])}"
         if batch_norm and w_op.channel_axis != 1:
-            return f"{x.name} is a linear of a rank-{val(x).dim()} input: its channels are not dim 1"
+            return (f"{x.name}'s output channels are its dim {w_op.channel_axis} (a linear of a rank-{val(x).dim()} "
+                    f"input or an unbatched conv), the batch norm's are dim 1")
         try:
             self.require_not_skipped(x)
         except _NotFused as why:
@@ -518,11 +656,10 @@ def _eval_batch_norm(bn: torch.fx.Node, name: str) -> tuple:
     """(output node, input, (gamma, beta, mean, var, eps)) of an eval-mode batch norm on a
     float input with a static channel count and no encoding at it; else `_NotFused`."""
     w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[name]
-    if t_i is not None and arg(bn, t_i, "training", False):
+    if t_i is not None and arg_at(bn, t_i):
         raise _NotFused("training-mode batch norm (batch statistics)")
     out, x = batch_norm_output(bn, tuple_result), bn.args[0]
-    stats = (arg(bn, w_i, "weight"), arg(bn, b_i, "bias"), arg(bn, m_i, "running_mean"),
-             arg(bn, v_i, "running_var"), arg(bn, e_i, "eps"))
+    stats = tuple(arg_at(bn, i) for i in (w_i, b_i, m_i, v_i, e_i))
     x_val = val(x)
     if out is None:
         raise _NotFused("its saved statistics (outputs 1 and 2) are read")
@@ -581,12 +718,12 @@ class _Rewriter:
         if why_not is None:
             why_not = _movable(x, bn)
         if why_not is None:
+            why_not = self.check.known.batch_norm_refusal(w_op, stats)
+        if why_not is None:
             if self.check.rewrite_fits(w_op, True, True, bn, stats[:4]):
                 return self._fuse_batch_norm(bn, out, w_op, stats)
             why_not = f"storing {x.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)"
-        saved = sum(self.check.saved(bn, v) for v in stats[:4])
-        if not self.check.fits(2 * self.check.stored_bytes(None, x, x_val.shape[1]) - saved):
-            raise _NotFused(f"not fused ({why_not}), and storing its scale and shift exceeds the growth budget")
+        self.check.require_scale_and_shift(bn, x, stats, why_not)
         self._scale_and_shift(bn, out, x, stats, why_not)
 
     def _binary(self, node: torch.fx.Node, kind: str) -> None:
@@ -594,8 +731,8 @@ class _Rewriter:
         w_op = weight_op(op)
         if w_op is None:
             return _require_no_view_between(node)  # or a rewrite before changed what it reads
-        if arg(node, 2, "alpha", 1) != 1:
-            raise _NotFused(f"alpha={arg(node, 2, 'alpha', 1)}")
+        if arg_at(node, 2) not in (None, 1):
+            raise _NotFused(f"alpha={arg_at(node, 2)}")
         if isinstance(c, torch.fx.Node) and self.check.constness(c) is not None:
             if kind in ("add", "sub"):
                 return  # a residual or another runtime sum, not a shift
@@ -605,7 +742,7 @@ class _Rewriter:
         if why_not is not None:
             raise _NotFused(why_not)
         _channel_check(c, node, w_op)  # every check before any edit (and before the budget)
-        self.check.known.require_known_values(kind, c)
+        self.check.known.require_known_values(kind, c, w_op)
         why_not = _movable(op, node)
         if why_not is not None:
             raise _NotFused(why_not)
@@ -647,12 +784,10 @@ class _Rewriter:
         self.changed = True
 
     def _scale_and_shift(self, bn, out, x, stats, why_not: str) -> None:
-        """``x * s + t`` by constants viewed [C, 1, ...] (`weight_ops.scale_and_shift`)."""
-        make, ops = self.make, self.ops
+        """``(x - centre) * s + t`` by constants viewed [C, 1, ...] (`weight_ops.scale_and_shift`:
+        ``x * s + t`` in fp32, ``(x - mean) * s + beta`` in fp16 and bf16)."""
         with self.graph.inserting_before(bn):
-            s, t = scale_and_shift(make, val(x), stats, bn.name)
-            scaled = make.node(ops.mul, (x, s), {}, f"{bn.name}_scaled", bn)
-            shifted = make.node(ops.add, (scaled, t), {}, f"{bn.name}_shifted", bn)
+            shifted = scale_and_shift(self.make, x, stats, bn)
         self.notes.append(f"{bn.name} ({op_name(bn.target)}) rewritten as a per-channel multiply and add "
                           f"({shifted.name}; not fused into a weight: {why_not})")
         removed = list(dict.fromkeys((bn, out)))

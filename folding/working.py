@@ -64,11 +64,15 @@ class Preparation:
             driver's dict, read at each call.
         bytes_before: stored constant bytes of the caller's program (the growth budget's
             reference).
-        rewrite_readers: run `fuse_into_weights` and `read_through_transposes` (the first round
-            only: after a ``cond`` is inlined the program is the fold's own output, rewritten
-            already).
-        transposes, notes, fusions: what the first round's rewrites found (used when they do
-            not run).
+        rewrite_readers: run `read_through_transposes` (the first round only: after a
+            ``cond`` is inlined the program is the fold's own output, rewritten already).
+            `fuse_into_weights` runs every round: inlining a ``cond`` brings its taken body's
+            batch norms and scales to the top level (the first round's rows stay, a later
+            round's replace them by node name; the growth the earlier rounds spent counts).
+        transposes, notes, fusions: what the earlier rounds' rewrites found (used when they do
+            not run; `fusions` merged with a later round's).
+        spent: bytes of the growth budget the earlier rounds spent (`base` stores
+            ``bytes_before + spent``), in bytes.
         analyze: `analysis.analyze`, for the hoisting's analyses of bodies (the driver passes
             it: a stage never imports another).
     """
@@ -84,6 +88,7 @@ class Preparation:
     transposes: frozenset = frozenset()
     notes: tuple[str, ...] = ()
     fusions: FusionRows = FusionRows()
+    spent: int = 0
 
     def __call__(self) -> Working:
         with self.timer.phase("rewrites"):
@@ -91,9 +96,9 @@ class Preparation:
                 fusion = fuse_into_weights(self.base, self.policy, self.bytes_before)
                 rewrite = read_through_transposes(fusion.program, self.policy, self.bytes_before)
                 rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
-            else:
-                fusion = Fusion(self.base, (), self.fusions)
-                rewrite = Rewrite(self.base, self.notes, self.transposes)
+            else:  # batch norms and scales a ``cond``'s inlining brought to the top level
+                fusion = _merged(self.fusions, fuse_into_weights(self.base, self.policy, self.bytes_before, self.spent))
+                rewrite = Rewrite(fusion.program, self.notes + fusion.notes, self.transposes)
             program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
             if program is self.base:  # the attempt's own copy, for `bodies` and `lift`
                 program = program_with(program, graph_module=copy_uncompiled(program.graph_module)[0])
@@ -103,8 +108,20 @@ class Preparation:
         return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
                        hoisting.decisions, fusions=fusion.rows)
 
-    def after_inlining(self, folded: ExportedProgram, last: Working) -> "Preparation":
+    def after_inlining(self, folded: ExportedProgram, last: Working, bytes_after: int) -> "Preparation":
         """The preparation of the next round, which folds `folded` (the result of the round
-        whose working program was `last`, with a ``cond`` inlined since)."""
+        whose working program was `last`, with a ``cond`` inlined since; it stores
+        `bytes_after` constant bytes)."""
         return replace(self, base=folded, rewrite_readers=False, transposes=last.transposes, notes=last.notes,
-                       fusions=last.fusions)
+                       fusions=last.fusions, spent=bytes_after - self.bytes_before)
+
+
+def _merged(earlier: FusionRows, fusion: Fusion) -> Fusion:
+    """`fusion` (a later round's) with the rows of the rounds before it: a later row replaces an
+    earlier one of the same node name; rows for nodes an earlier round inserted (its runtime
+    multiply and add, read again by the candidate search) are dropped."""
+    later = [d for d in fusion.rows.decisions if d.node not in earlier.inserted]
+    names = {d.node for d in later}
+    rows = FusionRows(tuple(d for d in earlier.decisions if d.node not in names) + tuple(later),
+                      earlier.inserted | fusion.rows.inserted)
+    return Fusion(fusion.program, fusion.notes, rows, fusion.replaced)

@@ -32,8 +32,8 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from folding.ops import op_name
-from folding.weight_ops import BATCH_NORMS, BINARY, arg, weight_op
+from folding.ops import arg_at, op_name
+from folding.weight_ops import BATCH_NORMS, BINARY, weight_op
 from tests.invariants import module_on_copies
 
 KAPPA = 4.0
@@ -86,13 +86,23 @@ def _downstream_of_another(node: torch.fx.Node, others: set) -> bool:
 
 
 def _replayable(gm: torch.fx.GraphModule, values: dict) -> Optional[dict]:
-    """`values` to replay, or None when an op of `gm` writes in place: a value replayed as
-    computed would then miss the writes its readers saw (``v.narrow(...).tanh_()`` before a
-    batch norm reads ``v``), so both programs run on their own."""
+    """`values` to replay, or None when an op of `gm` writes in place, or may (an op outside
+    ATen's namespaces: its schema may not declare a write, as ``fuzz_writes.bump``'s does
+    not): a value replayed as computed would then miss the writes its readers saw
+    (``v.narrow(...).tanh_()`` before a batch norm reads ``v``), so both programs run on
+    their own."""
     from folding.ops import written_arg_positions
 
-    writes = any(n.op == "call_function" and written_arg_positions(n) for n in gm.graph.nodes)
-    return None if writes else values
+    def may_write(n: torch.fx.Node) -> bool:
+        if n.op != "call_function":
+            return False
+        custom = hasattr(n.target, "_schema") and op_name(n.target).split(".")[0] not in _ATEN_NAMESPACES
+        return custom or bool(written_arg_positions(n))
+
+    return None if any(map(may_write, gm.graph.nodes)) else values
+
+
+_ATEN_NAMESPACES = ("aten", "prims", "quantized_decomposed", "dim_order_ops")
 
 
 class _Magnitudes:
@@ -131,9 +141,9 @@ class _Magnitudes:
     def _batch_norm(self, bn: torch.fx.Node, name: str) -> torch.Tensor:
         w_i, b_i, m_i, v_i, e_i = BATCH_NORMS[name][:5]
         y = self(bn.args[0])
-        stat = lambda i, key, default: (self.values[n.name].double() if isinstance(n := arg(bn, i, key), torch.fx.Node)  # noqa: E731
+        stat = lambda i, key, default: (self.values[n.name].double() if isinstance(n := arg_at(bn, i), torch.fx.Node)  # noqa: E731
                                         else torch.tensor(default, dtype=torch.float64))
-        s = stat(w_i, "weight", 1.0) / (stat(v_i, "running_var", 1.0) + float(arg(bn, e_i, "eps"))).sqrt()
+        s = stat(w_i, "weight", 1.0) / (stat(v_i, "running_var", 1.0) + float(arg_at(bn, e_i))).sqrt()
         view = [-1] + [1] * (y.dim() - 2)
         self.ops += 4
         return s.abs().view(view) * (y + stat(m_i, "running_mean", 0.0).abs().view(view)) \

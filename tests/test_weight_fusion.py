@@ -15,6 +15,7 @@ are a trained network's, not torchvision's (0, 1): running variances log-uniform
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -103,10 +104,11 @@ def weight_ops(draw):
     k = draw(st.sampled_from([1, 2, 3]))
     transposed = draw(st.booleans())
     shape = ((cin, cout // groups) if transposed else (cout, cin // groups)) + (k,) * dims
+    batched = draw(st.integers(0, 3)) > 0  # unbatched: (C_in, *spatial) -> (C_out, *spatial), channels on dim 0
     return {"kind": "conv", "dims": dims, "groups": groups, "transposed": transposed, "weight_shape": shape,
             "fan_in": (cin // groups) * k ** dims, "channels": cout, "bias": draw(st.booleans()),
-            "padding": draw(st.sampled_from([0, k // 2])), "input": (2, cin) + (5,) * dims, "axis": 1,
-            "rank": dims + 2}
+            "padding": draw(st.sampled_from([0, k // 2])), "input": (2,) * batched + (cin,) + (5,) * dims,
+            "axis": int(batched), "rank": dims + 1 + batched}
 
 
 @st.composite
@@ -644,3 +646,225 @@ def test_an_edge_linear_of_a_rank_3_input_then_a_scale_gets_a_row():
     assert [r.reason for r in rows] == [Reason.NOT_FUSED] and "rank-3" in rows[0].detail, rows
     want = edge.module()(x)
     torch.testing.assert_close(result.program.module()(x), want, atol=1e-6 * want.abs().max().item(), rtol=0)
+
+
+class Unbatched(nn.Module):
+    """An unbatched conv (output (C_out, *spatial): channels on dim 0) then a batch norm, which
+    normalises dim 1 (a length or a height), or a per-channel scale."""
+
+    def __init__(self, conv: nn.Module, tail: str):
+        super().__init__()
+        self.conv, self.tail = conv, tail
+        channels = conv.out_channels
+        self.bn = _trained(nn.BatchNorm1d(5, eps=1e-3), 12)
+        self.register_buffer("c", torch.randn((channels,) + (1,) * (conv.weight.dim() - 2), generator=_g(13)))
+        self.register_buffer("c_last", torch.randn(5, generator=_g(14)))
+
+    def forward(self, x):
+        y = self.conv(x)
+        bn = lambda: F.batch_norm(y, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias,  # noqa: E731
+                                  eps=self.bn.eps)
+        return {"bn": bn, "channels": lambda: y * self.c, "last": lambda: y * self.c_last}[self.tail]()
+
+
+@pytest.mark.parametrize("conv,shape", [(lambda: nn.Conv1d(3, 4, 2), (3, 6)), (lambda: nn.Conv2d(3, 4, 1), (3, 5, 5)),
+                                        (lambda: nn.ConvTranspose1d(3, 4, 2), (3, 4)),
+                                        (lambda: nn.Conv3d(3, 4, 1), (3, 5, 5, 5))],
+                         ids=["conv1d", "conv2d", "conv_transpose1d", "conv3d"])
+@pytest.mark.parametrize("tail", ["bn", "channels", "last"])
+def test_an_unbatched_convs_channels_are_its_dim_0(conv, shape, tail):
+    """A batch norm after an unbatched conv normalises another dim than the conv's channels:
+    a per-channel multiply and add, with its row; a scale of shape (C, 1, ...) folds along dim
+    0; one along the last dim does not broadcast per output channel."""
+    x = torch.randn(shape, generator=_g(15))
+    torch.manual_seed(0)
+    model = Unbatched(conv(), tail).eval()
+    ep = _export(model, x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    want = ep.module()(x)
+    torch.testing.assert_close(result.program.module()(x), want, atol=1e-5 * want.abs().max().item(), rtol=0)
+    rows = [d for d in result.report.decisions if d.reason in (Reason.FUSED, Reason.NOT_FUSED, Reason.SCALE_AND_SHIFT)]
+    expected = {"bn": Reason.SCALE_AND_SHIFT, "channels": Reason.FUSED, "last": Reason.NOT_FUSED}[tail]
+    assert [r.reason for r in rows] == [expected], rows
+    if tail == "bn":
+        assert "dim 0" in rows[0].detail, rows
+
+
+class Overflowing(nn.Module):
+    """A fp16/bf16 linear or conv whose output is finite where its weight times the scale (or
+    the batch norm's ``s``), or its bias plus the shift, is beyond the dtype's range (``M``)."""
+
+    def __init__(self, case: str, m: float):
+        super().__init__()
+        self.case = case
+        self.l = nn.Linear(2, 2)
+        self.conv = nn.Conv2d(2, 2, 1)
+        self.bn = nn.BatchNorm2d(2, eps=1e-8)
+        w = torch.tensor([[1.0, -1.0], [0.5, 0.25]]) * m / 1000
+        with torch.no_grad():
+            self.l.weight.copy_(w if case != "add" else torch.tensor([[-0.7, -0.7], [0.0, 0.0]]) * m)
+            self.l.bias.copy_(torch.tensor([0.6 * m, 0.0]) if case == "add" else torch.zeros(2))
+            self.conv.weight.copy_(w.view(2, 2, 1, 1))
+            self.bn.running_var.zero_()  # s = 1 / sqrt(eps) = 1e4
+        self.register_buffer("shift", torch.tensor([0.6 * m, 0.0]))
+
+    def forward(self, x):
+        if self.case == "bn":
+            return self.bn(self.conv(x.view(1, 2, 1, 2).transpose(2, 3).contiguous()))
+        y = self.l(x)
+        return {"div": lambda: y / 1e-4, "mul": lambda: y * 1e4, "add": lambda: y + self.shift}[self.case]()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["div", "mul", "add", "bn"])
+def test_a_fused_weight_or_bias_beyond_the_dtypes_range_is_never_stored(case, dtype):
+    """``W / c``, ``W * c``, ``b + c`` or ``W * s`` beyond the dtype's largest value would be
+    stored as inf (inf or NaN outputs where eager's are finite): refused, decided on the
+    stored values, with a row naming the overflow; the batch norm is then a per-channel
+    multiply and add."""
+    model = Overflowing(case, torch.finfo(dtype).max).eval().to(dtype)
+    x = torch.tensor([[0.5, 0.5], [0.5, 0.49]], dtype=dtype)
+    ep = _export(model, x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    want, got = ep.module()(x), result.program.module()(x)
+    assert bool(torch.isfinite(want).any())
+    _assert_same_as_eager(got.float(), want.float(), rtol=1e-2)
+    rows = [d for d in result.report.decisions if d.reason in (Reason.FUSED, Reason.NOT_FUSED, Reason.SCALE_AND_SHIFT)]
+    assert rows and all(r.reason is not Reason.FUSED and "overflows" in r.detail for r in rows), rows
+
+
+def _quiet(dtype, bias: str, seed: int = 0):
+    """A conv then a batch norm with quiet channels (mean 50, var 1e-4) among normal ones;
+    `bias`: ``"near_mean"`` (the conv's bias holds the mean: its output is near it), ``"none"``
+    (a bias-less conv of positive inputs whose quiet channels sum to the mean), ``"identity"``
+    (a 1x1 identity conv: eager's conv output is exact), ``"bare"`` (a batch norm on the input)."""
+    g = _g(seed)
+    cin = 2 if bias in ("identity", "bare") else 8
+    conv = nn.Conv2d(cin, 8 if cin == 8 else 2, 1 if cin == 2 else 3, bias=bias == "near_mean")
+    cout = conv.out_channels
+    x = torch.randn(2, cin, 8, 8, generator=g)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) / (conv.weight[0].numel() ** 0.5))
+        q = torch.arange(cout) % 2 == 0
+        if bias == "near_mean":
+            conv.weight[q] *= 1e-3
+            conv.bias.copy_(torch.where(q, 50.0, torch.randn(cout, generator=g)))
+        elif bias == "none":
+            x = x.abs() * 0.05 + 1.0
+            w = conv.weight[q]
+            conv.weight[q] = w - w.mean(dim=(1, 2, 3), keepdim=True) + 50.0 / w[0].numel()
+        elif bias in ("identity", "bare"):
+            conv.weight.copy_(torch.eye(2).view(2, 2, 1, 1))
+            x = x * 0.05 + torch.tensor([50.0, 0.0]).view(1, 2, 1, 1)
+    bn = nn.BatchNorm2d(cout)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 2, generator=g)
+        bn.bias.uniform_(-1, 1, generator=g)
+        bn.running_mean.copy_(torch.where(q, 50.0, torch.randn(cout, generator=g)))
+        bn.running_var.copy_(torch.where(q, 1e-4, torch.empty(cout).uniform_(0.5, 2, generator=g)))
+    model = (nn.Sequential(nn.ReLU(), bn) if bias == "bare" else nn.Sequential(conv, bn)).eval().to(dtype)
+    return model, x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case,reason", [("near_mean", Reason.FUSED), ("none", Reason.SCALE_AND_SHIFT),
+                                         ("identity", Reason.SCALE_AND_SHIFT), ("bare", Reason.SCALE_AND_SHIFT)])
+def test_fp16_quiet_channels_lose_no_more_than_eagers_own_rounding(case, reason, dtype):
+    """Quiet channels (|mean| >> sqrt(var + eps)) in fp16 and bf16: a fused bias that cancels
+    most of the conv's output (|b'| above 8x the channel's |beta| + |gamma|) is refused, and
+    the batch norm computed as ``(x - mean) * s + beta``; a conv whose bias holds the mean
+    fuses (its bias then cancels exactly, in fp32). Either way the folded program is within
+    2x eager's own error against the fp32 computation of the same values (plus a few units of
+    roundoff of the output's scale: eager rounds once, the runtime ops up to three times)."""
+    model, x = _quiet(dtype, case)
+    ep = _export(model, x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    exact = copy.deepcopy(model).float()(x.float())
+    eager, folded = ep.module()(x).float(), result.program.module()(x).float()
+    u, scale = torch.finfo(dtype).eps / 2, exact.abs().max().item()
+    assert (folded - exact).abs().max() <= 2 * (eager - exact).abs().max() + 4 * u * scale
+    rows = [d for d in result.report.decisions if d.reason in (Reason.FUSED, Reason.NOT_FUSED, Reason.SCALE_AND_SHIFT)]
+    assert rows and {r.reason for r in rows} == {reason}, rows
+    if case in ("none", "identity"):
+        assert all("cancel" in r.detail for r in rows), rows
+
+
+def test_fp32_quiet_channels_still_fuse():
+    """fp32 programs (what QNN's flows export, whatever HTP computes) keep the fusion: their
+    rounding bound is tests/fusion_bounds.py's."""
+    model, x = _quiet(torch.float32, "none")
+    ep = _export(model, x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    assert Reason.FUSED in {d.reason for d in result.report.decisions}
+    _rewritten_within_bound(ep, result, x)
+
+
+class InCond(nn.Module):
+    """A ``cond`` on a stored flag whose taken branch is a conv then a batch norm, or a scale."""
+
+    def __init__(self, tail: str):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 1), _trained(nn.BatchNorm2d(4), 16)
+        self.tail = tail
+        self.register_buffer("flag", torch.ones(1))
+        self.register_buffer("c", torch.randn(1, 4, 1, 1, generator=_g(17)))
+
+    def forward(self, x):
+        def taken(x):
+            return self.bn(self.conv(x)) if self.tail == "bn" else self.conv(x) * self.c
+
+        return torch.cond(self.flag.sum() > 0, taken, lambda x: x.sum(1, keepdim=True).expand(2, 4, 4, 4).clone(), (x,))
+
+
+@pytest.mark.parametrize("tail", ["bn", "mul"])
+def test_a_batch_norm_or_scale_a_conds_inlining_brings_to_the_top_level_is_fused(tail):
+    """The rewrite runs again after a ``cond`` with a constant predicate is inlined: its
+    taken branch's batch norm or scale is fused (with its row), not left to the backend."""
+    x = torch.randn(2, 3, 4, 4, generator=_g(18))
+    ep = _export(InCond(tail), x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    assert call_targets(result.program) == ["aten.conv2d.default"], result.program.graph
+    assert [d.reason for d in result.report.decisions if d.reason in (Reason.FUSED, Reason.NOT_FUSED)] == [Reason.FUSED]
+    want = ep.module()(x)
+    torch.testing.assert_close(result.program.module()(x), want, atol=1e-5 * want.abs().max().item(), rtol=0)
+
+
+class WrittenStatistics(nn.Module):
+    """An op whose schema declares no write bumps the batch norm's running mean (or the scale)
+    before the batch norm (or scale) reads it: the fold learns the write only when it
+    evaluates that op."""
+
+    def __init__(self, tail: str):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 1), _trained(nn.BatchNorm2d(4), 19)
+        self.tail = tail
+        self.register_buffer("c", torch.arange(4.0))
+        self.register_buffer("k", torch.full((4, 1, 1), 2.0))
+
+    def forward(self, x):
+        if self.tail == "mul":
+            return self.conv(x) * self.k, torch.ops.fold_test.sneaky_bump(self.k, self.k)
+        bumped = torch.ops.fold_test.sneaky_bump(self.bn.running_mean, self.c)
+        return self.bn(self.conv(x)), bumped
+
+
+@pytest.mark.parametrize("tail", ["bn", "mul"])
+def test_statistics_an_undeclared_write_changes_are_never_folded_stale(tail):
+    """The rewrite's constant-only nodes are evaluated by the fold, which redoes an attempt
+    with a write it learns (`Constraints.writes`): the written statistic is then a runtime
+    value and the fused bias is computed at runtime after the write, where the batch norm
+    read it."""
+    import tests.programs  # noqa: F401 (registers fold_test.sneaky_bump)
+    from tests.invariants import module_on_copies
+
+    x = torch.randn(1, 3, 4, 4, generator=_g(20))
+    model = WrittenStatistics(tail).eval()
+    ep = _export(copy.deepcopy(model), x)
+    result = fold_constants(ep)
+    for got, want in zip(module_on_copies(result.program)(x), copy.deepcopy(model)(x)):
+        torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)

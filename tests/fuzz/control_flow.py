@@ -221,6 +221,8 @@ def _use(rng, call: str, n: int) -> str:
 
 def cond(g: Gen) -> Optional[Proposal]:
     rng = g.rng
+    if "fusion_kinds" not in g.without and rng.random() < 0.15:
+        return cond_weight_chain(g)
     b = Body(g)
     pred = _predicate(b, runtime=rng.random() < 0.6)
     b.nest = nesting(g)
@@ -246,6 +248,43 @@ def cond(g: Gen) -> Optional[Proposal]:
     call = (f"torch.cond({pred}, lambda {', '.join(params)}: ({', '.join(true)},), "
             f"lambda {', '.join(params)}: ({', '.join(false)},), {ops})")
     return b.proposal("cond", _use(rng, call, n))
+
+
+def cond_weight_chain(g: Gen) -> Optional[Proposal]:
+    """A ``cond`` whose branches are weight chains (issue 54): a conv then a batch norm with a
+    trained network's statistics, or a conv then a per-channel scale; with a stored flag as
+    predicate it is inlined, and its taken branch's chain must then be fused at the top level
+    (or get its row)."""
+    import re
+
+    from .families import _eval_batch_norm
+
+    rng = g.rng
+    b = Body(g)
+    pred = b.slot(g.new_state(f"torch.tensor({rng.choice([True, False])})", "buffer", "f")) \
+        if rng.random() < 0.7 else _predicate(b, runtime=rng.random() < 0.5)
+    main = g.pick_any_kind(lambda v: v.ex.dtype == torch.float32 and v.ex.dim() in (3, 4) and 1 in v.static_dims)
+    if pred is None or main is None:
+        return None
+    ex = g.v(main).ex
+    c, r, cout = ex.shape[1], ex.dim(), rng.choice([1, 2, 4])
+    fn = "F.conv2d" if r == 4 else "F.conv1d"
+
+    def conv() -> str:
+        w = b.slot(g.random_state((cout, c) + (1,) * (r - 2), torch.float32, "parameter", "randn"))
+        bias = b.slot(g.random_state((cout,), torch.float32, "parameter", "randn")) if rng.random() < 0.6 else "None"
+        return f"{fn}(a0, {w}, {bias})"
+
+    def chain() -> str:
+        if rng.random() < 0.6:
+            expr, inputs = _eval_batch_norm(g, "", cout)
+            slots = [conv()] + [b.slot(i) for i in inputs[1:]]
+            return re.sub(r"\$(\d+)", lambda m: slots[int(m.group(1))], expr)
+        scale = b.slot(g.random_state((1, cout) + (1,) * (r - 2), torch.float32, "buffer", "randn"))
+        return f"({conv()} * {scale})"
+
+    true, false, operand = chain(), chain(), b.slot(main)
+    return b.proposal("cond", f"torch.cond({pred}, lambda a0: ({true},), lambda a0: ({false},), ({operand},))[0]")
 
 
 def cond_siblings(g: Gen) -> Optional[Proposal]:

@@ -386,21 +386,29 @@ def norm(g: Gen) -> Optional[Proposal]:
     return _one("norm", f"F.normalize($0, dim={rng.randrange(-r, r)})", name)
 
 
-def _eval_batch_norm(g: Gen, source: str, c: int) -> tuple[str, tuple]:
+def _eval_batch_norm(g: Gen, source: str, c: int, dtype: torch.dtype = torch.float32) -> tuple[str, tuple]:
     """A step: an eval-mode batch norm of `source` (a value, or ``@k``) with a trained
     network's statistics (issue 54): running variances log-uniform in [1e-5, 10] (dead and
     quiet channels), means and gammas of either sign, eps 1e-3 or 1e-5, weight or bias
-    sometimes None."""
+    sometimes None; sometimes every other channel quiet with a large mean (``|mean|`` 50,
+    var 1e-4: in fp16 its scale and shift cancel); statistics in `dtype`."""
     rng = g.rng
-    var = g.new_state(f"torch.empty({c}).uniform_(-11.5, 2.3, generator=_g({g.seed()})).exp()", "buffer", "b")
-    mean = g.new_state(f"torch.randn({c}, generator=_g({g.seed()})) * {rng.choice([0.1, 1.0, 3.0])}", "buffer", "b")
+    cast = "" if dtype == torch.float32 else f".to(torch.{str(dtype).split('.')[-1]})"
+    var = f"torch.empty({c}).uniform_(-11.5, 2.3, generator=_g({g.seed()})).exp()"
+    mean = f"torch.randn({c}, generator=_g({g.seed()})) * {rng.choice([0.1, 1.0, 3.0])}"
+    if "fusion_kinds" not in g.without and rng.random() < 0.25:
+        quiet = f"(torch.arange({c}) % 2 == 0)"
+        var = f"torch.where({quiet}, 1e-4, {var})"
+        mean = f"torch.where({quiet}, {rng.choice([50.0, -50.0, 20.0])}, {mean})"
+    var = g.new_state(f"({var}){cast}" if cast else var, "buffer", "b")
+    mean = g.new_state(f"({mean}){cast}" if cast else mean, "buffer", "b")
     inputs = [source, mean, var]
     affine = []
     for _ in ("weight", "bias"):
         if rng.random() < 0.15:
             affine.append("None")
         else:
-            inputs.append(g.new_state(f"torch.randn({c}, generator=_g({g.seed()}))", "parameter", "w"))
+            inputs.append(g.new_state(f"torch.randn({c}, generator=_g({g.seed()})){cast}", "parameter", "w"))
             affine.append(f"${len(inputs) - 1}")
     eps = rng.choice([1e-3, 1e-5])
     return f"F.batch_norm($0, $1, $2, {affine[0]}, {affine[1]}, training=False, momentum=0.1, eps={eps})", tuple(inputs)
@@ -440,46 +448,78 @@ def _computed_weight(g: Gen, shape: tuple) -> tuple[list[tuple[str, tuple]], str
     return [(expr, (w,))], "@0"
 
 
-def _weight_op_step(g: Gen) -> Optional[tuple[tuple[str, tuple], int, int, int]]:
-    """A conv, transposed conv (1d/2d, grouped and depthwise) or linear with stored weights, as
-    a step; with its output's channel count, channel dim and rank."""
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _weight_op_step(g: Gen) -> Optional[tuple[list, int, int, int, Optional[int], torch.dtype]]:
+    """A conv, transposed conv (1d/2d, grouped and depthwise; batched, or unbatched: channels on
+    dim 0) or linear with stored weights, as steps (sometimes after a cast of its input to
+    fp16 or bf16); with its output's channel count, channel dim and rank, the size of its
+    dim 1 when known (what a batch norm after it normalises), and its dtype."""
     rng = g.rng
+    later = "fusion_kinds" not in g.without  # else the draws of the seeds the tests pin
+    dtype = (rng.choice(_LOW) if rng.random() < 0.2 else torch.float32) if later else torch.float32
+    steps: list = []
+
+    def cast(name):  # the weight op's input, cast to `dtype` first when low
+        if dtype == torch.float32:
+            return name
+        steps.append((f"$0.to(torch.{str(dtype).split('.')[-1]})", (name,)))
+        return "@0"
+
     if rng.random() < 0.3:
         name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.dim() - 1 in u.static_dims)
         if name is None:
             return None
         v = g.v(name)
         n = rng.choice([1, 2, 4, 8])
-        inputs = (name, g.random_state((n, v.ex.shape[-1]), torch.float32, "parameter", "randn"))
+        inputs = (cast(name), g.random_state((n, v.ex.shape[-1]), dtype, "parameter", "randn"))
         if rng.random() < 0.6:
-            inputs += (g.random_state((n,), torch.float32, "parameter", "randn"),)
-        return ("F.linear($0, $1, $2)" if len(inputs) == 3 else "F.linear($0, $1)", inputs), n, v.ex.dim() - 1, v.ex.dim()
-    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() in (3, 4) and 1 in u.static_dims)
+            inputs += (g.random_state((n,), dtype, "parameter", "randn"),)
+        step = ("F.linear($0, $1, $2)" if len(inputs) == 3 else "F.linear($0, $1)", inputs)
+        dim1 = n if v.ex.dim() == 2 else None
+        return steps + [step], n, v.ex.dim() - 1, v.ex.dim(), dim1, dtype
+    unbatched = later and rng.random() < 0.25
+    channel = 0 if unbatched else 1
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() - channel in (2, 3)
+                           and channel in u.static_dims and (not unbatched or 1 in u.static_dims))
     if name is None:
         return None
     v = g.v(name)
-    r, c = v.ex.dim(), v.ex.shape[1]
+    r, c = v.ex.dim(), v.ex.shape[channel]
     groups = rng.choice([1, 1, c] + ([2] if c % 2 == 0 else []))
     cout = groups * rng.choice([1, 2])
-    ksize = rng.choice([1, 3]) if min(v.ex.shape[2:]) >= 3 else 1
+    ksize = rng.choice([1, 3]) if min(v.ex.shape[channel + 1:]) >= 3 else 1
     transposed = rng.random() < 0.3
-    kshape = ((c, cout // groups) if transposed else (cout, c // groups)) + (ksize,) * (r - 2)
-    inputs = (name, g.random_state(kshape, torch.float32, "parameter", "randn"))
+    kshape = ((c, cout // groups) if transposed else (cout, c // groups)) + (ksize,) * (r - 1 - channel)
+    inputs = (cast(name), g.random_state(kshape, dtype, "parameter", "randn"))
     bias = "None"
     if rng.random() < 0.6:
-        inputs += (g.random_state((cout,), torch.float32, "parameter", "randn"),)
+        inputs += (g.random_state((cout,), dtype, "parameter", "randn"),)
         bias = "$2"
-    fn = ("F.conv_transpose2d" if r == 4 else "F.conv_transpose1d") if transposed else ("F.conv2d" if r == 4 else "F.conv1d")
-    extra = f"stride=1, padding=0, groups={groups}" if transposed else f"padding={rng.choice([0, ksize // 2])}, groups={groups}"
-    return (f"{fn}($0, $1, {bias}, {extra})", inputs), cout, 1, r
+    spatial = r - 1 - channel
+    fn = ("F.conv_transpose2d" if spatial == 2 else "F.conv_transpose1d") if transposed \
+        else ("F.conv2d" if spatial == 2 else "F.conv1d")
+    if transposed:
+        extra = f"stride=1, padding=0, groups={groups}"
+    else:
+        padding = ksize // 2 if unbatched else rng.choice([0, ksize // 2])  # unbatched: dim 1 keeps its size
+        extra = f"padding={padding}, groups={groups}"
+    same = not transposed or ksize == 1
+    dim1 = cout if not unbatched else (v.ex.shape[1] if same else None)
+    return steps + [(f"{fn}($0, $1, {bias}, {extra})", inputs)], cout, channel, r, dim1, dtype
 
 
-def _constant_operand(g: Gen, kind: str, channels: int, axis: int, rank: int) -> tuple[str, tuple]:
-    """The other operand of a scale or shift: a number, or a stored tensor of one element, per
-    channel (shaped to broadcast along `axis` of a rank-`rank` value), or (rarely) along
-    another dim, which is not folded into a weight."""
+def _constant_operand(g: Gen, kind: str, channels: int, axis: int, rank: int,
+                      dtype: torch.dtype = torch.float32) -> tuple[str, tuple]:
+    """The other operand of a scale or shift: a number (in fp16/bf16 sometimes one that takes
+    a weight beyond the dtype's range: ``* 3e4``, ``/ 1e-4``), or a stored tensor (in `dtype`)
+    of one element, per channel (shaped to broadcast along `axis` of a rank-`rank` value), or
+    (rarely) along another dim, which is not folded into a weight."""
     rng = g.rng
     u = rng.random()
+    if dtype in _LOW and u < 0.15 and kind in ("mul", "div"):
+        return {"mul": "3e4" if dtype == torch.float16 else "1e37", "div": "1e-4" if dtype == torch.float16 else "1e-37"}[kind], ()
     if u < 0.3:
         return rng.choice(["2.5", "-0.75", "0.125", "3"]), ()
     style = "pos" if kind == "div" else "randn"
@@ -493,25 +533,25 @@ def _constant_operand(g: Gen, kind: str, channels: int, axis: int, rank: int) ->
         full = [1] * rank
         full[0 if axis else rank - 1] = 2  # broadcasts along another dim
         shape = tuple(full)
-    return "$1", (g.random_state(shape, torch.float32, "constant" if rng.random() < 0.3 else "parameter", style),)
+    return "$1", (g.random_state(shape, dtype, "constant" if rng.random() < 0.3 else "parameter", style),)
 
 
 def weight_chain(g: Gen) -> Optional[Proposal]:
     """A weight op, then what folds into its weight and bias (issue 54): an eval-mode batch
     norm with a trained network's statistics, a scale or a shift by a constant, or a few of
-    them in a row."""
+    them in a row (after an unbatched conv, a batch norm normalises its dim 1, not its
+    channels: a per-channel multiply and add)."""
     found = _weight_op_step(g)
     if found is None:
         return None
-    step, channels, axis, rank = found
-    steps = [step]
+    steps, channels, axis, rank, dim1, dtype = found
     for _ in range(g.rng.choice([1, 1, 2, 3])):
         prev = f"@{len(steps) - 1}"
         kind = g.rng.choice(["bn", "bn", "mul", "div", "add", "sub"])
-        if kind == "bn" and axis == 1 and rank >= 2:
-            steps.append(_eval_batch_norm(g, prev, channels))
+        if kind == "bn" and dim1 is not None and rank >= 2:
+            steps.append(_eval_batch_norm(g, prev, dim1, dtype))
             continue
-        operand, state = _constant_operand(g, kind, channels, axis, rank)
+        operand, state = _constant_operand(g, kind, channels, axis, rank, dtype)
         op = {"mul": "*", "div": "/", "add": "+", "sub": "-"}.get(kind, "*")
         expr = f"$0 {op} {operand}" if kind in ("div", "sub") or g.rng.random() < 0.5 else f"{operand} {op} $0"
         steps.append((expr, (prev,) + state))
