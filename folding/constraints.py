@@ -29,6 +29,7 @@ from typing import Optional, Union
 
 import torch.fx
 
+from .ops import OpKind, op_facts
 from .reasons import Reason
 
 
@@ -94,8 +95,23 @@ class Constraints:
         if not (self.forced or self.writes):
             return
         by_name = {n.name: n for n in graph.nodes}
-        self.forced = {by_name[n.name]: why for n, why in self.forced.items()}
-        self.writes = {by_name[n.name]: {by_name[w.name] for w in ws} for n, ws in self.writes.items()}
+        # a forced node that is gone was moved out of a body and is pinned there now: kept anyway
+        self.forced = {by_name[n.name]: why for n, why in self.forced.items() if n.name in by_name}
+        writes: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+        for n, ws in self.writes.items():
+            written = {by_name[w.name] for w in ws if w.name in by_name}
+            writer = by_name.get(n.name)
+            if writer is not None:
+                writes.setdefault(writer, set()).update(written)
+                continue
+            # the writer was moved out of a body and is pinned back in it: the control-flow
+            # calls that pass a written tensor to their bodies write it at runtime
+            for call in graph.nodes:
+                if call.op == "call_function" and op_facts(call.target).kind is OpKind.CONTROL_FLOW:
+                    passed = written.intersection(call.all_input_nodes)
+                    if passed:
+                        writes.setdefault(call, set()).update(passed)
+        self.writes = writes
 
     def fits(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
         """Whether a lifted program storing `bytes_after` bytes is within the growth budget

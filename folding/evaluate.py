@@ -254,6 +254,18 @@ def _metadata_lookup(
     return lookup
 
 
+def _storage_bytes(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """The bytes of `t`'s whole storage as a uint8 tensor sharing it (None on ``meta``, which
+    holds no bytes: two such never compare equal)."""
+    if t.device.type == "meta":
+        return None
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _same_bytes(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    return a is not None and b is not None and torch.equal(a, b)
+
+
 class _WriteGuard:
     """Hands an op stand-ins for the inputs it is not known to write to or alias, so an
     undeclared write can neither reach the caller's tensors nor go unnoticed, whatever the
@@ -279,7 +291,7 @@ class _WriteGuard:
         position = op_facts(node.target).aliased_position
         if position is not None:
             self.passed_whole.add(arg_at(node, position))
-        self.clones: list[tuple[torch.fx.Node, torch.Tensor]] = []
+        self.clones: list[tuple[torch.fx.Node, torch.Tensor, torch.Tensor]] = []  # (input, original, clone)
         self.copies: list[tuple[torch.fx.Node, torch.Tensor, torch.Tensor]] = []  # (input, original, copy)
 
     def wrap(self, lookup: Callable[[torch.fx.Node], object]) -> Callable[[torch.fx.Node], object]:
@@ -313,7 +325,7 @@ class _WriteGuard:
         except RuntimeError:  # a storage copy-on-write cannot share (numpy's, a mapped file's)
             clone = None
         if clone is not None and is_cow_tensor(clone):
-            self.clones.append((n, clone))
+            self.clones.append((n, value, clone))
             return clone
         copy = value.detach().clone()
         self.copies.append((n, value, copy))
@@ -321,9 +333,11 @@ class _WriteGuard:
 
     def check(self) -> None:
         """Stops the evaluation (`_Stop`) with an `UndeclaredWrite` when the op wrote to one of
-        its inputs' stand-ins."""
-        for n, clone in self.clones:
-            if not is_cow_tensor(clone):
+        its inputs' stand-ins. A materialised clone is only a kernel that asked for a writable
+        data pointer (``conv1d`` does, on some inputs, without writing): it is a write when its
+        storage's bytes differ from the original's."""
+        for n, original, clone in self.clones:
+            if not is_cow_tensor(clone) and not _same_bytes(_storage_bytes(clone), _storage_bytes(original)):
                 raise _Stop(UndeclaredWrite(self.node, n))
         for n, original, copy in self.copies:
             if raw_bytes(copy) != raw_bytes(original):

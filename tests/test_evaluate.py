@@ -285,3 +285,57 @@ def test_an_undeclared_write_of_an_op_kept_by_the_policy_is_not_hidden():
         for x in (torch.randn(4), torch.randn(4)):  # the second call reads the written buffer
             for want, got in zip(eager(x), folded(x)):
                 torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class ConvOfABuffer(torch.nn.Module):
+    """``conv1d`` of a stored (1, 5, 1) input: ATen's kernel asks for a writable data pointer of
+    it (materialising a copy-on-write stand-in) without writing (fuzz seed 54055162221)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(1, 5, 1))
+        self.w = torch.nn.Parameter(torch.randn(2, 5, 1))
+
+    def forward(self, x):
+        return x + torch.nn.functional.conv1d(self.b, self.w)
+
+
+def test_a_kernel_that_asks_for_a_writable_pointer_without_writing_is_folded():
+    ep = export(ConvOfABuffer(), (torch.randn(1, 2, 1),))
+    result = fold(ep)
+    assert decision(result.report, "conv1d").reason is Reason.FOLDED
+    assert_same_outputs(ep, result.program, (torch.randn(1, 2, 1),))
+
+
+class BodyWritesABuffer(torch.nn.Module):
+    """A ``cond`` branch writes ``b`` undeclared (``bump_first``, constant inputs: moved out of
+    its body, evaluated, caught, pinned back); `read_after` reads ``b`` after the ``cond``."""
+
+    def __init__(self, predicate: bool, read_after: str):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(3))
+        self.register_buffer("c", torch.ones(3))
+        self.register_buffer("p", torch.tensor(predicate))
+        self.read_after = read_after
+
+    def forward(self, x, flag):
+        pred = self.p if self.read_after != "runtime_predicate" else flag.sum() > 0
+        y = torch.cond(pred, lambda b, c: (torch.ops.fold_evaluate_test.bump_first(b, c),),
+                       lambda b, c: (b * c,), (self.b, self.c))[0]
+        after = (self.b * 2.0).exp() if self.read_after != "nothing" else self.c
+        return x + y, x + after
+
+
+@pytest.mark.parametrize("read_after", ["folded_reader", "nothing", "runtime_predicate"])
+def test_an_undeclared_write_in_a_body_keeps_the_written_tensor_for_every_reader(read_after):
+    """The writer moves out of its body, is caught writing, and is pinned back: the constraint
+    follows it to the call that passes the written buffer (a ``KeyError`` before)."""
+    eager = BodyWritesABuffer(True, read_after)
+    example = (torch.randn(3), torch.ones(1))
+    ep = export(BodyWritesABuffer(True, read_after), example)
+    result = fold_constants(ep)
+    folded = result.program.module()
+    with torch.no_grad():
+        for x in (torch.randn(3), torch.randn(3), torch.randn(3)):  # later calls read the written buffer
+            for want, got in zip(eager(x, example[1]), folded(x, example[1])):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
