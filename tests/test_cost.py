@@ -116,7 +116,9 @@ def test_the_folded_program_is_compiled_on_first_use_only():
     assert _count_codegen_calls(lambda: results.append(fold_constants(ep))) == 0
     folded = results[0].program
     assert_valid_program(folded)
-    assert _count_codegen_calls(lambda: to_edge(folded)) > 0  # the counter sees to_edge's own graphs
+    # outside the counter (its profile hook on every Python call made this test 11 s, not 5): the
+    # count of 1 below also says that to_edge never compiled the folded graph
+    to_edge(folded)
     x = torch.randn(4, 4)
     want = ep.module()(x)
     calls = []
