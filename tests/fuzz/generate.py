@@ -330,9 +330,9 @@ class GenConfig:
     without: tuple[str, ...] = ()
 
 
-# Families added after the campaign seeds the tests pin were drawn (issue 52's writes, siblings
-# and subclass weights): a pinned seed regenerates its program with `pinned(config)`.
-LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight")
+# Families added after the campaign seeds the tests pin were drawn (issue 52's writes, siblings,
+# subclass weights and shared bodies): a pinned seed regenerates its program with `pinned(config)`.
+LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "shared_body", "shared_body_eager")
 
 
 def pinned(config: "GenConfig") -> "GenConfig":
@@ -351,7 +351,7 @@ CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_f
 # that requires grad is being used in an in-place operation"), and at most 20 ops, as each
 # program is lowered for the runtime (seconds per program).
 CONTROL_FLOW_PTE = GenConfig(min_ops=6, max_ops=20, quantize_fraction=0.0, control_flow=True,
-                             without=("random", "while_loop", "no_grad", "autocast", "mutation"))
+                             without=("random", "while_loop", "no_grad", "autocast", "mutation", "shared_body_eager"))
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
