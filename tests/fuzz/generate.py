@@ -346,7 +346,8 @@ CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_f
 # Control-flow programs for the documented-lowering check (`--documented`): every output a
 # .pte can be compared on (no random ops: the runtime's RNG is not torch's; no while_loop:
 # executorch 1.5.1 does not emit it), the control flow executorch 1.5.1 plans in one shared
-# body arena (cond, map, scan; no no_grad/autocast regions, which to_edge inlines), no mutated
+# body arena (cond, map, scan; no no_grad/autocast regions, which to_edge inlines, nor
+# `shared_body_eager`'s loops and regions sharing a body), no mutated
 # buffers (to_edge_transform_and_lower refuses the generated ones, unfolded too: "a leaf Variable
 # that requires grad is being used in an in-place operation"), and at most 20 ops, as each
 # program is lowered for the runtime (seconds per program).
