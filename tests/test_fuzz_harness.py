@@ -5,6 +5,7 @@ summary when it is stopped."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from tests.fuzz import Config, Options, check, generate, reproducer, shrink
 from tests.fuzz.campaign import run
 from tests.fuzz.check import new_leftovers
 from tests.fuzz.control_flow import FAMILIES as CONTROL_FLOW_FAMILIES
+from tests.fuzz.families import weights
 from tests.fuzz.generate import CONTROL_FLOW
 from tests.fuzz.program import Op, PolicySpec, Program, execute, export_source, module_source
 
@@ -242,3 +244,54 @@ def test_a_stop_request_whose_interrupt_was_swallowed_ends_the_campaign_after_th
     finally:
         campaign.StopRequest.requested = False  # the request is process-wide
     assert summary.interrupted and summary.cases == 2 == len(seen)
+
+
+def _fold_without_unsharing(ep, policy, inplace=False):
+    """The fold as it was before `bodies._Hoist.unshare` (issue 52, review 2's fault 5): a
+    body two calls share is rewritten for one of them only. The fuzzer must report it."""
+    from folding import bodies
+
+    unshare = bodies._Hoist.unshare
+    bodies._Hoist.unshare = lambda self, gm: None
+    try:
+        return folding.fold_constants(ep, policy)
+    finally:
+        bodies._Hoist.unshare = unshare
+
+
+# Programs of the shared-body families alone (with elementwise ops between): seed 1 has both
+# families, seed 7 `shared_body` only.
+SHARED_ONLY = dataclasses.replace(CONTROL_FLOW, max_ops=8, without=tuple(
+    k for k in weights(False, True) if k not in ("shared_body", "shared_body_eager", "elementwise")))
+
+
+@pytest.mark.parametrize("seed", [1, 7])
+def test_the_shared_body_families_share_bodies_and_catch_a_fold_that_rewrites_one_call(seed):
+    """A `shared_body` program's export, once `share.share_bodies` has run, has calls sharing a
+    body and computes what eager computes; the real fold passes every check, and a fold that
+    rewrites a shared body for one call fails one."""
+    from tests.fuzz.share import share_bodies
+
+    program = generate(seed, SHARED_ONLY)
+    assert program.shares_bodies and "share_bodies(ep)" in export_source(program)
+    ns = execute(module_source(program))
+    execute("import copy\n" + export_source(program).replace("share_bodies(ep)", ""), ns)
+    ep, inputs = ns["ep"], ns["inputs"]
+    assert share_bodies(ep) >= 1
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        want, got = ns["reference"](*inputs), ep.module()(*inputs)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    assert check(program, Options()).status == "ok"
+    assert check(program, Options(fold=_fold_without_unsharing)).status == "failure"
+
+
+def test_the_later_families_leave_pinned_seeds_alone():
+    """`pinned` draws none of `LATER_FAMILIES` (the shared-body ones included), so a pinned
+    seed's program does not depend on them."""
+    from tests.fuzz.generate import LATER_FAMILIES, pinned
+
+    assert {"shared_body", "shared_body_eager"} <= set(LATER_FAMILIES)
+    for seed in range(3):
+        p = generate(seed, pinned(CONTROL_FLOW))
+        assert not {op.family for op in p.ops} & set(LATER_FAMILIES) and "share_bodies" not in export_source(p)

@@ -37,6 +37,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         ".to_executorch(folding.executorch_backend_config()), portable; folded and unfolded, "
                         "example and flipped inputs) on control-flow programs without random ops or while_loop; "
                         "implies --control-flow")
+    p.add_argument("--only", default=None, metavar="FAMILY,...",
+                   help="draw only these families (docs/fuzzing.md), e.g. shared_body,shared_body_eager,elementwise")
     return p.parse_args(argv)
 
 
@@ -52,6 +54,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .reproduce import reproducer
 
     gen = CONTROL_FLOW_PTE if args.documented else CONTROL_FLOW if args.control_flow else GenConfig()
+    if args.only:
+        import dataclasses
+
+        from .families import weights
+
+        only = set(args.only.split(","))
+        unknown = only - set(weights(False, gen.control_flow))
+        if unknown:
+            raise SystemExit(f"--only: no family {', '.join(sorted(unknown))}")
+        gen = dataclasses.replace(gen, without=tuple(k for k in weights(False, gen.control_flow) if k not in only))
     every_stage = Options(documented=True) if args.documented else Options(edge=True, pte=True)
     if args.case is not None:
         program = generate(args.case, gen)

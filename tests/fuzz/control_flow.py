@@ -38,7 +38,7 @@ def closable(g: Gen):
     ``InternalTorchDynamoError: TypeError: '<' not supported between 'NoneType' and 'int'``)."""
     derived: set[str] = set()
     for op in g.ops:
-        if op.family == "while_loop" or any(i in derived for i in op.inputs):
+        if op.family in ("while_loop", "shared_body_eager") or any(i in derived for i in op.inputs):
             derived.add(op.out)
     return lambda v: _float(v) and v.name not in derived
 
@@ -405,6 +405,133 @@ def autocast(g: Gen) -> Optional[Proposal]:
     return _region(g, "autocast", "_autocast")
 
 
+# -- bodies shared by several calls (issue 52, review 2's fault 5) ----------------------------
+# One op record passes the same lambdas to several calls; torch.export still gives each call its
+# own bodies, and `share.share_bodies` (run after export: `program.export_source`) makes the
+# calls whose bodies are the same graph call one body. Operands of the calls that share have the
+# same shapes and dtypes, so their bodies are the same graph.
+
+def _state_like(g: Gen, ex: torch.Tensor) -> str:
+    """A new stored tensor (any kind) whose shape broadcasts to `ex`'s."""
+    shape = Body(g)._broadcast_shape(ex)
+    return g.random_state(shape, ex.dtype, g.rng.choice(["parameter", "buffer", "constant"]))
+
+
+def _ops(texts: list[str]) -> str:
+    return "(" + "".join(f"{t}, " for t in texts) + ")"
+
+
+def _branches(b: Body, params: list[str], examples: list) -> tuple[str, str]:
+    """Two branch lambdas on `params` (a term of the first, reading the others)."""
+    ex = examples[0]
+    others = tuple((p, x) for p, x in zip(params[1:], examples[1:]) if _broadcasts(x, ex))
+    lam = f"lambda {', '.join(params)}: "
+    return lam + f"({b.term(params[0], ex, others)},)", lam + f"({b.term(params[0], ex, others)},)"
+
+
+def _two_conds(b: Body, operand: str, ex: torch.Tensor, p1: str, p2: str) -> str:
+    """Two conds passed the same two lambdas, the second on the first's result: operands
+    ``(operand, e1)`` then ``(result, e2)``, `e1` and `e2` two stored tensors of one shape
+    (or none)."""
+    g = b.g
+    examples, e1, e2 = [ex], [], []
+    if g.rng.random() < 0.6:
+        w = _state_like(g, ex)
+        examples.append(g.v(w).ex)
+        e1 = [b.slot(w)]
+        e2 = [b.slot(g.random_state(tuple(g.v(w).ex.shape), ex.dtype, g.rng.choice(["parameter", "buffer", "constant"])))]
+    t, f = _branches(b, _params("a", examples), examples)
+    inner = f"torch.cond({p1}, t_, f_, {_ops([operand] + e1)})[0]"
+    return f"(lambda t_, f_: torch.cond({p2}, t_, f_, {_ops([inner] + e2)})[0])({t}, {f})"
+
+
+def _plain(rng, s: str, e: Optional[str]) -> str:
+    """A body term of slice `s` and operand `e` without closures (a closure would give a
+    ``cond`` branch and a ``map`` body their placeholders in different orders)."""
+    t = rng.choice(UNARY).format(e=s)
+    if e is None:
+        return t
+    return f"({t} {rng.choice(BINARY)} {rng.choice(UNARY).format(e=e)})"
+
+
+def shared_body(g: Gen) -> Optional[Proposal]:
+    """Calls that share a body (`share.share_bodies`): two ``cond`` nodes (the second on the
+    first's result), one ``cond`` whose true and false branches are one body, a ``cond`` and a
+    ``map`` (the map's body is the cond's true branch), or two conds sharing inside a cond's
+    branch."""
+    rng = g.rng
+    form = rng.choice(["two_conds", "two_conds", "one_branch", "cond_and_map"] + (["nested"] if nesting(g) else []))
+    b = Body(g)
+    if form == "cond_and_map":
+        sliced = _sliced(g)
+        if sliced is None:
+            return None
+        b, xs, xs_text, ex = sliced
+    p1 = _predicate(b, runtime=rng.random() < 0.6) or _predicate(b, runtime=False)
+    if p1 is None:
+        return None
+    if form == "cond_and_map":
+        e = b.slot(_state_like(g, ex)) if rng.random() < 0.7 else None
+        params = "s" + (", a1" if e else "")
+        t, f = (f"lambda {params}: ({_plain(rng, 's', 'a1' if e else None)},)" for _ in range(2))
+        extra = [e] if e else []
+        call = (f"(lambda t_, f_: torch.cond({p1}, t_, f_, {_ops([xs_text + '[0]'] + extra)})[0] "
+                f"+ hop_map(t_, {', '.join([xs_text] + extra)})[0])")
+        return b.proposal("shared_body", f"{call}({t}, {f})")
+    main = g.pick_any_kind(_float)
+    if main is None:
+        return None
+    ex = g.v(main).ex
+    if form == "one_branch":
+        texts, examples = _operands(b, main)
+        t, _ = _branches(b, _params("a", examples), examples)
+        return b.proposal("shared_body", f"(lambda f_: torch.cond({p1}, f_, f_, {_ops(texts)})[0])({t})")
+    if form == "two_conds":
+        p2 = _predicate(b, runtime=rng.random() < 0.6) or _predicate(b, runtime=False)
+        if p2 is None:
+            return None
+        return b.proposal("shared_body", _two_conds(b, b.slot(main), ex, p1, p2))
+    # nested: two conds that share, in the true branch of a cond on `main`
+    inner = _two_conds(b, "o0", ex, "o0.sum() > 0", "o0.mean() < 0.1")
+    other = f"lambda o0: ({b.term('o0', ex)},)"
+    return b.proposal("shared_body", f"torch.cond({p1}, lambda o0: ({inner},), {other}, ({b.slot(main)},))[0]")
+
+
+def shared_body_eager(g: Gen) -> Optional[Proposal]:
+    """Calls that share a body, of the kinds checked in eager only (executorch 1.5.1 emits no
+    ``while_loop``; `to_edge` inlines regions): two counted ``while_loop`` nodes (the second
+    carrying the first's result) sharing both their functions, or two ``no_grad`` / autocast
+    regions sharing their body."""
+    rng = g.rng
+    main = g.pick_any_kind(_float)
+    if main is None:
+        return None
+    b = Body(g)
+    ex = g.v(main).ex
+    if rng.random() < 0.5 or nesting(g):
+        zero = "torch.zeros((), dtype=torch.int64)"
+        loop = f"lambda i, a: (i + 1, {b.term('a', ex)})"
+        first = rng.choice(["({r} * 2.0)", "{r}.tanh()", "({r} - 0.5)"]).format(
+            r=f"while_loop(c_, b_, ({zero}, {b.slot(main)}))[1]")  # an op between: export fails on a loop carrying a loop's result
+        call = f"while_loop(c_, b_, ({zero}, {first}))[1]"
+        return b.proposal("shared_body_eager", f"(lambda c_, b_: {call})(lambda i, a: i < {rng.randint(1, 3)}, {loop})")
+    helper = rng.choice(["_no_grad", "_autocast"])
+    examples, e1, e2 = [ex], [], []
+    if rng.random() < 0.6:
+        w = _state_like(g, ex)
+        examples.append(g.v(w).ex)
+        e1 = [b.slot(w)]
+        e2 = [b.slot(g.random_state(tuple(g.v(w).ex.shape), ex.dtype, rng.choice(["parameter", "buffer", "constant"])))]
+    params = _params("a", examples)
+    others = tuple((p, x) for p, x in zip(params[1:], examples[1:]) if _broadcasts(x, ex))
+    body = f"lambda {', '.join(params)}: {b.term(params[0], ex, others)}"
+    inner = f"{helper}(r_, {', '.join([b.slot(main)] + e1)})"
+    between = rng.choice(["({r} * 2.0)", "{r}.tanh()", "({r} - 0.5)"]).format(r=inner)
+    return b.proposal("shared_body_eager", f"(lambda r_: {helper}(r_, {', '.join([between] + e2)}))({body})")
+
+
 FAMILIES = {"cond": cond, "map": map_, "scan": scan_, "while_loop": while_loop_, "no_grad": no_grad,
-            "autocast": autocast, "cond_siblings": cond_siblings}
-WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4, "cond_siblings": 4}
+            "autocast": autocast, "cond_siblings": cond_siblings, "shared_body": shared_body,
+            "shared_body_eager": shared_body_eager}
+WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4, "cond_siblings": 4,
+           "shared_body": 5, "shared_body_eager": 3}

@@ -331,12 +331,13 @@ class GenConfig:
     without: tuple[str, ...] = ()
 
 
-# Families added after the campaign seeds the tests pin were drawn (issue 52's writes, siblings
-# and subclass weights): a pinned seed regenerates its program with `pinned(config)`.
+# Families added after the campaign seeds the tests pin were drawn (issue 52's writes, siblings,
+# subclass weights and shared bodies): a pinned seed regenerates its program with `pinned(config)`.
 # "fusion_kinds": issue 54's later weight-chain kinds (unbatched convs, fp16/bf16 chains with
 # quiet channels and overflow-prone scales, weight chains in cond branches), drawn inside
 # families that exist (`families.weight_chain`, `control_flow.cond`).
-LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds")
+LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
+                  "shared_body", "shared_body_eager")
 
 
 def pinned(config: "GenConfig") -> "GenConfig":
@@ -350,12 +351,13 @@ CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_f
 # Control-flow programs for the documented-lowering check (`--documented`): every output a
 # .pte can be compared on (no random ops: the runtime's RNG is not torch's; no while_loop:
 # executorch 1.5.1 does not emit it), the control flow executorch 1.5.1 plans in one shared
-# body arena (cond, map, scan; no no_grad/autocast regions, which to_edge inlines), no mutated
+# body arena (cond, map, scan; no no_grad/autocast regions, which to_edge inlines, nor
+# `shared_body_eager`'s loops and regions sharing a body), no mutated
 # buffers (to_edge_transform_and_lower refuses the generated ones, unfolded too: "a leaf Variable
 # that requires grad is being used in an in-place operation"), and at most 20 ops, as each
 # program is lowered for the runtime (seconds per program).
 CONTROL_FLOW_PTE = GenConfig(min_ops=6, max_ops=20, quantize_fraction=0.0, control_flow=True,
-                             without=("random", "while_loop", "no_grad", "autocast", "mutation"))
+                             without=("random", "while_loop", "no_grad", "autocast", "mutation", "shared_body_eager"))
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:

@@ -124,7 +124,13 @@ class Program:
 
     @property
     def has_while_loop(self) -> bool:
-        return any(op.family == "while_loop" for op in self.ops)
+        return any(op.family == "while_loop" or (op.family == "shared_body_eager" and "while_loop(" in op.expr)
+                   for op in self.ops)
+
+    @property
+    def shares_bodies(self) -> bool:
+        """A `shared_body` family's calls are made to share their bodies after export."""
+        return any(op.family.startswith("shared_body") for op in self.ops)
 
     @property
     def mutated_buffers(self) -> list[str]:
@@ -251,6 +257,8 @@ def export_source(p: Program) -> str:
     # quantized models hold non-leaf tensors that deepcopy refuses; nothing mutates them before use
     lines.append("reference = model" if p.quantize else "reference = copy.deepcopy(model)")
     lines.append(f"ep = torch.export.export(model, inputs{dyn})")
+    if p.shares_bodies:  # calls whose bodies are the same graph call one body (tests/fuzz/share.py)
+        lines += ["from tests.fuzz.share import share_bodies", "share_bodies(ep)"]
     return "\n".join(lines) + "\n"
 
 
