@@ -47,7 +47,9 @@ copy of a weight another op also reads beyond the growth budget, or a weight abo
 shift of 2., beyond its dtype's largest value (stored, it would be inf where the runtime ops'
 results are finite: decided on the stored values, `_StoredValues`; in fp16 and bf16 a
 computed weight, bias or constant, whose range cannot be known, is refused too); in fp16 and
-bf16, a fused bias that would cancel most of the output ("Rounding"; then 2.).
+bf16, a fused bias that would cancel most of the output ("Rounding"; then 2.), or a scale above 1
+(the weight op's partial sums, some kept in fp16 by ATen's CPU kernels, would hold the scaled
+output's range and could overflow where the unfused op's do not: `_grows`; then 2.).
 ``FoldPolicy(fuse_into_weights=False)`` turns the rewrite off. After a ``cond`` is inlined the
 rewrite runs again on what its taken body brought (`working.Preparation`).
 
@@ -452,7 +454,8 @@ class _StoredValues:
                                   else self.value(v).double() for i, v in enumerate(stats[:4]))
         s = gamma / (var + stats[4]).sqrt()
         folded = (b - mean) * s + beta
-        why = _overflow(dtype, ((w * s.abs(), f"{w_op.node.name}'s weight * s"), (folded, "its bias (b - mean) * s + beta")))
+        why = (_overflow(dtype, ((w * s.abs(), f"{w_op.node.name}'s weight * s"), (folded, "its bias (b - mean) * s + beta")))
+               or _grows(dtype, s, "the batch norm's scale gamma / sqrt(var + eps)", w_op))
         if why is not None or dtype not in _LOW:
             return why
         size = beta.abs() + gamma.abs()  # the output's size: beta + gamma * (a few)
@@ -489,7 +492,7 @@ class _StoredValues:
             values = ((w / c.abs(), "its weight / c"), (b / c, "its bias / c"))
         else:
             values = (((b + c) if kind == "add" else (b - c), f"its bias {'+' if kind == 'add' else '-'} c"),)
-        return _overflow(dtype, values)
+        return _overflow(dtype, values) or (kind in ("mul", "div") and _grows(dtype, c if kind == "mul" else 1.0 / c, f"the factor of {kind}", w_op)) or None
 
 
 # Layout ops `_StoredValues.value` looks through (they move values, never change them).
@@ -501,6 +504,23 @@ _LOW = (torch.float16, torch.bfloat16)
 # Module docstring, "Rounding": an fp16/bf16 fused bias may be this many times the channel's
 # |beta| + |gamma| (the size of its output) before its rounding may outweigh eager's.
 CANCELLATION_RATIO = 8.0
+
+
+def _grows(dtype: torch.dtype, factor: torch.Tensor, what: str, w_op: WeightOp) -> Optional[str]:
+    """Why scaling `w_op`'s weight by `factor` (float64, per channel) is refused in fp16 and
+    bf16 when some ``|factor| > 1``, else None. The weight op's partial sums then hold the
+    scaled output's range, and ATen's CPU kernels keep some in the low precision
+    (``conv_transpose2d``'s col2im adds overlapping patches in fp16): they overflow to inf
+    where the unfused op's smaller sums do not and only the final scale, computed in fp32 and
+    rounded once, reaches the output's range (fuzz seed 3027009106: ``conv_transpose2d(x, W) /
+    1e-4``, 54,912 in eager, inf fused). A factor of at most 1 shrinks every partial sum."""
+    if dtype not in _LOW:
+        return None
+    big = factor.abs().masked_fill(~torch.isfinite(factor), 0.0)
+    if big.numel() and big.max().item() > 1.0:
+        return (f"in {dtype} {what} reaches {big.max().item():.3g} (above 1): {w_op.node.name}'s partial sums would "
+                f"hold the scaled output's range and can overflow where the unfused op's do not")
+    return None
 
 
 def _overflow(dtype: torch.dtype, values) -> Optional[str]:
