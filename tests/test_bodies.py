@@ -211,28 +211,26 @@ def _cos(x, w):
     return (x - torch.cos(w) * 2.0,)
 
 
-class TwoConds(nn.Module):
-    """Two ``cond`` nodes on different weights; `_share` makes ``cond_1`` call ``cond``'s bodies."""
+class _TwoWeights(nn.Module):
+    """Two seeded (4,) buffers ``w`` and ``v``, one per control-flow call of the programs below."""
 
     def __init__(self):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.register_buffer("w", torch.randn(4, generator=g))
         self.register_buffer("v", torch.randn(4, generator=g))
+
+
+class TwoConds(_TwoWeights):
+    """Two ``cond`` nodes on different weights; `_share` makes ``cond_1`` call ``cond``'s bodies."""
 
     def forward(self, x):
         a = torch.cond(x.sum() > 0, _sin, _cos, (x, self.w))[0]
         return torch.cond(x.mean() > 0.5, _sin, _cos, (a, self.v))[0]
 
 
-class TwoLoops(nn.Module):
+class TwoLoops(_TwoWeights):
     """Two ``while_loop`` nodes whose bodies read a weight each (an additional input)."""
-
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("w", torch.randn(4, generator=g))
-        self.register_buffer("v", torch.randn(4, generator=g))
 
     def forward(self, x):
         def loop(x, w):
@@ -242,29 +240,17 @@ class TwoLoops(nn.Module):
         return loop(loop(x, self.w), self.v)
 
 
-class CondAndMap(nn.Module):
+class CondAndMap(_TwoWeights):
     """A ``cond`` and a ``map_impl`` whose bodies take the same operands; `_share` makes the map
     call the cond's true branch."""
-
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("w", torch.randn(4, generator=g))
-        self.register_buffer("v", torch.randn(4, generator=g))
 
     def forward(self, x, xs):
         a = torch.cond(x.sum() > 0, _sin, _cos, (x, self.w))[0]
         return a, hop_map(_sin, xs, self.v)[0]
 
 
-class Nested(nn.Module):
+class Nested(_TwoWeights):
     """Two conds inside a cond's true branch (shared with each other), and the outer branches."""
-
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("w", torch.randn(4, generator=g))
-        self.register_buffer("v", torch.randn(4, generator=g))
 
     def forward(self, x):
         def outer(x, w, v):
@@ -288,15 +274,9 @@ def _share(gm, hop: str, position: int, source: str, source_position: int) -> No
     gm.recompile()
 
 
-class TwoRegions(nn.Module):
+class TwoRegions(_TwoWeights):
     """Two ``no_grad`` regions (``wrap_with_set_grad_enabled``) on different weights; `_share`
     makes the second call the first's body."""
-
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("w", torch.randn(4, generator=g))
-        self.register_buffer("v", torch.randn(4, generator=g))
 
     def forward(self, x):
         with torch.no_grad():
@@ -307,15 +287,9 @@ class TwoRegions(nn.Module):
         return b
 
 
-class OuterTwice(nn.Module):
+class OuterTwice(_TwoWeights):
     """Two conds whose true branch holds a cond of its own; `_share` makes ``cond_1`` call
     ``cond``'s bodies, nested cond included."""
-
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("w", torch.randn(4, generator=g))
-        self.register_buffer("v", torch.randn(4, generator=g))
 
     def forward(self, x):
         def outer(x, w, v):
