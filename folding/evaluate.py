@@ -20,7 +20,7 @@ from .ops import OpKind, arg_at, op_facts
 from .reasons import Reason
 from .layout import owned_canonical, raw_bytes
 from .sizes import storage_pointers
-from .symbols import bindings, concrete_ints
+from .symbols import bindings, concrete_ints, hinted_ints
 from .constraints import KeepAliasClass, Learnt, UndeclaredWrite
 from .values import holds_tensors
 
@@ -137,6 +137,9 @@ class _Evaluator:
     def _evaluate_node(self, node: torch.fx.Node) -> object:
         """Run `node`; returns the value ``env`` holds for it."""
         out = self.out
+        if node in self.plan.probed:
+            out.evaluated += _probe(node, self.analysis, self._held)
+            return _NO_VALUE
         blocked = next((i for i in node.all_input_nodes if i in out.kept), None) if out.kept else None
         if blocked is not None:
             return self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
@@ -164,6 +167,14 @@ class _Evaluator:
         if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):
             self._live.add(node, result.nbytes)
         return result
+
+    def _held(self, n: torch.fx.Node) -> object:
+        """The value evaluation holds for `n` (a constant placeholder or get_attr is loaded),
+        else `_NO_VALUE`."""
+        value = self.env.get(n, _NO_VALUE)
+        if value is _NO_VALUE and self.analysis.is_constant(n) and n.op in ("placeholder", "get_attr"):
+            value = self._load(n)
+        return value
 
     def _release_before(self, position: int) -> None:
         """Drop the values last used before ``plan.evaluated[position]``, storing each first if
@@ -228,6 +239,36 @@ class _LiveBytes:
         self.total -= self.of.pop(node, 0)
 
 
+def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Node], object]) -> bool:
+    """Run `node`, a custom op that stays in the program (`Plan.probed`), on stand-ins of its
+    inputs and drop its result: only to learn whether it writes one its schema does not
+    declare (a write to a constant it reads would leave the folded readers of that constant
+    stale from the next call on). `held`: the value evaluation holds for an input, or
+    `_NO_VALUE`; an input without one (a runtime input, a value kept at runtime) is a zero
+    tensor of its shape on the example inputs (a symbolic size's hint). The inputs the op is
+    known to write get private copies, unwatched. An op that raises on these inputs, or an
+    input whose size has no hint (data-dependent), teaches nothing: the op stays as it is, and
+    a write it hides stays hidden.
+
+    Returns whether the op ran. Raises `_Stop` with an `UndeclaredWrite`."""
+    guard = _WriteGuard(node, analysis)
+
+    def stand_in(n: torch.fx.Node) -> object:
+        value = held(n)
+        if value is _NO_VALUE:
+            value = _zeros_like_meta(n, hinted_ints)
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.detach().clone() if n in guard.passed_whole else guard.stand_in(n, value)
+
+    try:
+        _call(op_facts(node.target).call, map_arg(node.args, stand_in), map_arg(node.kwargs, stand_in))
+    except (_OpRaised, _NoStaticValue):
+        return False
+    guard.check()
+    return True
+
+
 def _release_schedule(plan: Plan) -> dict[int, list[torch.fx.Node]]:
     """Position in ``plan.evaluated`` -> the nodes whose value is last used there."""
     due: dict[int, list[torch.fx.Node]] = {}
@@ -246,12 +287,34 @@ def _metadata_lookup(
 
     def lookup(n: torch.fx.Node):
         if n is meta_arg and not analysis.is_constant(n):
-            val = n.meta["val"]  # a runtime tensor of static shape: only its metadata is read
-            shape, stride = concrete_ints(val.shape), concrete_ints(val.stride())
-            return torch.zeros_like(torch.empty_strided(shape, stride, dtype=val.dtype))
+            return _zeros_like_meta(n)  # a runtime tensor of static shape: only its metadata is read
         return load(n)
 
     return lookup
+
+
+class _NoStaticValue(Exception):
+    """A probed op's input has no value a stand-in can take (a data-dependent size without a
+    hint, a value that is neither a tensor nor a size)."""
+
+
+def _zeros_like_meta(n: torch.fx.Node, sizes: Callable = concrete_ints) -> object:
+    """A zero tensor with the shape, strides and dtype of `n`'s ``meta["val"]`` (or, for a
+    size, the size), its sizes read by `sizes` (`symbols.concrete_ints`, or for a probe
+    `symbols.hinted_ints`: the example inputs' sizes).
+
+    Raises:
+        _NoStaticValue: the value is not a tensor or a size, or `sizes` cannot read a size."""
+    val = n.meta.get("val")
+    try:
+        if isinstance(val, (int, torch.SymInt)):
+            return sizes([val])[0]
+        if not isinstance(val, torch.Tensor):
+            raise _NoStaticValue(n.name)
+        shape, stride = sizes(val.shape), sizes(val.stride())
+    except TypeError as e:
+        raise _NoStaticValue(n.name) from e
+    return torch.zeros_like(torch.empty_strided(shape, stride, dtype=val.dtype))
 
 
 def _storage_bytes(t: torch.Tensor) -> Optional[torch.Tensor]:
@@ -309,16 +372,16 @@ class _WriteGuard:
                 written_storages = set().union(*(storage_pointers(w) for w in written if isinstance(w, torch.Tensor)))
             if written_storages and not storage_pointers(value).isdisjoint(written_storages):
                 return value  # a view of what the op writes: it must see the write as it happens
-            return self._stand_in(n, value)
+            return self.stand_in(n, value)
 
         return guarded
 
-    def _stand_in(self, n: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
+    def stand_in(self, n: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
         """What the op reads in place of input `n`'s `value`: equal to it, sharing no
         writable memory with it, and recorded so that `check` sees a write to it."""
         if is_wrapper_subclass(value):
             names, context = value.__tensor_flatten__()
-            inner = {name: self._stand_in(n, getattr(value, name)) for name in names}
+            inner = {name: self.stand_in(n, getattr(value, name)) for name in names}
             return type(value).__tensor_unflatten__(inner, context, value.size(), value.stride())
         try:
             clone = lazy_clone(value)

@@ -179,6 +179,22 @@ def _writes_only_its_outputs(target: Any) -> bool:
     return (torch.Tag.pointwise in tags or torch.Tag.view_copy in tags) and not _mutated_arg_positions(target)
 
 
+# Namespaces whose kernels write only what the schema (with `_UNDECLARED_WRITES`) says:
+# ATen's and prims' (tests/test_mutation.py and tests/test_real_programs.py run them on
+# copy-on-write inputs), and PT2E's quantize/dequantize ops (pure arithmetic on their input).
+_SCHEMA_VOUCHED_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed"})
+
+
+def _probed_when_kept(target: Any) -> bool:
+    """True for an op outside the namespaces whose schemas are vouched for (a user's or a
+    library's custom op, ``torch.library``): nothing but running its kernel tells whether it
+    writes an input undeclared. Evaluation runs it on stand-ins even when it stays in the
+    program (`plan.Plan.probed`), so that a write to a constant it reads is learnt."""
+    overload = aten_overload(target)
+    return (overload is not None and overload.namespace not in _SCHEMA_VOUCHED_NAMESPACES
+            and _classify(target) is OpKind.PURE)
+
+
 def arg_at(node, position: int) -> Any:
     """The argument at schema `position` of `node`, positional or keyword (None when absent)."""
     if position < len(node.args):
@@ -255,6 +271,7 @@ class OpFacts(NamedTuple):
     undeclared_writes: Optional[tuple[int, tuple[int, ...]]]  # its `_UNDECLARED_WRITES` rule
     aliased_position: Optional[int]  # `aliased_arg_position`
     trusted: bool  # `writes_only_its_outputs`
+    probed: bool  # `_probed_when_kept`
     metadata_only: bool  # `reads_only_metadata`
     uninitialised: bool  # `_is_uninitialised_allocation`
 
@@ -271,6 +288,7 @@ def op_facts(target: Any) -> OpFacts:
         undeclared_writes=_UNDECLARED_WRITES.get(packet_name(target)),
         aliased_position=_aliased_arg_position(target),
         trusted=_writes_only_its_outputs(target),
+        probed=_probed_when_kept(target),
         metadata_only=_reads_only_metadata(target),
         uninitialised=_is_uninitialised_allocation(target),
     )

@@ -17,7 +17,9 @@ although they read only constants (``Plan.runtime``), each with a reason:
 
 A folded value is *materialised* (stored as a lifted constant) when a node that stays in the
 program, or the graph output, reads it. Nodes are *evaluated* at fold time when they are
-folded away or a folded node needs their value.
+folded away or a folded node needs their value. A custom op that stays in the program and reads
+a constant is *probed*: run once on stand-ins of its inputs, its result dropped, to learn a
+write its schema does not declare (`ops.OpFacts.probed`; `evaluate`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
-from .ops import OpKind, aliased_arg_position, classify, structural_key, reads_only_metadata
+from .ops import OpKind, aliased_arg_position, classify, op_facts, structural_key, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -51,6 +53,8 @@ class Plan:
     materialise: folded-away nodes whose value a node left in the graph or the output reads.
     release: per evaluated node, the index in `evaluated` after which its value is no longer
         needed (its last evaluated reader, or the last in-place update of its alias class).
+    probed: nodes in `evaluated` that stay in the program: custom ops reading a constant, run
+        only to learn their undeclared writes (`ops.OpFacts.probed`).
     """
 
     candidates: list[torch.fx.Node]
@@ -58,6 +62,7 @@ class Plan:
     evaluated: list[torch.fx.Node] = field(default_factory=list)
     materialise: set[torch.fx.Node] = field(default_factory=set)
     release: dict[torch.fx.Node, int] = field(default_factory=dict)
+    probed: set[torch.fx.Node] = field(default_factory=set)
 
     def folded(self, node: torch.fx.Node) -> bool:
         return node in self._candidate_set and node not in self.runtime
@@ -349,12 +354,16 @@ def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:
 
 
 def _finish(plan: Plan, analysis: Analysis) -> None:
-    """Derive `evaluated`, `materialise` and `release` from `candidates` and `runtime`."""
+    """Derive `evaluated`, `materialise`, `release` and `probed` from `candidates` and `runtime`."""
     needed: set[torch.fx.Node] = set()
     for n in reversed(plan.candidates):
         if plan.folded(n) or any(u in needed for u in n.users):
             needed.add(n)
-    plan.evaluated = [n for n in plan.candidates if n in needed]
+    if analysis.calls_any(lambda t: op_facts(t).probed):
+        plan.probed = {n for n in analysis.kind if n not in needed and op_facts(n.target).probed
+                       and any(analysis.is_constant(i) for i in n.all_input_nodes)}
+    plan.evaluated = ([n for n in analysis.order if n in needed or n in plan.probed] if plan.probed
+                      else [n for n in plan.candidates if n in needed])
     plan.materialise = {
         n for n in plan.evaluated if plan.folded(n) and not analysis.is_check(n) and _readers_outside(plan, n)
     }

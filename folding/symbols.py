@@ -17,7 +17,12 @@ from typing import Any, Mapping
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_symbols, has_free_symbols, has_symbolic_sizes_strides
+from torch.fx.experimental.symbolic_shapes import (
+    free_symbols,
+    guarding_hint_or_throw,
+    has_free_symbols,
+    has_symbolic_sizes_strides,
+)
 from torch.fx.node import map_arg
 
 from .torch_internals import is_unbacked_symbol
@@ -93,6 +98,18 @@ def concrete_ints(sizes) -> list[int]:
             s = int(s.node.expr)
         out.append(int(s))
     return out
+
+
+def hinted_ints(sizes) -> list[int]:
+    """`sizes` (a shape, strides, or a scalar in a list, from ``meta["val"]``) as Python ints,
+    a symbolic size as its hint: the size of the example inputs export traced with.
+
+    Raises:
+        TypeError: a size is a data-dependent symbol with no hint (``u0``)."""
+    try:
+        return [int(guarding_hint_or_throw(s)) for s in sizes]
+    except Exception as e:  # torch raises GuardOnDataDependentSymNode (or a RuntimeError) without a hint
+        raise TypeError(f"no hint for {sizes}: {e}") from e
 
 
 def refresh_meta(graph: torch.fx.Graph, symbols: Mapping[sympy.Symbol, Any], fake_mode) -> int:

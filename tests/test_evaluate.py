@@ -261,30 +261,71 @@ def bump_inputs(ep) -> list[torch.fx.Node]:
     return [n.args[0] for n in ep.graph.nodes if "bump_first" in str(n.target)]
 
 
-class WritesAfterAFoldedRead(torch.nn.Module):
-    """``exp(b * 2)`` reads ``b`` before ``bump_first(b, c)`` writes it, undeclared."""
+class KeptOpWritesItsWeight(torch.nn.Module):
+    """``exp(w * 2)`` reads ``w`` before ``bump_first(w, ...)`` writes it, undeclared; the
+    custom op stays in the program (`kept_by`: the policy's ``skip_targets``, or its other
+    input is the runtime ``x``, of a static or a symbolic batch size), so only a probe of it
+    (`plan.Plan.probed`) learns the write."""
+
+    def __init__(self, kind: str, kept_by: str):
+        super().__init__()
+        _stored_as(kind, torch.arange(3.0) - 1.0, self)
+        self.register_buffer("c", torch.full((3,), 0.5))
+        self.kept_by = kept_by
+
+    def forward(self, x):
+        early = (self.w * 2.0).exp()
+        other = self.c if self.kept_by == "policy" else x
+        return x + early, x + torch.ops.fold_evaluate_test.bump_first(self.w, other)
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+@pytest.mark.parametrize("kept_by", ["policy", "runtime_input", "runtime_input_of_symbolic_size"])
+@pytest.mark.parametrize("kind", _STORED_KINDS)
+def test_an_undeclared_write_of_an_op_kept_at_runtime_is_learnt_by_probing_it(kind, kept_by, dialect):
+    """A custom op that stays in the program is run once on stand-ins: its write to a stored
+    tensor is learnt, so the folded reader of that tensor stays at runtime and the second call
+    reads the written value, as in eager; the probe never writes the caller's tensor."""
+    eager = KeptOpWritesItsWeight(kind, kept_by)
+    dynamic = ({0: torch.export.Dim("batch", min=2)},) if kept_by == "runtime_input_of_symbolic_size" else None
+    ep = export(KeptOpWritesItsWeight(kind, kept_by), (torch.randn(2, 3),), dynamic_shapes=dynamic)
+    if dialect == "edge":
+        ep = edge(ep)
+    stored = _stored_tensors(ep)
+    before = {k: _bits(t) for k, t in stored.items()}
+    policy = FoldPolicy(skip_targets=frozenset({"fold_evaluate_test.bump_first.default"})) if kept_by == "policy" else None
+    result = fold_constants(ep, policy)
+    for k, t in stored.items():
+        assert torch.equal(_bits(t), before[k]), f"{kind}: the probe wrote the caller's {k}"
+    (exp,) = [d for d in result.report.decisions if d.target.startswith("aten.exp")]
+    assert exp.reason is not Reason.FOLDED, exp
+    folded = result.program.module()
+    with torch.no_grad():
+        for x in (torch.randn(2, 3), torch.randn(4 if dynamic else 2, 3)):  # the second reads the written weight
+            for want, got in zip(eager(x), folded(x)):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class KeptPureOp(torch.nn.Module):
+    """A custom op that writes nothing, kept by the policy, reading a buffer a folded op reads."""
 
     def __init__(self):
         super().__init__()
-        self.register_buffer("b", torch.zeros(4))
-        self.register_buffer("c", torch.ones(4))
+        self.register_buffer("b", torch.arange(4.0))
 
     def forward(self, x):
-        early = (self.b * 2.0).exp()
-        return x + early, x + torch.ops.fold_evaluate_test.bump_first(self.b, self.c)
+        return x + (self.b * 2.0).exp() + torch.ops.fold_rules_test.fragile(self.b)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 52: an undeclared write is caught only when evaluation runs its op; "
-                                       "an op a policy keeps at runtime unevaluated hides it")
-def test_an_undeclared_write_of_an_op_kept_by_the_policy_is_not_hidden():
-    eager = WritesAfterAFoldedRead()
-    ep = export(WritesAfterAFoldedRead(), (torch.randn(4),))
-    result = fold_constants(ep, FoldPolicy(skip_targets=frozenset({"fold_evaluate_test.bump_first.default"})))
-    folded = result.program.module()
-    with torch.no_grad():
-        for x in (torch.randn(4), torch.randn(4)):  # the second call reads the written buffer
-            for want, got in zip(eager(x), folded(x)):
-                torch.testing.assert_close(got, want, rtol=0, atol=0)
+def test_a_probed_op_that_writes_nothing_leaves_its_constant_readers_folded():
+    """The probe costs one run of the kept op and changes nothing else: the reader of the same
+    buffer is folded, and the op stays, unevaluated in the program."""
+    ep = export(KeptPureOp(), (torch.randn(4),))
+    result = fold_constants(ep, FoldPolicy(skip_targets=frozenset({"fold_rules_test.fragile.default"})))
+    (exp,) = [d for d in result.report.decisions if d.target.startswith("aten.exp")]
+    assert exp.reason is Reason.FOLDED
+    assert "fold_rules_test.fragile.default" in call_targets(result.program)
+    assert_same_outputs(ep, result.program, (torch.randn(4),))
 
 
 class ConvOfABuffer(torch.nn.Module):

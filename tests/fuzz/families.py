@@ -762,10 +762,13 @@ def undeclared_write(g: Gen) -> Optional[Proposal]:
     if w is None:
         dtype = rng.choice([torch.float32, torch.float32, torch.int64])
         w = g.random_state(rand_shape(g, 2), dtype, rng.choice(["parameter", "buffer", "constant"]))
-    # a write is caught when evaluation runs the op, so its other input is a stored tensor of
-    # its own (a computed one may be kept at runtime: docs/fuzzing.md); `w` is either constant,
-    # or written already, and then none of its readers folds
-    x = g.random_state(rand_shape(g, 2), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
+    # a write is caught when evaluation runs the op, folded or kept at runtime (a kept custom
+    # op is probed: `folding.plan.Plan.probed`), so its other input is a stored tensor of its
+    # own or, half the time, any float value, runtime or computed; `w` is either constant, or
+    # written already, and then none of its readers folds
+    x = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32) if rng.random() < 0.5 else None
+    if x is None:
+        x = g.random_state(rand_shape(g, 2), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
     proposal = _one("undeclared_write", "torch.ops.fuzz_writes.bump($0, $1)", w, x)
     proposal.mutates = (w,)
     return proposal
