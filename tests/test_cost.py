@@ -216,8 +216,9 @@ class _InPlaceOnAConstant(nn.Module):
 
 
 def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
-    """An attempt that lifted its working copy in place and is redone folds a fresh copy
-    (`folding/working.py`): what evaluation learnt moves to the nodes of the same names."""
+    """An attempt redone on a program prepared again (a node pinned in its body,
+    `folding/working.py`) folds a fresh copy: what evaluation learnt moves to the nodes of the
+    same names."""
     from folding.hops import copy_uncompiled
     from folding.constraints import Constraints
     from folding.constraints import UndeclaredWrite
