@@ -2,8 +2,8 @@
 
 `lift` reads the program it is given and never edits it (`working.Preparation` may hand it the
 caller's own program: invariant 7). It builds a new top-level graph from the surviving nodes
-(`_Build`, torch.fx's ``Graph.node_copy``: names, metadata shared, as a copy of the whole graph
-would): each stored value becomes a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its
+(`_Build`, torch.fx's ``Graph.node_copy``: names kept, metadata shared as in a copy of the
+whole graph): each stored value becomes a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its
 tensor in ``ExportedProgram.constants`` (or reuses a byte-identical stored tensor); folded
 nodes are not copied; and parameters, buffers and constants left without users are dropped
 from the graph, the signature and the stored dicts. New placeholders go before the first user
