@@ -70,7 +70,7 @@ def hoist_body_constants(
     it edits copied; tensors, signature, dicts and untouched bodies shared), or `program`
     itself when it has no control-flow body. The copy's graphs compile on first use
     (`copy_uncompiled`): a body when it runs (evaluated whole, or at runtime); the top-level
-    graph when the folded program's graph module is called (`lift` edits it in place,
+    copy is never called (`lift` reads it and builds the folded graph anew,
     `folding/working.py`).
 
     Args:

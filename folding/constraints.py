@@ -1,8 +1,9 @@
 """What one attempt of a fold teaches the next: the state of the fold's fixpoint loop.
 
-An attempt runs analysis, planning, evaluation and lift on the same program (`lift` edits the
-attempt's own copy, `working.Working`; the next attempt then folds a fresh copy, and the
-constraints follow their nodes by name, `Constraints.rebound`). Three things only a later
+An attempt runs analysis, planning, evaluation and lift on the same program
+(`working.Working`, which `lift` only reads: the next attempt folds it again; when a pin makes
+the program be prepared again, the constraints follow their nodes by name,
+`Constraints.rebound`). Three things only a later
 step can see send it back to the start, each as data:
 
 - an op of an in-place alias class had to stay (`KeepAliasClass`): the class is
@@ -90,8 +91,8 @@ class Constraints:
             raise TypeError(f"not a constraint: {learnt!r}")
 
     def rebound(self, graph: torch.fx.Graph) -> None:
-        """Point the learnt constraints at the nodes of the same names in `graph` (a fresh copy
-        of the program the constraints were learnt on: names are unique and kept)."""
+        """Point the learnt constraints at the nodes of the same names in `graph` (the program
+        the constraints were learnt on, prepared again: names are unique and kept)."""
         if not (self.forced or self.writes):
             return
         by_name = {n.name: n for n in graph.nodes}

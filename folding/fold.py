@@ -170,7 +170,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     while True:
         with timer.attempt() as attempt:
             count("attempts")
-            if working is None:  # the first attempt, or the last one's graph was lifted
+            if working is None:  # the first attempt, or a node was pinned in its body
                 working, placeholder_bytes = _prepared(prepare, constraints, timer)
                 program, gm = working.program, working.program.graph_module
             with timer.phase("analysis"):
@@ -185,7 +185,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 constraints.learn(evaluation.learnt, analysis.alias_root)
                 attempt.discard()
                 continue
-            considered = [n for n in gm.graph.nodes if n.op == "call_function"]  # before lift edits it
+            considered = [n for n in gm.graph.nodes if n.op == "call_function"]
             kept = hoisted_and_kept(considered, analysis, plan, evaluation)
             if kept.keys() - pins.keys():  # back into their bodies: the program to fold changes
                 pins.update(kept)
@@ -202,7 +202,6 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
             if not constraints.tighten_if_over_budget(budget, bytes_before, bytes_after):
                 break
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
-            working = None  # its graph was lifted
             attempt.discard()
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)

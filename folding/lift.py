@@ -1,16 +1,20 @@
-"""Rewrite a program so that folded values become lifted constants.
+"""Build the folded program: its top-level graph is a new one, made of the nodes that survive.
 
-`lift` edits the top-level graph of the program it is given, which the fold owns (a copy of
-the caller's, made by `working.Preparation`): surviving nodes stay, with their names; each stored value becomes
-a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its tensor in
-``ExportedProgram.constants`` (or reuses a byte-identical stored tensor); folded nodes go; and
-parameters, buffers and constants left without users are dropped from the graph, the
-signature and the stored dicts. New placeholders go before the first user input, where
-torch.export puts lifted constants.
+`lift` reads the program it is given and never edits it (`working.Preparation` may hand it the
+caller's own program: invariant 7). It builds a new top-level graph from the surviving nodes
+(`_Build`, torch.fx's ``Graph.node_copy``: names kept, metadata shared as in a copy of the
+whole graph): each stored value becomes a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its
+tensor in ``ExportedProgram.constants`` (or reuses a byte-identical stored tensor); folded
+nodes are not copied; and parameters, buffers and constants left without users are dropped
+from the graph, the signature and the stored dicts. New placeholders go before the first user
+input, where torch.export puts lifted constants. Copying only what survives costs one node copy
+per surviving node; copying the whole graph and erasing the folded nodes cost one per node and
+one erase per folded node.
 
-The steps, in order (where each value goes is `placement.place`'s, before): placeholders and the inputs
-of the ops (`_Edit`); clones of the stored values the output returns (`_clone_outputs`); the
-stored dicts (`_stored_dicts`); the report rows (`_lifted_rows`); the program (`_assemble`).
+The steps, in order (where each value goes is `placement.place`'s, before): placeholders and
+ops (`_Build.nodes`); the output, with clones of the stored values it returns
+(`_clone_outputs`); the stored dicts (`_stored_dicts`); the report rows (`_lifted_rows`); the
+program (`_assemble`).
 """
 
 from __future__ import annotations
@@ -30,14 +34,14 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .torch_internals import FakeTensorMode, detect_fake_mode, program_with
+from .torch_internals import FakeTensorMode, copy_codegen, detect_fake_mode, program_with, reserve_names
 from .hops import graph_module
 from .layout import has_canonical_layout
 from .clones import clone_op_of
 from .checks import check_folded
 from .symbols import drop_bound_ranges, has_symbols, refresh_meta
 from .nonfinite import NonfiniteScan
-from .names import keep_name, reserve_node_names, unique_name
+from .names import copy_keeping_name, keep_name, reserve_node_names, unique_name
 from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, stored_tensor
@@ -51,12 +55,14 @@ _PROVENANCE_KEYS = ("stack_trace", "nn_module_stack")
 
 @dataclass
 class Lifting:
-    """What `lift` did: the lifted constants (new or reused), the removed placeholders, and for
-    each materialised node the placeholder that now holds its value."""
+    """What `lift` did: the lifted constants (new or reused), the removed placeholders, for
+    each materialised node the placeholder that now holds its value, and for each surviving
+    node of the program given to `lift` its copy in the folded program (`copies`)."""
 
     lifted: list[LiftedConstant] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     lifted_as: dict[str, str] = field(default_factory=dict)
+    copies: dict[torch.fx.Node, torch.fx.Node] = field(default_factory=dict)
 
 
 def lift(
@@ -66,16 +72,15 @@ def lift(
     *,
     bound: Optional[dict] = None,
 ) -> tuple[ExportedProgram, Lifting]:
-    """Build the folded program by editing `program`'s top-level graph.
+    """Build the folded program from `program`'s surviving nodes.
 
     Args:
-        program: the program to fold. Its top-level graph becomes the folded program's (the
-            folded nodes are erased from it): a copy the fold made, not read again
-            (`hops.copy_uncompiled`; `working.Preparation`). Its signature and stored dicts
-            are never modified: the folded program gets new ones.
+        program: the program to fold; read only (its graph, signature and stored dicts are
+            never modified: the folded program gets new ones, sharing its tensors, bodies and
+            node metadata values).
         placement: where each folded value goes, and which nodes of ``program.graph`` are
-            removed (`Placement.folded`): `placement.place` on `program`, whose names it
-            reserved with `names.reserve_program_names`.
+            removed (`Placement.folded`): `placement.place` on `program`; its names
+            (`Placement.taken`) are reserved in the new graph.
         nonfinite: the `NonfiniteScan` `placement` was made with (the report rows).
         bound: data-dependent symbols that evaluation fixed (``u0`` -> 2): substituted in the
             metadata of the nodes left in the program, their range constraints dropped.
@@ -83,61 +88,76 @@ def lift(
     Returns:
         The folded program, checked with torch's signature verifier and graph lint, and a
         `Lifting` record. (executorch's Edge verifier re-runs every op to check dtypes; it runs
-        when the program is next validated, e.g. by ``to_edge_transform_and_lower``.)
+        when the program is next validated, e.g. by ``to_edge_transform_and_lower``.) Each new
+        constant's `NewConstant.placeholder` is its placeholder in the folded program.
 
     Raises:
-        FoldInvariantError: the rewritten program fails lint or the signature verifier.
+        FoldInvariantError: the folded program fails lint or the signature verifier.
     """
-    edit = _Edit(program, placement.folded, placement)
-    edit.placeholders()
-    edit.redirect_ops()
-    output_specs = _clone_outputs(program, placement, edit.inputs_of)
-    state_dict, constants = _stored_dicts(program, placement.new_constants, edit.removed_targets, edit.input_specs)
-    rows = _lifted_rows(placement, edit.specs, state_dict, constants, nonfinite)
-    edit.erase_dead()  # after the rows: `NonfiniteScan` follows a value back through the inputs
-    signature = ExportGraphSignature(input_specs=edit.input_specs, output_specs=output_specs)
-    result = _assemble(program, signature, state_dict, constants, bound or {}, edit.fake_mode)
+    build = _Build(program, placement)
+    output = build.nodes()
+    output_specs = _clone_outputs(program, placement, build, output)
+    reserve_names(build.graph, placement.taken)  # a node created later never takes a name the program had
+    state_dict, constants = _stored_dicts(program, placement.new_constants, build.removed_targets, build.input_specs)
+    rows = _lifted_rows(placement, build.specs, state_dict, constants, nonfinite)
+    signature = ExportGraphSignature(input_specs=build.input_specs, output_specs=output_specs)
+    result = _assemble(program, build.graph, signature, state_dict, constants, bound or {}, build.fake_mode)
     check_folded(result)
-    return result, Lifting(placement.rows + rows, edit.removed, placement.lifted_as)
+    return result, Lifting(placement.rows + rows, build.removed, placement.lifted_as, build.copies)
 
 
-class _Edit:
-    """The placeholders and the op inputs of `program`'s graph, edited in place: surviving
-    nodes stay as they are, their inputs redirected from a folded node to the placeholder
-    holding its value (or its literal); the placeholders of the new constants are inserted;
-    the folded nodes, the dropped placeholders and the get_attrs only folded nodes read are
-    erased last (`erase_dead`)."""
+class _Build:
+    """The folded program's top-level graph, built in `program`'s graph order: each surviving
+    node copied (``Graph.node_copy``, its name kept: `names.copy_keeping_name`), its inputs read
+    through `value_of` (a folded input becomes the placeholder holding its value, or its
+    literal); the new constants' placeholders inserted; the folded nodes, the dropped
+    placeholders and the get_attrs only folded nodes read not copied."""
 
-    def __init__(self, program: ExportedProgram, folded: set[torch.fx.Node], placement: Placement) -> None:
-        self.graph, self.folded, self.placement = program.graph, folded, placement
+    def __init__(self, program: ExportedProgram, placement: Placement) -> None:
+        self.source, self.folded, self.placement = program.graph, placement.folded, placement
+        self.graph = torch.fx.Graph()
+        copy_codegen(program.graph, self.graph)  # the pytree in/out specs of the program
         self.specs = input_specs_by_name(program.graph_signature)
         self.named_by_outputs = {s.target for s in program.graph_signature.output_specs if s.target is not None}
-        self.fake_mode = _fake_mode_of(self._placeholders())
+        self.fake_mode = _fake_mode_of(self.source.find_nodes(op="placeholder"))
         self.input_specs: list[InputSpec] = []
         self.removed: list[str] = []  # names of the dropped placeholders
         self.removed_targets: set = set()
-        self.dead: list[torch.fx.Node] = []  # erased once nothing reads them
+        self.copies: dict[torch.fx.Node, torch.fx.Node] = {}  # surviving node -> its copy
 
-    def _placeholders(self) -> list[torch.fx.Node]:
-        return [n for n in self.graph.nodes if n.op == "placeholder"]
+    def nodes(self) -> torch.fx.Node:
+        """Copy every surviving node but the output, in graph order; return `program`'s output
+        node (`_clone_outputs` copies it). Surviving placeholders keep their specs; the new
+        constants' placeholders go before the first user input (where torch.export puts lifted
+        constants), else before the first op (or the output)."""
+        anchor = self._anchor()
+        for node in self.source.nodes:
+            if node is anchor:
+                self._new_placeholders()
+            if node.op == "output":
+                return node
+            if node.op == "placeholder":
+                self._placeholder(node)
+            elif not self._dropped(node):
+                self.copies[node] = copy_keeping_name(self.graph, node, self.value_of(node))
+        raise AssertionError("a graph ends with its output node")  # fx: Graph.lint
 
-    def placeholders(self) -> None:
-        """Surviving placeholders keep their specs; the new constants' go before the first
-        user input (where torch.export puts lifted constants), else before the first op."""
-        placeholders = self._placeholders()
-        anchor = next((p for p in placeholders if self.specs.get(p.name) is not None
-                       and self.specs[p.name].kind == InputKind.USER_INPUT), None)
-        for p in placeholders:
-            if p is anchor:
-                self._new_placeholders(p)
-            if self._survives(p):
-                self.input_specs.append(self.specs[p.name])
-            else:
-                self.removed.append(p.name)
-                self.removed_targets.add(self.specs[p.name].target)
-                self.dead.append(p)
-        if anchor is None:
-            self._new_placeholders(next(n for n in self.graph.nodes if n.op != "placeholder"))
+    def _anchor(self) -> torch.fx.Node:
+        for node in self.source.nodes:
+            if node.op != "placeholder":
+                return node
+            spec = self.specs.get(node.name)
+            if spec is not None and spec.kind == InputKind.USER_INPUT:
+                return node
+        raise AssertionError("a graph ends with its output node")
+
+    def _placeholder(self, p: torch.fx.Node) -> None:
+        if self._survives(p):
+            self.copies[p] = copy_keeping_name(self.graph, p, self.copies.__getitem__)
+            self.input_specs.append(self.specs[p.name])
+        else:
+            self.removed.append(p.name)
+            self.removed_targets.add(self.specs[p.name].target)
 
     def _survives(self, p: torch.fx.Node) -> bool:
         """Placeholders that no surviving node reads are dropped (a reader given a private
@@ -151,62 +171,48 @@ class _Edit:
             return True
         return any(u not in self.folded and (u, p) not in self.placement.private for u in p.users)
 
-    def _new_placeholders(self, before: torch.fx.Node) -> None:
+    def _dropped(self, node: torch.fx.Node) -> bool:
+        """A folded node, or a get_attr that only folded nodes read (the bodies of a
+        control-flow op folded whole): the new GraphModule attaches only what its get_attrs
+        read (`hops.graph_module`)."""
+        return node in self.folded or (node.op == "get_attr" and all(u in self.folded for u in node.users))
+
+    def _new_placeholders(self) -> None:
         for c in self.placement.new_constants:
-            with self.graph.inserting_before(before):
-                ph = keep_name(self.graph.create_node("placeholder", c.name, name=c.name), c.name)
+            ph = keep_name(self.graph.create_node("placeholder", c.name, name=c.name), c.name)
             ph.meta["val"] = _fake_value(c.source, c.value, self.fake_mode)
             _copy_provenance(c.source, ph)
             c.placeholder = ph
             self.input_specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), c.target))
 
-    def redirect_ops(self) -> None:
-        """Every surviving op reads the new values of its folded inputs. A get_attr that only
-        folded nodes read (the bodies of a control-flow op folded whole) goes with them: the
-        new GraphModule attaches only what its get_attrs read (`hops.graph_module`). The
-        output is `_clone_outputs`'."""
-        private = self.placement.private
-        for node in list(self.graph.nodes):
-            if node.op in ("placeholder", "output"):
-                continue
-            if node in self.folded or (node.op == "get_attr" and all(u in self.folded for u in node.users)):
-                self.dead.append(node)
-            elif any(i in self.folded or (node, i) in private for i in node.all_input_nodes):
-                inputs = self.inputs_of(node)
-                node.args = torch.fx.map_arg(node.args, inputs)
-                node.kwargs = torch.fx.map_arg(node.kwargs, inputs)
-
-    def inputs_of(self, reader: torch.fx.Node) -> Callable[[torch.fx.Node], object]:
-        """What `reader` reads in place of each input: its private placeholder of the value,
-        if it has one; for a folded input, the placeholder holding its value (a new
-        constant's, or the stored placeholder it equals) or its literal; any other input itself."""
-        private = self.placement.private
+    def value_of(self, reader: torch.fx.Node) -> Callable[[torch.fx.Node], object]:
+        """What the copy of `reader` reads in place of each input of `reader`: its private
+        placeholder of the value, if it has one; for a folded input, the placeholder holding
+        its value (a new constant's, or the copy of the stored placeholder it equals) or its
+        literal; any other input's copy."""
+        private, target_of, copies = self.placement.private, self.placement.target_of, self.copies
 
         def value_of(n: torch.fx.Node) -> object:
             own = private.get((reader, n))
             if own is not None:
                 return own.placeholder
             if n not in self.folded:
-                return n
+                return copies[n]
+            if isinstance(target_of[n], torch.fx.Node):  # a stored placeholder holding the same tensor
+                return copies[target_of[n]]
             return self.placement.replacement(n)
 
         return value_of
 
-    def erase_dead(self) -> None:
-        """Erase the folded nodes, the dropped placeholders and the get_attrs only folded nodes
-        read, last first (every reader left was redirected). Erasing a node clears its inputs."""
-        for node in reversed(self.dead):
-            self.graph.erase_node(node)
 
-
-def _clone_outputs(program: ExportedProgram, placement: Placement, inputs_of) -> list[OutputSpec]:
-    """The output specs, with the graph output redirected like an op. ExecuTorch cannot return a
-    stored constant as an output: a stored value returned is returned through a clone, in the
-    program's own dialect (an Edge clone in ATen fails validate()); its output spec names the
-    clone."""
-    graph, output_specs = program.graph, list(program.graph_signature.output_specs)
-    output = graph.output_node()
-    value_of = inputs_of(output)
+def _clone_outputs(program: ExportedProgram, placement: Placement, build: _Build,
+                   output: torch.fx.Node) -> list[OutputSpec]:
+    """Copy `output` (`program`'s output node) into the new graph, its inputs read like an op's,
+    and return the output specs. ExecuTorch cannot return a stored constant as an output: a
+    stored value returned is returned through a clone, in the program's own dialect (an Edge
+    clone in ATen fails validate()); its output spec names the clone."""
+    graph, output_specs = build.graph, list(program.graph_signature.output_specs)
+    value_of = build.value_of(output)
     flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     clones: dict[torch.fx.Node, torch.fx.Node] = {}
     clone_op = None
@@ -218,15 +224,13 @@ def _clone_outputs(program: ExportedProgram, placement: Placement, inputs_of) ->
             name = unique_name(f"{a.name}_clone", placement.taken)
             placement.taken.add(name)
             src = value_of(a)
-            with graph.inserting_before(output):
-                c = keep_name(graph.create_node("call_function", clone_op, (src,), name=name), name)
+            c = keep_name(graph.create_node("call_function", clone_op, (src,), name=name), name)
             c.meta["val"] = src.meta["val"]
             _copy_provenance(a, c)
             clones[a] = c
         spec = output_specs[i]
         output_specs[i] = OutputSpec(spec.kind, TensorArgument(clones[a].name), spec.target)
-    mapped = [clones.get(a, None) or torch.fx.map_arg(a, value_of) for a in flat]
-    output.args = (type(output.args[0])(mapped) if isinstance(output.args[0], (list, tuple)) else mapped[0],)
+    copy_keeping_name(graph, output, lambda a: clones[a] if a in clones else value_of(a))
     return output_specs
 
 
@@ -263,12 +267,12 @@ def _lifted_rows(placement: Placement, specs: dict, state_dict: dict, constants:
     return rows
 
 
-def _assemble(program: ExportedProgram, signature: ExportGraphSignature, state_dict: dict, constants: dict,
-              bound: dict, fake_mode) -> ExportedProgram:
-    """The folded program around `program`'s edited graph: the metadata of the bound symbols
-    refreshed, a new GraphModule holding the attributes its get_attrs read
+def _assemble(program: ExportedProgram, graph: torch.fx.Graph, signature: ExportGraphSignature, state_dict: dict,
+              constants: dict, bound: dict, fake_mode) -> ExportedProgram:
+    """The folded program around the new `graph`: the metadata of the bound symbols refreshed,
+    a new GraphModule holding the attributes of `program`'s that its get_attrs read
     (`hops.graph_module`), the range constraints of the bound symbols dropped."""
-    graph, source_gm = program.graph, program.graph_module
+    source_gm = program.graph_module
     refresh_meta(graph, bound, fake_mode)
     gm = graph_module(source_gm, graph, source_gm.__class__.__name__)
     gm.meta.update(source_gm.meta)

@@ -15,13 +15,11 @@ from .torch_internals import reserve_names, set_exact_name
 CONSTANT_PREFIX = "c_"
 
 
-def reserve_program_names(program) -> set[str]:
-    """The names in use in `program` (its top-level node names, ``state_dict`` and
-    ``constants`` keys), reserved in its top-level graph's namespace so that no node created
-    afterwards takes one; returned for new constants' names."""
-    taken = set(program.state_dict) | set(program.constants) | {n.name for n in program.graph.nodes}
-    reserve_names(program.graph, taken)
-    return taken
+def program_names(program) -> set[str]:
+    """The names in use in `program`: its top-level node names, ``state_dict`` and ``constants``
+    keys (read only). New constants' names avoid them; `lift` reserves them in the folded
+    program's graph, so that no node created afterwards takes one."""
+    return set(program.state_dict) | set(program.constants) | {n.name for n in program.graph.nodes}
 
 
 def reserve_node_names(graph_module: torch.fx.GraphModule) -> None:

@@ -23,7 +23,7 @@ from torch.export.graph_signature import OutputKind
 from .dedup import IdenticalTensors
 from .hops import hop_kind, hop_nodes
 from .layout import canonical_copy, owned_canonical
-from .names import CONSTANT_PREFIX, lifted_constant_target, reserve_program_names
+from .names import CONSTANT_PREFIX, lifted_constant_target, program_names
 from .nonfinite import NonfiniteScan
 from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
@@ -111,7 +111,7 @@ def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[tor
     folded = set(folded) | attributes.keys()
     values = {**values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
     constant_placeholders = {n for n in gm.graph.find_nodes(op="placeholder") if is_constant(n)}
-    taken = reserve_program_names(program)  # before anything is created: a new node never takes one
+    taken = program_names(program)
     placer = _Placer(program, folded, constant_placeholders, taken, nonfinite)
     placer.out.folded = folded
     _place_values(placer, values)

@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # the record `inline` returns; a stage never imports another
 
 def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting, bytes_before: int,
                 bytes_after: int) -> FoldReport:
-    """The report of one fold of a graph, given its call_function nodes as analysed (`lift`
-    may have erased the folded ones since)."""
+    """The report of one fold of a graph, given its call_function nodes as analysed (nodes of
+    the program `lift` read, not of the folded program it built)."""
     return FoldReport(
         decisions=_fold_decisions(considered, analysis, plan, evaluation, lifting),
         lifted=lifting.lifted,
@@ -50,8 +50,9 @@ def inlining_decisions(inlining: Inlining) -> list[Decision]:
 
 def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting) -> list[Decision]:
     """One decision per call_function node of `considered` (`outcome.outcome`; a kept encoding
-    is described), under each of its report names (a node moved out of a body is reported
-    under its body path; glue under none)."""
+    is described as its copy in the folded program reads it, `Lifting.copies`), under each of
+    its report names (a node moved out of a body is reported under its body path; glue under
+    none)."""
     lifted_as = lifting.lifted_as
 
     def rename(name: str) -> str:
@@ -61,7 +62,7 @@ def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation,
     for n in considered:
         reason, detail = outcome(n, analysis, plan, evaluation)
         if reason is Reason.KEEPS_ENCODING:
-            detail = describe_encoding(n, rename)
+            detail = describe_encoding(lifting.copies.get(n, n), rename)
         target, placeholder = op_name(n.target), lifted_as.get(n.name)
         out.extend(Decision(name, target, reason, detail, placeholder) for name in report_names(n, n.name))
     return out

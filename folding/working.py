@@ -1,15 +1,15 @@
 """The program one fold attempt analyses and lifts: the program being folded after the
 rewrites that come before analysis (`weight_fusion.fuse_into_weights`,
 `transposed_gathers.read_through_transposes`,
-`returned_dequantizes.split_returned_dequantizes`, then `bodies.hoist_body_constants`), in a
-top-level graph the attempt owns.
+`returned_dequantizes.split_returned_dequantizes`, then `bodies.hoist_body_constants`).
 
 The program being folded is never edited. The first of these rewrites that applies copies
-its top-level graph; the ones after it edit that copy, and so does `lift`. When none applies,
-prepare copies the top-level graph itself (`hops.copy_uncompiled`: tensors and bodies
-shared): either way, the top-level graph is copied once per attempt that reaches `lift`. An
-attempt that lifted its working program and is then discarded (over the growth budget)
-prepares a new one: the rewrites are deterministic, so it is the same program again.
+its top-level graph (`hops.copy_uncompiled`: tensors and bodies shared); the ones after it
+edit that copy. When none applies, the working program is the program being folded itself:
+analysis, planning, evaluation and placement only read it, and `lift` builds the folded
+program's graph anew from its surviving nodes. So an attempt copies the whole top-level graph
+only when a rewrite applies, and the working program outlives its attempts: an attempt
+discarded after `lift` (over the growth budget) is redone on the same one.
 """
 
 from __future__ import annotations
@@ -20,20 +20,18 @@ from typing import Callable, Mapping
 from torch.export import ExportedProgram
 
 from .bodies import hoist_body_constants
-from .hops import copy_uncompiled
 from .returned_dequantizes import split_returned_dequantizes
 from .policy import FoldPolicy
 from .transposed_gathers import Rewrite, read_through_transposes
 from .weight_fusion import Fusion, FusionRows, fuse_into_weights
 from .report import PhaseTimer
-from .torch_internals import program_with
 
 
 @dataclass(frozen=True)
 class Working:
     """Attributes:
-        program: what the attempt folds; its top-level GraphModule is a copy this attempt
-            made, which `lift` edits.
+        program: what the attempt folds, read only from here on: a copy the rewrites made, or
+            the program being folded itself when none applied.
         owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
         transposes: names of the transposes that replace their matrix when folded
             (`transposed_gathers.Rewrite.transposes`).
@@ -54,9 +52,8 @@ class Working:
 @dataclass(frozen=True)
 class Preparation:
     """Makes the `Working` program of an attempt from `base`: called for the first attempt and
-    whenever the next attempt needs a new one (the last one lifted its working program and was
-    discarded, or a node was pinned in its body); an attempt redone for
-    a constraint learnt before `lift` reuses the same `Working`.
+    whenever the next attempt needs a new one (a node was pinned in its body); an attempt redone
+    for a constraint (learnt by evaluation, or a tighter growth budget) reuses the same `Working`.
 
     Attributes:
         base: the program being folded; never edited.
@@ -100,11 +97,9 @@ class Preparation:
                 fusion = _merged(self.fusions, fuse_into_weights(self.base, self.policy, self.bytes_before, self.spent))
                 rewrite = Rewrite(fusion.program, self.notes + fusion.notes, self.transposes)
             program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
-            if program is self.base:  # the attempt's own copy, for `bodies` and `lift`
-                program = program_with(program, graph_module=copy_uncompiled(program.graph_module)[0])
-        with self.timer.phase("bodies"):
+        with self.timer.phase("bodies"):  # edits the graph in place only when a rewrite copied it
             hoisting = hoist_body_constants(program, self.policy, self.clone_op, self.pins,
-                                            analyze=self.analyze, inplace=True)
+                                            analyze=self.analyze, inplace=program is not self.base)
         return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
                        hoisting.decisions, fusions=fusion.rows)
 

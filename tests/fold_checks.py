@@ -218,22 +218,12 @@ def run_stages(graph: torch.fx.Graph, signature, policy: FoldPolicy, stored: dic
     return analysis, plan, evaluate(plan, analysis, module, lambda n: stored[n.name])
 
 
-def owned_copy(program: ExportedProgram):
-    """What prepare gives `lift`: `program` with a copy of its top-level graph (tensors,
-    signature and stored dicts shared), and the map from `program`'s nodes to the copy's."""
-    from folding.hops import copy_uncompiled
-    from folding.torch_internals import program_with
-
-    gm, env = copy_uncompiled(program.graph_module)
-    return program_with(program, graph_module=gm), env
-
-
-def place_and_lift(owned: ExportedProgram, folded, values, constant_placeholders):
-    """`placement.place` then `lift`, as `fold.py` runs them."""
+def place_and_lift(program: ExportedProgram, folded, values, constant_placeholders):
+    """`placement.place` then `lift` on `program` (read only), as `fold.py` runs them."""
     from folding.lift import lift
     from folding.nonfinite import NonfiniteScan
     from folding.placement import place
 
     nonfinite = NonfiniteScan()
-    placement = place(owned, folded, values, constant_placeholders.__contains__, frozenset(), nonfinite)
-    return lift(owned, placement, nonfinite)
+    placement = place(program, folded, values, constant_placeholders.__contains__, frozenset(), nonfinite)
+    return lift(program, placement, nonfinite)

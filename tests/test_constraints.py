@@ -74,8 +74,8 @@ def test_learnt_constraints_keep_an_alias_class_whole_and_follow_names_to_a_copy
 
 
 class WriterBudgetAndBranches(nn.Module):
-    """Attempts redone on a working copy that lift edits in place (the ``cond`` makes the fold
-    work on a copy of its own): an undeclared write found by evaluation (a constraint on a
+    """Attempts redone on the working program (the ``cond`` makes prepare copy it, and `lift`
+    reads it to build the folded graph): an undeclared write found by evaluation (a constraint on a
     node, attempt redone before lift), a moved node kept at runtime (the fold reruns with it
     pinned in its body), and two identical buffers (stored once) folded into two results."""
 
@@ -94,7 +94,7 @@ class WriterBudgetAndBranches(nn.Module):
 
 
 @pytest.mark.parametrize("strict", [True, False])
-def test_attempts_redone_on_a_working_copy_lift_edits_fold_right(strict):
+def test_attempts_redone_on_the_working_program_fold_right(strict):
     from folding import FoldPolicy
     from folding.reasons import Reason
     from tests.invariants import assert_caller_unchanged, assert_valid_program, caller_snapshot

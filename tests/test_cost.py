@@ -135,9 +135,10 @@ def _count_node_copies(fn) -> int:
 
 @pytest.mark.parametrize("dialect", ["ATEN", "EDGE"])
 def test_each_graph_the_fold_edits_is_copied_once(dialect):
-    """Rewriting the gathers, moving constant code out of the bodies, lifting, and passing a
-    repeated operand once all edit the same copies: one node copy per node of the top-level
-    graph and of each body, and one per node moved out of a body (before: the top-level graph
+    """Rewriting the gathers, moving constant code out of the bodies, and passing a repeated
+    operand once all edit the same copies: one node copy per node of the top-level graph and
+    of each body, one per node moved out of a body, and `lift`'s one per node of the folded
+    program (it builds the folded graph from the surviving nodes; before: the top-level graph
     copied three times and each body twice, 68 copies on ATen)."""
     from executorch.exir import to_edge
 
@@ -155,7 +156,7 @@ def test_each_graph_the_fold_edits_is_copied_once(dialect):
     folded = results[0].program
     hops = [n for n in folded.graph.nodes if n.op == "call_function" and "cond" in str(n.target)]
     assert len(hops) == 1 and len(hops[0].args[3]) == len(set(hops[0].args[3]))  # each operand passed once
-    assert 0 < copies <= sum(len(g.nodes) for g in graphs) + moved, copies
+    assert 0 < copies <= sum(len(g.nodes) for g in graphs) + moved + len(folded.graph.nodes), copies
     for flip in (1, -1):
         x = (ids, flag * flip)
         want, got = ep.module()(*x), folded.module()(*x)
@@ -179,8 +180,10 @@ def _transposed_mlp():
     _transposed_mlp,
 ], ids=["chain-aten", "chain-edge", "in-place-op", "transposed-weights"])
 def test_an_in_place_fold_folds_a_copy_and_gives_the_copying_folds_program(make):
-    """Invariants 7 and 9: ``inplace=True`` folds a copy of the top-level graph, as the copying
-    fold does (the same node copies), then puts the result into the caller's program object."""
+    """Invariants 7 and 9: ``inplace=True`` folds as the copying fold does (the same node
+    copies), then puts the result into the caller's program object. No rewrite applies to
+    these programs, so the caller's graph is read, never copied whole: `lift` copies only the
+    nodes that survive into the folded program (all its nodes but the new placeholders)."""
     ep, shape = make()
     x = torch.randn(*shape)
     want = ep.module()(x)
@@ -189,8 +192,12 @@ def test_an_in_place_fold_folds_a_copy_and_gives_the_copying_folds_program(make)
     shared = copy.deepcopy(ep)
     results = []
     copies_in_place = _count_node_copies(lambda: results.append(fold_constants(shared, inplace=True)))
-    assert copies_in_place == copies_kept >= len(ep.graph.nodes)
-    assert results[0].program is shared and kept[0].report.folded
+    report = kept[0].report
+    new_placeholders = {c.placeholder for c in report.lifted if not c.reused}
+    assert not report.rewrites and report.folded and new_placeholders
+    assert copies_in_place == copies_kept == len(kept[0].program.graph.nodes) - len(new_placeholders)
+    assert copies_kept < len(ep.graph.nodes)
+    assert results[0].program is shared
     assert_valid_program(shared)
     assert [n.name for n in shared.graph.nodes] == [n.name for n in kept[0].program.graph.nodes]
     assert_close_all(want, shared.module()(x), relative=True, min_scale=0.1)
@@ -209,8 +216,9 @@ class _InPlaceOnAConstant(nn.Module):
 
 
 def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
-    """An attempt that lifted its working copy in place and is redone folds a fresh copy
-    (`folding/working.py`): what evaluation learnt moves to the nodes of the same names."""
+    """An attempt redone on a program prepared again (a node pinned in its body,
+    `folding/working.py`) folds a fresh copy: what evaluation learnt moves to the nodes of the
+    same names."""
     from folding.hops import copy_uncompiled
     from folding.constraints import Constraints
     from folding.constraints import UndeclaredWrite

@@ -1,7 +1,7 @@
 """`folding.lift.lift` on its own (after `placement.place`): given the folded nodes and their values, the rebuilt program
-(placeholders, signature, stored dicts, names). `lift` edits the graph of the program it is
-given, here a copy of the exported program's (as the fold gives it); the exported program,
-whose signature and stored dicts the copy shares, stays as it was. The values are computed
+(placeholders, signature, stored dicts, names). `lift` builds a new graph from the surviving
+nodes of the program it is given, here the exported program itself (as the fold gives it when
+no rewrite applies), which stays as it was. The values are computed
 here with torch, not by the fold's evaluator. Placement's own rules (a stored tensor reused):
 test_placement.py."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.export.graph_signature import InputKind
 
-from tests.fold_checks import owned_copy, place_and_lift
+from tests.fold_checks import place_and_lift
 from tests.invariants import assert_caller_unchanged, assert_close_all, caller_snapshot
 
 
@@ -39,8 +39,7 @@ def test_a_folded_chain_becomes_one_lifted_constant_and_its_parameter_goes(seed)
     (p_w,) = [n for n in program.graph.nodes if n.op == "placeholder" and n.name != "x"]
     folded_value = (w * 2).exp()
 
-    owned, env = owned_copy(program)
-    new, record = place_and_lift(owned, {env[mul], env[exp]}, {env[exp]: folded_value}, {env[p_w]})
+    new, record = place_and_lift(program, {mul, exp}, {exp: folded_value}, {p_w})
 
     assert_caller_unchanged(before, program)
     specs = new.graph_signature.input_specs
@@ -56,7 +55,7 @@ def test_a_folded_chain_becomes_one_lifted_constant_and_its_parameter_goes(seed)
 
 class _NanThroughAView(torch.nn.Module):
     """``log`` of a weight with negative entries, read through a transpose, next to a ``cond``
-    (the fold works on a copy of its own graph, which `lift` edits in place)."""
+    (the rewrites leave the top-level graph alone: `lift` reads the caller's graph)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,8 +67,7 @@ class _NanThroughAView(torch.nn.Module):
 
 
 def test_a_value_lifted_in_place_is_scanned_for_nan_through_its_views():
-    """The non-finite scan follows a folded value back through its views (`NonfiniteScan`):
-    editing in place must not erase those inputs before the scan reads them."""
+    """The non-finite scan follows a folded value back through its views (`NonfiniteScan`)."""
     from folding import fold_constants
 
     x, flag = torch.randn(2, 4), torch.tensor([1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.export.graph_signature import InputKind
 
-from tests.fold_checks import export, fold, owned_copy, place_and_lift
+from tests.fold_checks import export, fold, place_and_lift
 from tests.invariants import assert_same_outputs
 from tests.invariants import assert_caller_unchanged, assert_close_all, caller_snapshot
 
@@ -34,8 +34,7 @@ def test_a_value_with_a_stored_tensors_bytes_reuses_its_placeholder():
     times_one = next(n for n in muls if 1 in n.args)
     (p_w,) = [n for n in program.graph.nodes if n.op == "placeholder" and n.name != "x"]
 
-    owned, env = owned_copy(program)
-    new, record = place_and_lift(owned, {env[times_one]}, {env[times_one]: w.clone()}, {env[p_w]})
+    new, record = place_and_lift(program, {times_one}, {times_one: w.clone()}, {p_w})
 
     assert_caller_unchanged(before, program)
     assert not new.constants  # nothing new stored: the add reads the parameter twice
