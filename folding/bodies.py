@@ -32,7 +32,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 
 from .torch_internals import program_with
 from .hops import (bodies, copy_uncompiled, drop_unused_attributes, free_attribute, graph_module, hop_kind, hop_nodes,
-                   move_attribute, recompile_shallow)
+                   move_attribute, recompile_shallow, unprobed_writes)
 from .names import copy_keeping_name, reserve_node_names
 from .node_meta import GLUE, body_path, mark_glue, mark_hoisted, pin_name, report_names
 from .ops import OpKind, op_name, structural_key
@@ -89,7 +89,7 @@ def hoist_body_constants(
     reserve_node_names(gm)
     hoist = _Hoist(policy, clone_op, pins, gm, analyze)
     hoist.unshare(gm)  # before the analysis: it may add get_attr nodes to `gm`
-    top = analyze(gm.graph, program.graph_signature, policy)
+    top = analyze(gm.graph, program.graph_signature, policy, extra_writes=unprobed_writes(gm.graph, in_body=False))
     hoist.graph(gm, top.is_constant, "")
     for module in hoist.changed:  # copies this pass made: what they no longer read goes
         drop_unused_attributes(module)
@@ -190,7 +190,8 @@ def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy, analy
     """`analyze` of a body whose `sources` placeholders are constant (the others runtime)."""
     placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
     reserve_node_names(body)
-    return analyze(body.graph, body_signature(placeholders, set(sources)), policy)
+    return analyze(body.graph, body_signature(placeholders, set(sources)), policy,
+                   extra_writes=unprobed_writes(body.graph, in_body=True))
 
 
 class _Hoist:

@@ -16,7 +16,7 @@ from .analysis import analyze
 from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
-from .hops import recompile_shallow
+from .hops import recompile_shallow, unprobed_writes
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .constraints import Constraints
@@ -31,7 +31,7 @@ from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
 from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
 from .sizes import stored_constant_bytes, stored_tensor
-from .torch_internals import replace_contents
+from .torch_internals import replace_contents, reserve_names
 from .working import Preparation, Working
 from .work_counts import count
 
@@ -133,6 +133,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
             break
         steps.append(inlined)
         prepare = prepare.after_inlining(folded, once.working, once.report.constant_bytes_after)
+    reserve_names(folded.graph, reserved)  # invariant 6: a rewrite may have removed some of them
     with timer.phase("report"):
         report = merged(steps, folded)
         report.rewrites = list(once.working.notes)
@@ -174,7 +175,8 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 working, placeholder_bytes = _prepared(prepare, constraints, timer)
                 program, gm = working.program, working.program.graph_module
             with timer.phase("analysis"):
-                analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
+                analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced,
+                                   _merged_writes(constraints.writes, unprobed_writes(gm.graph, in_body=False)))
             with timer.phase("planning"):
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
@@ -215,6 +217,16 @@ def _prepared(prepare: Preparation, constraints: Constraints, timer: PhaseTimer)
     constraints.rebound(working.program.graph)
     with timer.phase("bytes"):
         return working, placeholder_savings(working.program.graph, working.program)
+
+
+def _merged_writes(learnt: dict, assumed: dict) -> dict:
+    """The writes evaluation learnt and those the fold assumes (`hops.unprobed_writes`), per op."""
+    if not assumed:
+        return learnt
+    out = {n: set(ws) for n, ws in learnt.items()}
+    for n, ws in assumed.items():
+        out.setdefault(n, set()).update(ws)
+    return out
 
 
 def _stored_value(program: ExportedProgram, analysis):

@@ -29,7 +29,7 @@ import torch.fx
 from .torch_internals import children_hidden, copy_attribute, copy_codegen, lazy_graph_module, set_uncompiled_graph
 from .names import copy_keeping_name, unique_name
 from .node_meta import body_path
-from .ops import OpKind, classify
+from .ops import OpKind, classify, is_probed
 
 _hop = torch.ops.higher_order
 
@@ -98,6 +98,31 @@ def hop_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """The nodes of `graph` that call a HOP with plain bodies (`HOPS`), in graph order: found
     through torch.fx's index of nodes by target, not a walk over the graph."""
     return sorted(n for target in HOPS for n in graph.find_nodes(op="call_function", target=target, sort=False))
+
+
+def unprobed_writes(graph: torch.fx.Graph, in_body: bool) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """The writes the fold assumes because it cannot probe them (`ops.is_probed`: a custom op
+    may write an input its schema does not declare). Only the top level's custom ops are run
+    at fold time (`plan.Plan.probed`); so, in a body (`in_body`), a custom op is taken to write
+    every tensor it reads, and, at any level, a control-flow call whose bodies (nested ones
+    included) call a custom op is taken to write every operand it passes. Empty when `graph`
+    calls no control flow and is not a body. For `analysis.analyze`'s ``extra_writes``."""
+    hops = hop_nodes(graph)
+    if not hops and not in_body:
+        return {}
+    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    if in_body:
+        out.update((n, list(n.all_input_nodes)) for n in graph.nodes if n.op == "call_function" and is_probed(n))
+    for hop in hops:
+        if any(_calls_custom_op(body) for _, body in bodies(hop)):
+            out[hop] = [i for i in hop.all_input_nodes if i.op != "get_attr"]
+    return out
+
+
+def _calls_custom_op(body: torch.fx.GraphModule) -> bool:
+    """`body`, or a body it calls, calls a custom op `ops.is_probed` names."""
+    return any(n.op == "call_function" and is_probed(n) for n in body.graph.nodes) or any(
+        _calls_custom_op(inner) for hop in hop_nodes(body.graph) for _, inner in bodies(hop))
 
 
 def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:

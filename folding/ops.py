@@ -181,8 +181,14 @@ def _writes_only_its_outputs(target: Any) -> bool:
 
 # Namespaces whose kernels write only what the schema (with `_UNDECLARED_WRITES`) says:
 # ATen's and prims' (tests/test_mutation.py and tests/test_real_programs.py run them on
-# copy-on-write inputs), and PT2E's quantize/dequantize ops (pure arithmetic on their input).
-_SCHEMA_VOUCHED_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed"})
+# copy-on-write inputs), PT2E's and torchao's quantize/dequantize primitives (arithmetic on
+# their inputs), and executorch's dim-order copies (``dim_order_ops._to_dim_order_copy``,
+# ``_clone_dim_order``: every cast and clone of an Edge program, a copy into their result).
+_SCHEMA_VOUCHED_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed", "torchao", "dim_order_ops"})
+# The higher-order ops functionalization wraps a custom op that declares a write in
+# (``auto_functionalized_v2(op, _all_bases=[...], **kwargs)``): the op is their first argument.
+_FUNCTIONALIZED = tuple(getattr(torch.ops.higher_order, name) for name in ("auto_functionalized", "auto_functionalized_v2")
+                        if hasattr(torch.ops.higher_order, name))
 
 
 def _probed_when_kept(target: Any) -> bool:
@@ -193,6 +199,20 @@ def _probed_when_kept(target: Any) -> bool:
     overload = aten_overload(target)
     return (overload is not None and overload.namespace not in _SCHEMA_VOUCHED_NAMESPACES
             and _classify(target) is OpKind.PURE)
+
+
+def is_probed(node) -> bool:
+    """`node` (a call_function node) calls a custom op `_probed_when_kept` names, directly or
+    wrapped by functionalization (``auto_functionalized_v2``: the op declares a write, and may
+    make another)."""
+    if node.target in _FUNCTIONALIZED:
+        return bool(node.args) and op_facts(node.args[0]).probed
+    return op_facts(node.target).probed
+
+
+def may_call_probed(target: Any) -> bool:
+    """`target` is a probed custom op or a functionalization wrapper (which may hold one)."""
+    return target in _FUNCTIONALIZED or op_facts(target).probed
 
 
 def arg_at(node, position: int) -> Any:

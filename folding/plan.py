@@ -34,7 +34,7 @@ import torch
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
-from .ops import OpKind, aliased_arg_position, classify, op_facts, structural_key, reads_only_metadata
+from .ops import OpKind, aliased_arg_position, classify, is_probed, may_call_probed, structural_key, reads_only_metadata
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -359,8 +359,8 @@ def _finish(plan: Plan, analysis: Analysis) -> None:
     for n in reversed(plan.candidates):
         if plan.folded(n) or any(u in needed for u in n.users):
             needed.add(n)
-    if analysis.calls_any(lambda t: op_facts(t).probed):
-        plan.probed = {n for n in analysis.kind if n not in needed and op_facts(n.target).probed
+    if analysis.calls_any(may_call_probed):
+        plan.probed = {n for n in analysis.kind if n not in needed and is_probed(n)
                        and any(analysis.is_constant(i) for i in n.all_input_nodes)}
     plan.evaluated = ([n for n in analysis.order if n in needed or n in plan.probed] if plan.probed
                       else [n for n in plan.candidates if n in needed])

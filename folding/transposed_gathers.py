@@ -153,8 +153,8 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
     Returns:
         A `Rewrite`: a copy of `program` (the graph copied; tensors, signature and bodies
         shared), or `program` itself when nothing applies. The copy is the attempt's own:
-        `bodies` and then `lift` edit it in place (`folding/working.py`); its graph compiles
-        on first use only.
+        `returned_dequantizes` and `bodies` edit it in place, and `lift` reads it
+        (`folding/working.py`); its graph compiles on first use only.
     """
     found = _candidates(program, policy, policy.growth_budget(bytes_before))
     if not found:

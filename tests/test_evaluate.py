@@ -328,6 +328,103 @@ def test_a_probed_op_that_writes_nothing_leaves_its_constant_readers_folded():
     assert_same_outputs(ep, result.program, (torch.randn(4),))
 
 
+class WriterInABody(torch.nn.Module):
+    """``bump_first(w, ...)`` inside a ``cond`` branch writes the operand ``w`` undeclared; the
+    branch reads ``w * 3`` after it and the caller ``w * 5`` after the ``cond``. The fold never
+    runs a body's custom op, so it takes the op to write what it reads, and the ``cond`` to
+    write what it passes (`hops.unprobed_writes`)."""
+
+    def __init__(self, predicate: str):
+        super().__init__()
+        self.register_buffer("w", torch.arange(3.0) - 1.0)
+        self.register_buffer("c", torch.full((3,), 0.5))
+        self.register_buffer("flag", torch.tensor(True))
+        self.predicate = predicate
+
+    def forward(self, x):
+        pred = self.flag if self.predicate == "constant" else x.sum() > -100.0
+
+        def taken(x, w, c):
+            other = c if self.predicate == "constant_only_op" else x
+            return torch.ops.fold_evaluate_test.bump_first(w, other) + w * 3.0
+
+        def other(x, w, c):
+            return x - w
+
+        y = torch.cond(pred, taken, other, (x, self.w, self.c))
+        return y + self.w * 5.0
+
+
+@pytest.mark.parametrize("predicate", ["runtime", "constant", "constant_only_op"])
+def test_a_custom_op_in_a_body_is_taken_to_write_what_it_reads(predicate):
+    """Issue 52's third review: a kept custom op in a body wrote its operand undeclared and the
+    folded readers (in the body, hoisted; after the ``cond``, at the top level) went stale; a
+    constant predicate inlines the body in a second round, after the first folded them."""
+    eager = WriterInABody(predicate)
+    ep = export(WriterInABody(predicate), (torch.randn(3),))
+    policy = FoldPolicy(skip_targets=frozenset({"fold_evaluate_test.bump_first.default"}))
+    result = fold_constants(ep, policy if predicate == "constant_only_op" else None)
+    folded = result.program.module()
+    with torch.no_grad():
+        for x in (torch.randn(3), torch.randn(3)):  # the second call reads the written buffer
+            torch.testing.assert_close(folded(x), eager(x), rtol=0, atol=0)
+
+
+_decl_lib = torch.library.Library("fold_evaluate_decl", "DEF")
+_decl_lib.define("bump_cache(Tensor x, Tensor(a!) cache, Tensor w) -> Tensor")
+_decl_lib.impl("bump_cache", lambda x, cache, w: (cache.add_(x), w.add_(1), x + w)[2], "CompositeExplicitAutograd")
+_decl_lib.impl("bump_cache", lambda x, cache, w: torch.empty_like(x), "Meta")
+
+
+class DeclaresOneWriteMakesTwo(torch.nn.Module):
+    """``bump_cache`` declares its write to ``cache`` and writes ``w`` too: functionalization
+    (``run_decompositions``, ``to_edge``) wraps it in ``auto_functionalized_v2``."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(3))
+        self.register_buffer("w", torch.ones(3))
+
+    def forward(self, x):
+        return torch.ops.fold_evaluate_decl.bump_cache(x, self.cache, self.w) + self.w * 3.0
+
+
+@pytest.mark.parametrize("dialect", ["training_ir", "functional_aten", "edge"])
+def test_a_functionalized_custom_op_is_probed_through_its_wrapper(dialect):
+    eager = DeclaresOneWriteMakesTwo()
+    ep = export(DeclaresOneWriteMakesTwo(), (torch.randn(3),))
+    if dialect == "functional_aten":
+        ep = ep.run_decompositions({})
+    elif dialect == "edge":
+        ep = edge(ep)
+    if dialect != "training_ir":
+        assert any("auto_functionalized" in str(n.target) for n in ep.graph.nodes)
+    folded = fold_constants(ep).program.module()
+    with torch.no_grad():
+        for x in (torch.randn(3), torch.randn(3)):
+            torch.testing.assert_close(folded(x), eager(x), rtol=0, atol=0)
+
+
+class KeptCastOfAWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 32).half())
+
+    def forward(self, x):
+        return x @ self.w.float()
+
+
+def test_executorch_and_torchao_ops_are_not_probed():
+    """``dim_order_ops._to_dim_order_copy`` (every cast of an Edge program) is vouched for like
+    ATen's: kept by a size limit, it is not run at fold time (a kept cast of a 4 GiB weight
+    would be)."""
+    ep = edge(export(KeptCastOfAWeight(), (torch.randn(2, 64),)))
+    assert any("dim_order_ops" in str(n.target) for n in ep.graph.nodes)
+    result = fold_constants(ep, FoldPolicy(max_tensor_bytes=0))
+    assert result.report.evaluated_nodes == 0
+    assert_same_outputs(ep, result.program, (torch.randn(2, 64),))
+
+
 class ConvOfABuffer(torch.nn.Module):
     """``conv1d`` of a stored (1, 5, 1) input: ATen's kernel asks for a writable data pointer of
     it (materialising a copy-on-write stand-in) without writing (fuzz seed 54055162221)."""

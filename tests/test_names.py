@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folding import Reason, reserve_node_names
+from folding import Reason, fold_constants, reserve_node_names
 from tests.fold_checks import call_targets, decision, export, fold
 from tests.invariants import assert_same_outputs
 from tests.invariants import assert_pte_matches, outputs
@@ -75,6 +75,33 @@ def test_folded_program_gives_later_passes_fresh_names():
         created += [graph.call_function(torch.ops.aten.mul.Tensor, (mul, mul)) for _ in range(3)]
     assert not {n.name for n in created} & before
     _unique(result.program)
+
+
+class LinearPlusConstants(torch.nn.Module):
+    """``linear(x) + 1.0`` (weight fusion folds the shift into the bias, removing ``add``)
+    and ``w.exp()`` (folded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("w", torch.randn(4))
+
+    def forward(self, x):
+        return self.lin(x) + 1.0 + self.w.exp()
+
+
+@pytest.mark.parametrize("module", [InputsNamedLikeOps, LinearPlusConstants])
+def test_no_name_of_the_callers_program_is_given_to_a_node_created_later(module):
+    """Invariant 6: every node name of the caller's program stays reserved in the folded graph,
+    those of nodes a rewrite removed (weight fusion) and those lift did not copy included."""
+    inputs = (torch.randn(4, 4), torch.randn(4, 4)) if module is InputsNamedLikeOps else (torch.randn(2, 4),)
+    ep = export(module(), inputs)
+    caller = [n.name for n in ep.graph.nodes]
+    graph = fold_constants(ep).program.graph
+    anchor = next(iter(graph.find_nodes(op="placeholder")))
+    with graph.inserting_before(graph.output_node()):
+        created = [graph.create_node("call_function", torch.ops.aten.relu.default, (anchor,), name=name) for name in caller]
+    assert not {n.name for n in created} & set(caller)
 
 
 class CondOnInputs(torch.nn.Module):
