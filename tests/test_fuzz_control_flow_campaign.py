@@ -27,7 +27,8 @@ def test_fixed_seed_control_flow_campaign_finds_no_failure(config):
     summary = run(config)
     print(summary.text())
     assert summary.cases == config.n
-    assert summary.discarded < config.n * 0.15, summary.discard_reasons
+    # dynamo refuses about 9 % of generated control-flow programs at export (docs/fuzzing.md)
+    assert summary.discarded <= max(2, config.n * 0.15), summary.discard_reasons
     assert not summary.failures, summary.text()
 
 

@@ -530,8 +530,32 @@ def shared_body_eager(g: Gen) -> Optional[Proposal]:
     return b.proposal("shared_body_eager", f"(lambda r_: {helper}(r_, {', '.join([between] + e2)}))({body})")
 
 
+def body_writer(g: Gen) -> Optional[Proposal]:
+    """A ``cond`` whose true branch calls ``fuzz_writes.bump`` on a stored tensor it is passed (a
+    write no schema declares, `tests.fuzz.writes`) and reads that tensor again after it; the
+    values read later read the written tensor too. The fold never runs a body's custom op, so
+    it must take it to write what it reads (`folding.hops.unprobed_writes`; issue 52). The
+    predicate reads a constant or a runtime value (a constant one inlines the branch in a later
+    round)."""
+    from .families import rand_shape
+
+    rng = g.rng
+    w = g.pick(lambda u: u.state in ("parameter", "buffer", "constant") and u.kind == "const" and u.ex.dtype == torch.float32)
+    if w is None:
+        w = g.random_state(rand_shape(g, 2), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
+    x = g.pick_any_kind(_float, exclude=(w,))
+    if x is None:
+        return None
+    reads = rng.choice(["(w * 3.0).sum()", "w.exp().mean()", "w.abs().max()"])
+    call = (f"torch.cond($0.sum() > 0, lambda a, w: (torch.ops.fuzz_writes.bump(w, a) + {reads},), "
+            f"lambda a, w: (a - w.sum(),), ($0, $1))[0]")
+    proposal = Proposal("body_writer", [(call, (x, w))])
+    proposal.mutates = (w,)
+    return proposal
+
+
 FAMILIES = {"cond": cond, "map": map_, "scan": scan_, "while_loop": while_loop_, "no_grad": no_grad,
             "autocast": autocast, "cond_siblings": cond_siblings, "shared_body": shared_body,
-            "shared_body_eager": shared_body_eager}
+            "shared_body_eager": shared_body_eager, "body_writer": body_writer}
 WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4, "cond_siblings": 4,
-           "shared_body": 5, "shared_body_eager": 3}
+           "shared_body": 5, "shared_body_eager": 3, "body_writer": 2}

@@ -337,7 +337,7 @@ class GenConfig:
 # quiet channels and overflow-prone scales, weight chains in cond branches), drawn inside
 # families that exist (`families.weight_chain`, `control_flow.cond`).
 LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
-                  "shared_body", "shared_body_eager")
+                  "shared_body", "shared_body_eager", "body_writer")
 
 
 def pinned(config: "GenConfig") -> "GenConfig":
@@ -357,7 +357,8 @@ CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_f
 # that requires grad is being used in an in-place operation"), and at most 20 ops, as each
 # program is lowered for the runtime (seconds per program).
 CONTROL_FLOW_PTE = GenConfig(min_ops=6, max_ops=20, quantize_fraction=0.0, control_flow=True,
-                             without=("random", "while_loop", "no_grad", "autocast", "mutation", "shared_body_eager"))
+                             without=("random", "while_loop", "no_grad", "autocast", "mutation", "shared_body_eager",
+                                      "body_writer"))
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
@@ -451,7 +452,7 @@ def _choose_outputs(g: Gen) -> tuple[str, ...]:
             outs.append(name)
     # an undeclared write is caught only when its op is evaluated, and an op whose result nothing
     # reads is not (docs/fuzzing.md): each one's result is an output
-    outs += [op.out for op in g.ops if op.family == "undeclared_write" and op.out not in outs]
+    outs += [op.out for op in g.ops if op.family in ("undeclared_write", "body_writer") and op.out not in outs]
     consts = [n for n in op_values if g.values[n].kind == "const"]
     if consts and g.rng.random() < 0.3:
         name = g.rng.choice(consts)
