@@ -50,14 +50,18 @@ class KeepAliasClass:
 @dataclass(frozen=True)
 class UndeclaredWrite:
     """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
-    materialised): the write counts as an in-place update from then on, and the attempt is
-    redone with it known (`Analysis.writes`)."""
+    materialised), or a probed custom op returned a view of a constant input its schema does
+    not declare (`aliased`: whatever updates the result in place writes the input, so the
+    op is taken to write it): the write counts as an in-place update from then on, and the
+    attempt is redone with it known (`Analysis.writes`)."""
 
     node: torch.fx.Node
     written: torch.fx.Node
+    aliased: bool = False
 
     def __str__(self) -> str:
-        return f"{self.node.name} writes to {self.written.name}, which its schema does not declare"
+        how = "returns a view of" if self.aliased else "writes to"
+        return f"{self.node.name} {how} {self.written.name}, which its schema does not declare"
 
 
 Learnt = Union[KeepAliasClass, UndeclaredWrite]

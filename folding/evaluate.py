@@ -22,7 +22,7 @@ from .layout import owned_canonical, raw_bytes
 from .sizes import storage_pointers
 from .symbols import bindings, concrete_ints, hinted_ints
 from .constraints import KeepAliasClass, Learnt, UndeclaredWrite
-from .values import holds_tensors
+from .values import holds_tensors, tensors_in
 
 if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (`fold.py` does)
     from .analysis import Analysis
@@ -246,12 +246,15 @@ def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Nod
     stale from the next call on). `held`: the value evaluation holds for an input, or
     `_NO_VALUE`; an input without one (a runtime input, a value kept at runtime) is a zero
     tensor of its shape on the example inputs (a symbolic size's hint). The inputs the op is
-    known to write get private copies, unwatched. An op that raises on these inputs, or an
-    input whose size has no hint (data-dependent), teaches nothing: the op stays as it is, and
-    a write it hides stays hidden.
+    known to write get private copies, unwatched. A result that shares storage with a constant
+    input's stand-in is an alias the schema does not declare: a later in-place update of the
+    result would write the constant, so the op is taken to write it. An op that raises on these
+    inputs, or an input whose size has no hint (data-dependent), teaches nothing: the op stays
+    as it is, and a write it hides stays hidden.
 
     Returns whether the op ran. Raises `_Stop` with an `UndeclaredWrite`."""
     guard = _WriteGuard(node, analysis)
+    constant_storages: dict[int, torch.fx.Node] = {}  # a constant input's stand-in's storage -> the input
 
     def stand_in(n: torch.fx.Node) -> object:
         value = held(n)
@@ -259,13 +262,22 @@ def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Nod
             value = _zeros_like_meta(n, hinted_ints)
         if not isinstance(value, torch.Tensor):
             return value
-        return value.detach().clone() if n in guard.passed_whole else guard.stand_in(n, value)
+        if n in guard.passed_whole:
+            return value.detach().clone()
+        own = guard.stand_in(n, value)
+        if analysis.is_constant(n):
+            constant_storages.update((p, n) for p in storage_pointers(own) if p)
+        return own
 
     try:
-        _call(op_facts(node.target).call, map_arg(node.args, stand_in), map_arg(node.kwargs, stand_in))
+        result = _call(op_facts(node.target).call, map_arg(node.args, stand_in), map_arg(node.kwargs, stand_in))
     except (_OpRaised, _NoStaticValue):
         return False
     guard.check()
+    aliased = next((constant_storages[p] for t in tensors_in(result) for p in storage_pointers(t)
+                    if p in constant_storages), None)
+    if aliased is not None:
+        raise _Stop(UndeclaredWrite(node, aliased, aliased=True))
     return True
 
 

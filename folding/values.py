@@ -24,3 +24,12 @@ def holds_tensors(val: Any) -> bool:
             isinstance(v, torch.Tensor) for v in val
         )
     return False
+
+
+def tensors_in(val: Any) -> list[torch.Tensor]:
+    """The tensors of an op's result: itself, or those of a (nested) list or tuple."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [t for v in val for t in tensors_in(v)]
+    return []

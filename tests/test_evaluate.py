@@ -425,6 +425,36 @@ def test_executorch_and_torchao_ops_are_not_probed():
     assert_same_outputs(ep, result.program, (torch.randn(2, 64),))
 
 
+_alias_lib = torch.library.Library("fold_evaluate_alias", "DEF")
+_alias_lib.define("view_of(Tensor x, Tensor w) -> Tensor")  # no ``Tensor(a)``: the alias is undeclared
+_alias_lib.impl("view_of", lambda x, w: w.view(w.shape), "CPU")
+_alias_lib.impl("view_of", lambda x, w: torch.empty_like(w), "Meta")
+
+
+class UpdatesAnUndeclaredAlias(torch.nn.Module):
+    """``view_of(x, w)`` returns ``w`` itself though its schema says nothing; the runtime
+    ``add_`` on that result writes ``w``, which ``w * 3`` reads after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.arange(4.0))
+
+    def forward(self, x):
+        y = torch.ops.fold_evaluate_alias.view_of(x, self.w)
+        y.add_(x)
+        return y * 1.0 + self.w * 3.0
+
+
+def test_a_probed_op_returning_an_undeclared_alias_of_a_constant_is_taken_to_write_it():
+    eager = UpdatesAnUndeclaredAlias()
+    ep = export(UpdatesAnUndeclaredAlias(), (torch.randn(4),))
+    result = fold_constants(ep)
+    folded = result.program.module()
+    with torch.no_grad():
+        for x in (torch.randn(4), torch.randn(4)):  # the first call already reads the written w
+            torch.testing.assert_close(folded(x), eager(x), rtol=0, atol=0)
+
+
 class ConvOfABuffer(torch.nn.Module):
     """``conv1d`` of a stored (1, 5, 1) input: ATen's kernel asks for a writable data pointer of
     it (materialising a copy-on-write stand-in) without writing (fuzz seed 54055162221)."""

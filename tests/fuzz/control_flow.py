@@ -535,11 +535,15 @@ def body_writer(g: Gen) -> Optional[Proposal]:
     write no schema declares, `tests.fuzz.writes`) and reads that tensor again after it; the
     values read later read the written tensor too. The fold never runs a body's custom op, so
     it must take it to write what it reads (`folding.hops.unprobed_writes`; issue 52). The
-    predicate reads a constant or a runtime value (a constant one inlines the branch in a later
-    round)."""
+    predicate (`_predicate`) reads a runtime value, taking the other branch on the flipped
+    inputs, or constant code (the branch is then inlined in a later round)."""
     from .families import rand_shape
 
     rng = g.rng
+    b = Body(g)
+    pred = _predicate(b, runtime=rng.random() < 0.6) or _predicate(b, runtime=False)
+    if pred is None:
+        return None
     w = g.pick(lambda u: u.state in ("parameter", "buffer", "constant") and u.kind == "const" and u.ex.dtype == torch.float32)
     if w is None:
         w = g.random_state(rand_shape(g, 2), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
@@ -547,9 +551,9 @@ def body_writer(g: Gen) -> Optional[Proposal]:
     if x is None:
         return None
     reads = rng.choice(["(w * 3.0).sum()", "w.exp().mean()", "w.abs().max()"])
-    call = (f"torch.cond($0.sum() > 0, lambda a, w: (torch.ops.fuzz_writes.bump(w, a) + {reads},), "
-            f"lambda a, w: (a - w.sum(),), ($0, $1))[0]")
-    proposal = Proposal("body_writer", [(call, (x, w))])
+    call = (f"torch.cond({pred}, lambda a, w: (torch.ops.fuzz_writes.bump(w, a) + {reads},), "
+            f"lambda a, w: (a - w.sum(),), ({b.slot(x)}, {b.slot(w)}))[0]")
+    proposal = b.proposal("body_writer", call)
     proposal.mutates = (w,)
     return proposal
 
