@@ -174,9 +174,10 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
             if working is None:  # the first attempt, or a node was pinned in its body
                 working, placeholder_bytes = _prepared(prepare, constraints, timer)
                 program, gm = working.program, working.program.graph_module
+                assumed = unprobed_writes(gm.graph, in_body=False)  # once per working program
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced,
-                                   _merged_writes(constraints.writes, unprobed_writes(gm.graph, in_body=False)))
+                                   _merged_writes(constraints.writes, assumed))
             with timer.phase("planning"):
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
