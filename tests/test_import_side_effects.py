@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qnn import sdk
+
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,14 +28,23 @@ def _files(root: Path) -> list:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-def test_import_qnn_in_a_fresh_home_creates_no_file_and_keeps_executorch_from_downloading(tmp_path):
+def test_import_qnn_in_a_fresh_home_creates_no_file_and_the_first_use_takes_the_wheels_folder(tmp_path):
+    """``QNN_SDK_ROOT`` is empty after ``import qnn`` (executorch's ``setup_qnn_sdk`` reads that as
+    "the caller manages the SDK", so it downloads nothing), and the home directory has no file;
+    `load_qnn_sdk` then takes the onnxruntime-qnn wheel's folder."""
     home = tmp_path / "home"
     home.mkdir()
-    out = _python("import os, qnn; print('ROOT=' + repr(os.environ['QNN_SDK_ROOT']))", home)
+    code = ("import os, qnn\n"
+            "print('ROOT=' + repr(os.environ['QNN_SDK_ROOT']))\n"
+            "print('FILES=' + repr([p for _, _, files in os.walk(os.environ['HOME']) for p in files]))\n"
+            "print('SOURCE=' + qnn.load_qnn_sdk().source)\n"
+            "print('LOADED_ROOT=' + os.environ['QNN_SDK_ROOT'])\n")
+    out = _python(code, home)
     assert out.returncode == 0, out.stderr
-    assert _files(home) == []
-    # executorch's setup_qnn_sdk reads an empty QNN_SDK_ROOT as "the caller manages the SDK"
-    assert "ROOT=''" in out.stdout.splitlines()
+    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    assert values["ROOT"] == "''" and values["FILES"] == "[]"
+    assert Path(values["LOADED_ROOT"], "lib", "x86_64-linux-clang", "libQnnHtp.so").is_file()
+    assert values["SOURCE"] == f"{sdk.WHEEL} {sdk.WHEEL_VERSION}"
 
 
 def test_first_qnn_use_links_the_libraries_into_the_folder_the_variable_names_and_logs_it(tmp_path):

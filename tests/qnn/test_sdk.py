@@ -32,35 +32,29 @@ def test_the_loaded_libraries_are_qnn_2_49_in_an_sdk_shaped_root(qnn_sdk):
     assert qnn.load_qnn_sdk() is qnn_sdk  # once per process
 
 
-def test_import_sets_an_empty_qnn_sdk_root_and_the_first_use_the_wheels_folder():
-    """Empty after ``import qnn`` (executorch downloads nothing), the wheel's folder after
-    `load_qnn_sdk` (tests/test_import_side_effects.py: the import creates no file)."""
-    out = _python("import os, qnn; print('EMPTY=' + repr(os.environ['QNN_SDK_ROOT'])); "
-                  "print('SOURCE=' + qnn.load_qnn_sdk().source); print('ROOT=' + os.environ['QNN_SDK_ROOT'])")
-    assert out.returncode == 0, out.stderr
-    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if line.startswith(("EMPTY=", "ROOT=", "SOURCE=")))
-    assert values["EMPTY"] == "''"
-    assert Path(values["ROOT"], "lib", "x86_64-linux-clang", "libQnnHtp.so").is_file()
-    assert values["SOURCE"] == f"{sdk.WHEEL} {sdk.WHEEL_VERSION}"
-
-
-def test_an_sdk_root_without_the_libraries_raises_a_typed_error(tmp_path):
-    code = "import qnn\ntry:\n    qnn.load_qnn_sdk()\nexcept qnn.QnnSdkError as e:\n    print('QnnSdkError:', e)"
-    out = _python(code, QNN_SDK_ROOT=str(tmp_path))
-    assert out.returncode == 0, out.stderr
-    assert "QnnSdkError:" in out.stdout and "libQnnHtp.so" in out.stdout and "onnxruntime-qnn==2.5.0" in out.stdout
-
-
-def test_a_library_that_is_not_qnn_htp_raises_a_typed_error(tmp_path, qnn_sdk):
-    lib = tmp_path / "lib" / "x86_64-linux-clang"
+def test_an_sdk_root_without_the_libraries_or_with_another_library_raises_a_typed_error(tmp_path, qnn_sdk):
+    """Two roots in turn, in one fresh interpreter (a failed load is not kept): one without the
+    libraries, one whose ``libQnnHtp.so`` is another library (no ``QnnInterface_getProviders``)."""
+    empty, other = tmp_path / "empty", tmp_path / "other"
+    empty.mkdir()
+    lib = other / "lib" / "x86_64-linux-clang"
     lib.mkdir(parents=True)
     shutil.copy(Path(qnn_sdk.system_library), lib / "libQnnSystem.so")
-    shutil.copy(Path(qnn_sdk.system_library), lib / "libQnnHtp.so")  # no QnnInterface_getProviders
-    (tmp_path / "lib" / "onnxruntime_qnn.libs").symlink_to(Path(qnn_sdk.system_library).parent.parent / "onnxruntime_qnn.libs")
-    code = "import qnn\ntry:\n    qnn.load_qnn_sdk()\nexcept qnn.QnnSdkError as e:\n    print('QnnSdkError:', e)"
-    out = _python(code, QNN_SDK_ROOT=str(tmp_path))
+    shutil.copy(Path(qnn_sdk.system_library), lib / "libQnnHtp.so")
+    (other / "lib" / "onnxruntime_qnn.libs").symlink_to(Path(qnn_sdk.system_library).parent.parent / "onnxruntime_qnn.libs")
+    code = ("import os, qnn\n"
+            "for root in (%r, %r):\n"
+            "    os.environ['QNN_SDK_ROOT'] = root\n"
+            "    try:\n"
+            "        qnn.load_qnn_sdk()\n"
+            "        print('LOADED')\n"
+            "    except qnn.QnnSdkError as e:\n"
+            "        print('QnnSdkError:', str(e).replace(chr(10), ' '))\n") % (str(empty), str(other))
+    out = _python(code)
     assert out.returncode == 0, out.stderr
-    assert "QnnSdkError:" in out.stdout and "not a QNN backend library" in out.stdout
+    missing, wrong = [line for line in out.stdout.splitlines() if line.startswith(("QnnSdkError:", "LOADED"))]
+    assert "QnnSdkError:" in missing and "libQnnHtp.so" in missing and "onnxruntime-qnn==2.5.0" in missing
+    assert "QnnSdkError:" in wrong and "not a QNN backend library" in wrong
 
 
 def test_gcc_built_extensions_still_unwind_after_a_qnn_lowering():
