@@ -285,14 +285,14 @@ class OpFacts(NamedTuple):
     (`op_facts`): a graph has few distinct targets and many nodes, and each stage asks several
     of these per node."""
 
-    kind: OpKind  # `_classify`: its kind (ATen, Edge, higher-order or Python callable)
+    kind: OpKind  # `_classify` (of an ATen, Edge, higher-order or Python callable target)
     call: Callable  # the ATen overload behind an Edge op (`aten_overload`), else the target itself
-    mutated_positions: tuple[int, ...]  # `_mutated_arg_positions`: the schema arguments it writes
+    mutated_positions: tuple[int, ...]  # `_mutated_arg_positions`: ``relu_``'s self, ``copy_``'s self, out=
     undeclared_writes: Optional[tuple[int, tuple[int, ...]]]  # its `_UNDECLARED_WRITES` rule
     aliased_position: Optional[int]  # `_aliased_arg_position`: the argument its output aliases
     trusted: bool  # `_writes_only_its_outputs`: its kernel writes nothing but its results
     probed: bool  # `_probed_when_kept`
-    metadata_only: bool  # `_reads_only_metadata`: its first argument gives only shape/dtype/...
+    metadata_only: bool  # `_reads_only_metadata`: reads only its first argument's shape, dtype, device, strides
     uninitialised: bool  # `_is_uninitialised_allocation`
 
 
