@@ -357,7 +357,7 @@ class _WriteGuard:
       is rebuilt (``__tensor_flatten__`` / ``__tensor_unflatten__``) around stand-ins of its
       inner tensors.
 
-    An op whose kernel is known to write only its results (`ops.writes_only_its_outputs`:
+    An op whose kernel is known to write only its results (`ops.op_facts(t).trusted`:
     ATen's pointwise and view_copy ops) gets no guard (`_Evaluator._evaluate_node`)."""
 
     def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:

@@ -197,9 +197,9 @@ def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
 
     Remove once executorch fixes issue 21490 (`tests/test_executorch_upstream.py` says when).
     """
-    from .clones import clone_op_of
+    from .dialect import dialect_op
 
-    passes = {name: CopyControlFlowOutputs(clone_op_of(edge_manager.exported_program(name)))
+    passes = {name: CopyControlFlowOutputs(dialect_op(edge_manager.exported_program(name), "aten.clone.default"))
               for name in edge_manager.methods}
     if not inplace:
         return edge_manager.transform({name: [p] for name, p in passes.items()})

@@ -21,7 +21,7 @@ from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .constraints import Constraints
 from .evaluate import evaluate
-from .clones import clone_op_of
+from .dialect import dialect_op
 from .lift import lift
 from .nonfinite import NonfiniteScan
 from .outcome import folded_and_kept, hoisted_and_kept
@@ -115,7 +115,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("bodies"):
-        clone_op = clone_op_of(program)
+        clone_op = dialect_op(program, "aten.clone.default")
     pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)

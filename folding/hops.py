@@ -29,7 +29,7 @@ import torch.fx
 from .torch_internals import children_hidden, copy_attribute, copy_codegen, lazy_graph_module, set_uncompiled_graph
 from .names import copy_keeping_name, unique_name
 from .node_meta import body_path
-from .ops import OpKind, classify, is_probed
+from .ops import OpKind, is_probed, op_facts
 
 _hop = torch.ops.higher_order
 
@@ -149,7 +149,7 @@ def evaluable(node: torch.fx.Node) -> bool:
         for n in body.graph.nodes:
             if n.op != "call_function":
                 continue
-            k = classify(n.target)
+            k = op_facts(n.target).kind
             if k in (OpKind.RANDOM, OpKind.EFFECTFUL, OpKind.MEMORY):
                 return False
             if k is OpKind.CONTROL_FLOW and not (hop_kind(n) is not None and evaluable(n)):

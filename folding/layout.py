@@ -19,7 +19,7 @@ from typing import Container
 
 import torch
 
-from .ops import OpKind, classify, packet_name
+from .ops import OpKind, op_facts, packet_name
 from .sizes import is_subclass
 from .torch_internals import is_view
 from .torch_internals import make_contiguous_strides_for
@@ -109,7 +109,7 @@ def observes_layout(node: torch.fx.Node) -> bool:
 def may_observe_layout(target: object) -> bool:
     """True for the targets `observes_layout` may accept: a random op, or ``as_strided`` and
     its siblings."""
-    return packet_name(target) in _STORAGE_READERS or classify(target) is OpKind.RANDOM
+    return packet_name(target) in _STORAGE_READERS or op_facts(target).kind is OpKind.RANDOM
 
 
 def reads_storage(node: torch.fx.Node) -> bool:

@@ -37,7 +37,7 @@ from torch.export.graph_signature import (
 from .torch_internals import FakeTensorMode, copy_codegen, detect_fake_mode, program_with, reserve_names
 from .hops import graph_module
 from .layout import has_canonical_layout
-from .clones import clone_op_of
+from .dialect import dialect_op
 from .checks import check_folded
 from .symbols import drop_bound_ranges, has_symbols, refresh_meta
 from .nonfinite import NonfiniteScan
@@ -220,7 +220,7 @@ def _clone_outputs(program: ExportedProgram, placement: Placement, build: _Build
         if not (isinstance(a, torch.fx.Node) and (a in placement.target_of or (output, a) in placement.private)):
             continue
         if a not in clones:
-            clone_op = clone_op or clone_op_of(program)
+            clone_op = clone_op or dialect_op(program, "aten.clone.default")
             name = unique_name(f"{a.name}_clone", placement.taken)
             placement.taken.add(name)
             src = value_of(a)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Container
 
 import torch.fx
+from torch.export.graph_signature import ExportGraphSignature, OutputKind
 
 from .torch_internals import reserve_names, set_exact_name
 
@@ -51,6 +53,18 @@ def keep_name(node: torch.fx.Node, name: str) -> torch.fx.Node:
 def copy_keeping_name(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform) -> torch.fx.Node:
     """``graph.node_copy(node, arg_transform)`` with `node`'s own name (see `keep_name`)."""
     return keep_name(graph.node_copy(node, arg_transform), node.name)
+
+
+def with_renamed_outputs(signature: ExportGraphSignature, renamed: dict[str, str]) -> ExportGraphSignature:
+    """`signature` with each user OutputSpec that names a key of `renamed` naming its value
+    instead: a rewrite that gives the graph output a new node keeps the specs naming it (torch's
+    verifier reads them by position and name). `signature` itself when `renamed` is empty."""
+    if not renamed:
+        return signature
+    specs = [dataclasses.replace(s, arg=dataclasses.replace(s.arg, name=renamed[s.arg.name]))
+             if s.kind == OutputKind.USER_OUTPUT and getattr(s.arg, "name", None) in renamed else s
+             for s in signature.output_specs]
+    return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=specs)
 
 
 def unique_name(base: str, taken: Container[str], *, first_suffix: int = 0) -> str:

@@ -228,7 +228,7 @@ def arg_at(node, position: int) -> Any:
 
 def written_arg_positions(node) -> tuple[int, ...]:
     """Positions of the schema arguments `node`'s op writes to: those its schema marks
-    mutable (`mutated_arg_positions`) plus the undeclared writes of `_UNDECLARED_WRITES` when
+    mutable (`OpFacts.mutated_positions`) plus the undeclared writes of `_UNDECLARED_WRITES` when
     the flag that enables them is not literally False."""
     facts = op_facts(node.target)
     declared, rule = facts.mutated_positions, facts.undeclared_writes
@@ -285,14 +285,14 @@ class OpFacts(NamedTuple):
     (`op_facts`): a graph has few distinct targets and many nodes, and each stage asks several
     of these per node."""
 
-    kind: OpKind  # `classify`
+    kind: OpKind  # `_classify` (of an ATen, Edge, higher-order or Python callable target)
     call: Callable  # the ATen overload behind an Edge op (`aten_overload`), else the target itself
-    mutated_positions: tuple[int, ...]  # `mutated_arg_positions`
+    mutated_positions: tuple[int, ...]  # `_mutated_arg_positions`: ``relu_``'s self, ``copy_``'s self, out=
     undeclared_writes: Optional[tuple[int, tuple[int, ...]]]  # its `_UNDECLARED_WRITES` rule
-    aliased_position: Optional[int]  # `aliased_arg_position`
-    trusted: bool  # `writes_only_its_outputs`
+    aliased_position: Optional[int]  # `_aliased_arg_position`: the argument its output aliases
+    trusted: bool  # `_writes_only_its_outputs`: its kernel writes nothing but its results
     probed: bool  # `_probed_when_kept`
-    metadata_only: bool  # `reads_only_metadata`
+    metadata_only: bool  # `_reads_only_metadata`: reads only its first argument's shape, dtype, device, strides
     uninitialised: bool  # `_is_uninitialised_allocation`
 
 
@@ -312,31 +312,6 @@ def op_facts(target: Any) -> OpFacts:
         metadata_only=_reads_only_metadata(target),
         uninitialised=_is_uninitialised_allocation(target),
     )
-
-
-def classify(target: Any) -> OpKind:
-    """The `OpKind` of a call_function target (ATen, Edge, higher-order or Python callable)."""
-    return op_facts(target).kind
-
-
-def mutated_arg_positions(target: Any) -> tuple[int, ...]:
-    """Positions of schema arguments the op writes to (``relu_``'s self, ``copy_``'s self, out=)."""
-    return op_facts(target).mutated_positions
-
-
-def writes_only_its_outputs(target: Any) -> bool:
-    """`_writes_only_its_outputs` of `target`: its kernel writes nothing but its results."""
-    return op_facts(target).trusted
-
-
-def aliased_arg_position(target: Any) -> Optional[int]:
-    """Position of the argument the op's output aliases (views and in-place ops), or None."""
-    return op_facts(target).aliased_position
-
-
-def reads_only_metadata(target: Any) -> bool:
-    """True for ops whose first argument contributes only its shape/dtype/device/strides."""
-    return op_facts(target).metadata_only
 
 
 def _returns_nothing(target: Any) -> bool:

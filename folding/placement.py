@@ -11,7 +11,6 @@ the executorch code each works around; so does torch's refusal of a loop whose o
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -27,7 +26,7 @@ from .names import CONSTANT_PREFIX, lifted_constant_target, program_names
 from .nonfinite import NonfiniteScan
 from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
-from .sizes import STORED_KINDS, is_subclass, stored_tensor
+from .sizes import STORED_KINDS, attribute_tensors, is_subclass, stored_tensor
 
 
 @dataclass
@@ -107,7 +106,7 @@ def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[tor
         nonfinite: the fold's `NonfiniteScan`, for the report rows.
     """
     gm = program.graph_module
-    attributes = attribute_tensors(gm)
+    attributes = {n: owned_canonical(t) for n, t in attribute_tensors(gm).items()}  # detached, canonical layout
     folded = set(folded) | attributes.keys()
     values = {**values, **{n: t for n, t in attributes.items() if any(u not in folded for u in n.users)}}
     constant_placeholders = {n for n in gm.graph.find_nodes(op="placeholder") if is_constant(n)}
@@ -119,17 +118,6 @@ def place(program: ExportedProgram, folded: set[torch.fx.Node], values: dict[tor
     _add_returned_stored_placeholders(placer)
     _add_distinct_loop_operands(placer)
     return placer.out
-
-
-def attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
-    """The top-level ``get_attr`` nodes that read a plain tensor (not a submodule or a
-    control-flow body), each with its tensor: detached, canonical layout (`layout`)."""
-    out = {}
-    for n in gm.graph.find_nodes(op="get_attr"):
-        value = operator.attrgetter(n.target)(gm)
-        if isinstance(value, torch.Tensor):
-            out[n] = owned_canonical(value)
-    return out
 
 
 class _Placer:

@@ -34,7 +34,7 @@ import torch
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
-from .ops import OpKind, aliased_arg_position, classify, is_probed, may_call_probed, structural_key, reads_only_metadata
+from .ops import OpKind, is_probed, may_call_probed, op_facts, structural_key
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -233,12 +233,12 @@ def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
     ``x.new_zeros(...)``, the zero attention bias that SDPA's decomposition builds) whose value
     only runtime ops read. Storing it costs all its bytes and saves one fill at runtime; kept,
     it reads a runtime input, so it never forms a constant-only partition."""
-    if not analysis.calls_any(reads_only_metadata):
+    if not analysis.calls_any(lambda t: op_facts(t).metadata_only):
         return
     for n in plan.candidates:
         if (
             plan.folded(n)
-            and reads_only_metadata(n.target)
+            and op_facts(n.target).metadata_only
             and n.args
             and isinstance(n.args[0], torch.fx.Node)
             and not analysis.is_constant(n.args[0])
@@ -294,7 +294,7 @@ def _keep_observed_layouts(plan: Plan) -> None:
                 if not storage and strided_like_stored(n.meta.get("val")):
                     continue  # its stored copy reads the same
                 plan.runtime[n] = (Reason.LAYOUT_OBSERVED, f"{observer.name} observes its strides")
-            if storage and aliased_arg_position(n.target) is None:
+            if storage and op_facts(n.target).aliased_position is None:
                 continue  # an op that is not a view makes its own storage: what it reads does not matter
             work.extend(n.all_input_nodes)
 
@@ -344,7 +344,7 @@ def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:
     """A check (``_assert_tensor_metadata`` …) is evaluated at fold time only when every value it
     reads is folded: a value that stays at runtime may be updated in place by a runtime op
     before the check reads it, so the check stays with it."""
-    if not analysis.calls_any(lambda t: classify(t) is OpKind.ASSERTION):
+    if not analysis.calls_any(lambda t: op_facts(t).kind is OpKind.ASSERTION):
         return
     for n in plan.candidates:
         if analysis.is_check(n) and plan.folded(n):

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch.fx
 
-from .ops import aliased_arg_position, mutated_arg_positions, packet_name
+from .ops import op_facts, packet_name
 from .torch_internals import schema_of
 
 # Op packets by dialect-free name (Edge ops resolve to the same names).
@@ -80,7 +80,8 @@ def keeps_dequantized_value(target: Any) -> bool:
         return True
     if packet_name(target) in DATA_MOVEMENT_OPS:
         return True
-    return aliased_arg_position(target) is not None and not mutated_arg_positions(target)
+    facts = op_facts(target)
+    return facts.aliased_position is not None and not facts.mutated_positions
 
 
 def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:

@@ -19,14 +19,12 @@ their copy is constant, so it folds. Node names are kept; the copy is named
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch.fx
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, OutputKind
+from torch.export.graph_signature import OutputKind
 
 from .hops import copy_uncompiled
-from .names import reserve_node_names, unique_name
+from .names import reserve_node_names, unique_name, with_renamed_outputs
 from .quant import is_dequantize, is_float, keeps_dequantized_value
 from .signature import unchanging_stored_specs
 from .torch_internals import program_with, set_signature
@@ -66,7 +64,7 @@ def split_returned_dequantizes(program: ExportedProgram, *, inplace: bool) -> tu
         copy.meta = dict(original.meta)
         renamed[original.name] = copy.name
         output.args = (tuple(copy if a is original else a for a in output.args[0]),)
-    signature = _renamed_outputs(program.graph_signature, renamed)
+    signature = with_renamed_outputs(program.graph_signature, renamed)
     notes = tuple(f"the output reads {new}, a copy of {old}, which an op reads for its encoding"
                   for old, new in renamed.items())
     if inplace:
@@ -98,10 +96,3 @@ def _shared_with_the_output(program: ExportedProgram) -> list[torch.fx.Node]:
                              if isinstance(a, torch.fx.Node) and spec.kind == OutputKind.USER_OUTPUT)
     return [n for n in returned if any(u is not output for u in n.users) and dequantized_constant(n)]
 
-
-def _renamed_outputs(signature: ExportGraphSignature, renamed: dict[str, str]) -> ExportGraphSignature:
-    """`signature` with each user OutputSpec naming a key of `renamed` naming its value instead."""
-    specs = [dataclasses.replace(s, arg=dataclasses.replace(s.arg, name=renamed[s.arg.name]))
-             if s.kind == OutputKind.USER_OUTPUT and getattr(s.arg, "name", None) in renamed else s
-             for s in signature.output_specs]
-    return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=specs)

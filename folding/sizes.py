@@ -95,19 +95,16 @@ def stored_constant_bytes(program: ExportedProgram) -> int:
         for s in program.graph_signature.input_specs
         if s.target not in mutated
     )
-    return distinct_bytes(itertools.chain(specs, attribute_tensors(program.graph_module)))
+    attributes = (t for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)
+                  for t in attribute_tensors(m).values())
+    return distinct_bytes(itertools.chain(specs, attributes))
 
 
-def attribute_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
-    """The tensors that ``get_attr`` nodes of `gm` and of every body it calls read."""
-    out = []
-    for module in gm.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            for n in module.graph.find_nodes(op="get_attr"):
-                value = operator.attrgetter(n.target)(module)
-                if isinstance(value, torch.Tensor):
-                    out.append(value)
-    return out
+def attribute_tensors(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Tensor]:
+    """{``get_attr`` node of `gm`'s own graph (not its bodies'): the tensor it reads}, for the
+    nodes that read a plain tensor (not a submodule or a control-flow body)."""
+    attributes = ((n, operator.attrgetter(n.target)(gm)) for n in gm.graph.find_nodes(op="get_attr"))
+    return {n: value for n, value in attributes if isinstance(value, torch.Tensor)}
 
 
 def distinct_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:

@@ -78,8 +78,6 @@ the fusion: their bound is tests/fusion_bounds.py's.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -87,12 +85,11 @@ from typing import Any, Optional
 import torch
 import torch.fx
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, OutputKind
 
 from .dedup import placeholder_savings
-from .executorch_internals import edge_ops
+from .dialect import dialect_op
 from .hops import copy_uncompiled
-from .names import reserve_node_names
+from .names import reserve_node_names, with_renamed_outputs
 from .ops import OpKind, arg_at, op_facts, op_name, written_arg_positions
 from .policy import FoldPolicy
 from .quant import is_dequantize, is_quantize
@@ -184,7 +181,7 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
         rewriter.visit(env[node])
     if not rewriter.changed:
         return Fusion(program, (), FusionRows(tuple(rewriter.decisions)))
-    signature = _renamed_outputs(program.graph_signature, rewriter.renamed)
+    signature = with_renamed_outputs(program.graph_signature, rewriter.renamed)
     return Fusion(program_with(program, graph_module=gm, graph_signature=signature), tuple(rewriter.notes),
                   FusionRows(tuple(rewriter.decisions), maker.inserted_names()), tuple(rewriter.replaced))
 
@@ -245,21 +242,7 @@ def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: 
 
 def _targets(program: ExportedProgram, names: tuple) -> list:
     """The call targets of `names` (``aten.conv2d.default`` …) in the program's dialect."""
-    return _dialect_targets(getattr(program, "dialect", "ATEN") == "EDGE", names)
-
-
-@functools.lru_cache(maxsize=4096)
-def _dialect_targets(edge: bool, names: tuple) -> list:
-    """`_targets` for Edge (`edge`) or ATen; bounded, as the package's other per-target answers."""
-    namespace = edge_ops().edge.aten if edge else torch.ops.aten
-    targets = []
-    for name in names:
-        _, packet, overload = name.split(".")
-        try:
-            targets.append(getattr(getattr(namespace, packet), overload))
-        except (AttributeError, RuntimeError):
-            continue
-    return targets
+    return [t for t in (dialect_op(program, name) for name in names) if t is not None]
 
 
 def _written(graph: torch.fx.Graph) -> set[str]:
@@ -338,16 +321,6 @@ class _Constness:
         if op_facts(node.target).kind is not OpKind.PURE:
             return f"computed by {op_name(node.target)}"
         return next((w for w in map(self, node.all_input_nodes) if w is not None), None)
-
-
-def _renamed_outputs(signature: ExportGraphSignature, renamed: dict[str, str]) -> ExportGraphSignature:
-    """`signature` with each user output naming a key of `renamed` naming its value instead."""
-    if not renamed:
-        return signature
-    specs = [dataclasses.replace(s, arg=dataclasses.replace(s.arg, name=renamed[s.arg.name]))
-             if s.kind == OutputKind.USER_OUTPUT and getattr(s.arg, "name", None) in renamed else s
-             for s in signature.output_specs]
-    return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=specs)
 
 
 class _NotFused(Exception):

@@ -13,7 +13,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .executorch_internals import edge_ops
+from .dialect import dialect_op
 from .names import keep_name, unique_name
 from .ops import arg_at, op_name
 
@@ -151,16 +151,14 @@ class DialectOps:
 
     @staticmethod
     def of(program: ExportedProgram) -> "DialectOps":
-        if getattr(program, "dialect", "ATEN") != "EDGE":
-            a = torch.ops.aten
-            return DialectOps(a.mul.Tensor, a.div.Tensor, a.add.Tensor, a.sub.Tensor, a.add.Scalar, a.rsqrt.default,
-                              a.neg.default, a.full.default, a.view.default, a.expand.default, a.addmm.default,
-                              a._to_copy.default)
-        exir_ops = edge_ops()
-        e = exir_ops.edge.aten
-        return DialectOps(e.mul.Tensor, e.div.Tensor, e.add.Tensor, e.sub.Tensor, e.add.Scalar, e.rsqrt.default,
-                          e.neg.default, e.full.default, e.view_copy.default, e.expand_copy.default, e.addmm.default,
-                          exir_ops.edge.dim_order_ops._to_dim_order_copy.default)
+        """Each field's op (`_ATEN_OPS`, in field order) in `program`'s dialect (`dialect_op`)."""
+        return DialectOps(*(dialect_op(program, name) for name in _ATEN_OPS))
+
+
+# The ATen overloads of `DialectOps`' fields, in field order.
+_ATEN_OPS = ("aten.mul.Tensor", "aten.div.Tensor", "aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar",
+             "aten.rsqrt.default", "aten.neg.default", "aten.full.default", "aten.view.default", "aten.expand.default",
+             "aten.addmm.default", "aten._to_copy.default")
 
 
 class NodeMaker:

@@ -4,11 +4,13 @@ it. Real executorch programs throughout (no stand-ins)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 from executorch.exir import EdgeCompileConfig, to_edge
 
 from folding import executorch_internals as ei
+from folding.dialect import dialect_op
 
 
 class _Small(nn.Module):
@@ -31,16 +33,29 @@ def _calls(program) -> list:
     return [n for n in program.graph.nodes if n.op == "call_function"]
 
 
-def test_edge_ops_are_the_ops_to_edge_puts_in_a_program():
-    """`clones.clone_op_of` and `transposed_gathers` insert ``edge_ops().edge...`` ops into Edge
-    programs: they must be the very objects ``to_edge`` uses, so every rule that compares
-    targets (and the Edge verifier) sees the same op."""
-    ops = ei.edge_ops()
-    targets = {n.target for n in _calls(_edge())}
-    assert ops.edge.aten.permute_copy.default in targets, f"to_edge no longer emits edge_ops()'s permute_copy: {targets}"
-    assert ops.edge.dim_order_ops._clone_dim_order.default in targets, targets
-    assert ops.edge.aten.clone.default in {n.target for n in _calls(_edge(dim_order=False))}
+class _Copies(nn.Module):
+    """Every ATen op `dialect.dialect_op` maps to another Edge op: views, ``clone``, ``_to_copy``."""
+
+    def forward(self, x):
+        return x.view(4, 3).permute(1, 0).expand(2, 3, 4).clone().to(torch.float16)
+
+
+@pytest.mark.parametrize("dim_order", [True, False], ids=["dim_order", "skip_dim_order"])
+def test_edge_ops_are_the_ops_to_edge_puts_in_a_program(dim_order):
+    """`dialect.dialect_op` (what `lift`, `weight_fusion` and the workarounds insert or look
+    for) and `transposed_gathers` name ``edge_ops().edge...`` ops: in each dialect they must be
+    the very objects torch.export and ``to_edge`` put in place of the ATen op, so every rule
+    that compares targets (and the Edge verifier, with or without dim order) sees the same op."""
+    aten = torch.export.export(_Copies(), (torch.randn(3, 4),)).run_decompositions()
+    edge = to_edge(aten, compile_config=EdgeCompileConfig(_skip_dim_order=not dim_order)).exported_program()
+    names = ("aten.view.default", "aten.permute.default", "aten.expand.default", "aten.clone.default",
+             "aten._to_copy.default")
+    for program in (aten, edge):
+        targets = {n.target for n in _calls(program)}
+        assert [n for n in names if dialect_op(program, n) not in targets] == [], (program.dialect, targets)
+        assert dialect_op(program, "aten.no_such_op.default") is None
     x = torch.randn(3, 5)
+    ops = ei.edge_ops()
     assert torch.equal(ops.edge.aten.index_select.default(x, 0, torch.tensor([2, 0])), x[[2, 0]])
     assert torch.equal(ops.edge.aten.view_copy.default(x, [5, 3]), x.reshape(5, 3))
 

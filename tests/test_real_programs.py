@@ -252,23 +252,23 @@ def _leaves_copy_on_write_inputs_shared(op) -> Optional[bool]:
 
 
 def test_every_op_evaluation_trusts_to_write_only_its_outputs_leaves_its_inputs_alone():
-    """`ops.writes_only_its_outputs` (ATen's pointwise and view_copy ops: evaluation hands them
+    """`ops.op_facts(op).trusted` (ATen's pointwise and view_copy ops: evaluation hands them
     their inputs without copy-on-write clones) holds for every such op of ``torch.ops.aten``
     that runs on sample arguments: no copy-on-write input is materialised. Nearly all of them
     run (a handful need arguments the sampler does not make)."""
-    from folding.ops import writes_only_its_outputs
+    from folding.ops import op_facts
 
     trusted = []
     for name in dir(torch.ops.aten):
         packet = getattr(torch.ops.aten, name, None)
         if isinstance(packet, torch._ops.OpOverloadPacket):
-            trusted += [op for op in (getattr(packet, o) for o in packet.overloads()) if writes_only_its_outputs(op)]
+            trusted += [op for op in (getattr(packet, o) for o in packet.overloads()) if op_facts(op).trusted]
     ran = {op: _leaves_copy_on_write_inputs_shared(op) for op in trusted}
     assert [str(op) for op, shared in ran.items() if shared is False] == []
     assert sum(shared is True for shared in ran.values()) >= 0.95 * len(trusted) > 200
-    assert not writes_only_its_outputs(torch.ops.aten.native_batch_norm.default)  # writes undeclared
-    assert not writes_only_its_outputs(torch.ops.aten.add_.Tensor)  # declares its write
-    assert not writes_only_its_outputs(torch.ops.fold_test.sneaky_bump.default)  # not ATen
+    assert not op_facts(torch.ops.aten.native_batch_norm.default).trusted  # writes undeclared
+    assert not op_facts(torch.ops.aten.add_.Tensor).trusted  # declares its write
+    assert not op_facts(torch.ops.fold_test.sneaky_bump.default).trusted  # not ATen
 
 
 def test_a_write_no_rule_knows_is_caught_when_evaluated():
