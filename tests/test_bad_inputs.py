@@ -167,8 +167,8 @@ _SPOILS = ["float parameter", "list buffer", "str constant", "missing constant",
 def test_a_stored_entry_that_is_not_its_placeholders_tensor_is_named(case, dialect):
     """A non-tensor, missing, or other-shaped/typed entry of state_dict or constants: torch's
     verifier accepts each; the fold raises `InvalidProgramError` naming the placeholder, its
-    target and the reason (issue 52: a float escaped as AttributeError), and leaves the
-    caller's program as it was."""
+    target and the reason (issue 52: a float escaped as AttributeError). A missing constant
+    was named before; it is pinned beside its siblings."""
     ep = _stored(dialect)
     pattern = _spoil(ep, case)
     with pytest.raises(InvalidProgramError, match=pattern):
