@@ -20,9 +20,10 @@ from .torch_internals import is_fake, program_with, verify_signature
 def check_stored_tensors(program: ExportedProgram) -> None:
     """Every parameter, buffer and lifted constant the signature names is stored, as a tensor
     with data (folding evaluates them) of its placeholder's shape and dtype (``meta["val"]``;
-    only static dims are compared). torch's own verifier checks none of this: a program whose
-    ``state_dict`` holds a float or a tensor of another shape is accepted, and fails (or gives
-    other numbers) only when run.
+    only static dims are compared). torch's verifier (``_verify_exported_program_signature``,
+    run only when asked) checks that each is present and a parameter an ``nn.Parameter``, not
+    a buffer's or constant's type, nor any shape or dtype: a program whose buffer is a float or
+    a tensor of another shape fails (or gives other numbers) only when run.
 
     Raises:
         InvalidProgramError: naming the placeholder, its target and what is wrong (missing,
