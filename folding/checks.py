@@ -13,33 +13,61 @@ from torch.export.graph_signature import ConstantArgument, ExportGraphSignature,
 
 from .errors import FoldInvariantError, InvalidProgramError
 from .hops import bodies, hop_kind, hop_nodes
-from .sizes import STORED_KINDS, inner_tensors, stored_tensor
+from .sizes import STORED_KINDS, inner_tensors
 from .torch_internals import is_fake, program_with, verify_signature
 
 
 def check_stored_tensors(program: ExportedProgram) -> None:
     """Every parameter, buffer and lifted constant the signature names is stored, as a tensor
-    with data (folding evaluates them).
+    with data (folding evaluates them) of its placeholder's shape and dtype (``meta["val"]``;
+    only static dims are compared). torch's verifier (``_verify_exported_program_signature``,
+    run only when asked) checks that each is present and a parameter an ``nn.Parameter``, not
+    a buffer's or constant's type, nor any shape or dtype: a program whose buffer is a float or
+    a tensor of another shape fails (or gives other numbers) only when run.
 
     Raises:
-        InvalidProgramError: naming the placeholder and its target.
+        InvalidProgramError: naming the placeholder, its target and what is wrong (missing,
+            not a tensor, no data, or the expected and actual shape/dtype).
     """
     for spec in program.graph_signature.input_specs:
         if spec.kind not in STORED_KINDS:
             continue
-        t = stored_tensor(spec, program.state_dict, program.constants)
-        if t is None:
-            in_state_dict = spec.kind is InputKind.PARAMETER or (spec.kind is InputKind.BUFFER and spec.persistent)
-            where = "state_dict" if in_state_dict else "constants"
-            raise InvalidProgramError(
-                f"placeholder {spec.arg.name!r}: its {spec.kind.name.lower()} {spec.target!r} is not in the program's {where}"
-            )
+        in_state_dict = spec.kind is InputKind.PARAMETER or (spec.kind is InputKind.BUFFER and spec.persistent)
+        where = "state_dict" if in_state_dict else "constants"
+        here = f"placeholder {spec.arg.name!r}: its {spec.kind.name.lower()} {spec.target!r}"
+        if spec.target in program.state_dict:
+            t = program.state_dict[spec.target]
+        elif spec.target in program.constants:
+            t = program.constants[spec.target]
+        else:
+            raise InvalidProgramError(f"{here} is not in the program's {where}")
+        if not isinstance(t, torch.Tensor):
+            raise InvalidProgramError(f"{here} is a {type(t).__name__}, not a tensor")
         for p in inner_tensors(t):
             if p.device.type == "meta" or is_fake(p):
                 raise InvalidProgramError(
                     f"placeholder {spec.arg.name!r}: {spec.target!r} is a {'fake' if is_fake(p) else 'meta'} tensor "
                     "without data; folding evaluates constants, so load real weights first"
                 )
+        _check_matches_placeholder(here, t, spec.arg.name, program.graph)
+
+
+def _check_matches_placeholder(here: str, t: torch.Tensor, name: str, graph: torch.fx.Graph) -> None:
+    """`t` has the dtype and the static dims of placeholder `name`'s ``meta["val"]`` (a
+    symbolic dim matches any size; a placeholder without a tensor ``val`` is not checked)."""
+    node = next(iter(graph.find_nodes(op="placeholder", target=name)), None)
+    if node is None:
+        node = next((n for n in graph.find_nodes(op="placeholder") if n.name == name), None)
+    val = node.meta.get("val") if node is not None else None
+    if not isinstance(val, torch.Tensor):
+        return
+    same_dims = len(val.shape) == len(t.shape) and all(
+        not isinstance(want, int) or want == got for want, got in zip(val.shape, t.shape)
+    )
+    if not same_dims or val.dtype != t.dtype:
+        raise InvalidProgramError(
+            f"{here} is a {tuple(t.shape)} {t.dtype} tensor; the placeholder expects {tuple(val.shape)} {val.dtype}"
+        )
 
 
 def check_signature(program: ExportedProgram) -> tuple[OutputSpecRepair, ...]:

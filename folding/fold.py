@@ -76,7 +76,8 @@ def fold_constants(
     Raises (only `FoldingError` subclasses):
         InvalidProgramError: `program` is not an ExportedProgram; its signature does not match
             its placeholders or outputs; a parameter, buffer or constant it names is missing
-            from its state_dict/constants, or holds no data (a fake or meta tensor).
+            from its state_dict/constants, is not a tensor, holds no data (a fake or meta
+            tensor), or differs from its placeholder's ``meta["val"]`` in dtype or a static dim.
         PolicyError: `policy` is not a `FoldPolicy`.
         FoldInvariantError: the folded program failed torch's checks (a bug here).
         FoldInternalError: any other exception inside the stage (a bug here), chained.
@@ -87,10 +88,10 @@ def fold_constants(
         raise InvalidProgramError(f"fold_constants expects a torch.export.ExportedProgram, got {type(program).__name__}{hint}")
     if policy is not None and not isinstance(policy, FoldPolicy):
         raise PolicyError(f"policy must be a folding.FoldPolicy or None, got {type(policy).__name__}")
-    with timer.phase("checks"):
-        repairs = check_signature(program)
-        check_stored_tensors(program)
-    try:
+    try:  # the checks too: a program they did not foresee gives a FoldInternalError, not a raw one
+        with timer.phase("checks"):
+            repairs = check_signature(program)
+            check_stored_tensors(program)
         with fold_scope():
             result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
     except FoldingError:

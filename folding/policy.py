@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, FrozenSet, Optional
 
 from .errors import PolicyError
@@ -105,15 +105,22 @@ class FoldPolicy:
 
     @classmethod
     def from_dict(cls, data: dict) -> "FoldPolicy":
-        """Inverse of `to_dict` (skip targets come back as names)."""
-        return cls(
-            skip_targets=frozenset(data.get("skip_targets", ())),
-            fold_asserts=data.get("fold_asserts", True),
-            max_tensor_bytes=data.get("max_tensor_bytes"),
-            max_growth_bytes=data.get("max_growth_bytes"),
-            max_growth_fraction=data.get("max_growth_fraction"),
-            fuse_into_weights=data.get("fuse_into_weights", True),
-        )
+        """Inverse of `to_dict` (skip targets come back as names): ``from_dict(p.to_dict()) == p``
+        up to skip targets given as ops. A missing key takes its field's default, so a partial
+        dict (``{"fold_asserts": True}``) is the default policy with those fields replaced; a
+        key given as None means None (no cap, no budget), as `to_dict` writes it.
+
+        Raises:
+            PolicyError: `data` is not a dict, has a key that names no field (naming those
+                keys and the fields), or a value the field refuses.
+        """
+        if not isinstance(data, dict):
+            raise PolicyError(f"FoldPolicy.from_dict expects a dict, got {type(data).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(str(k) for k in data if k not in names)
+        if unknown:
+            raise PolicyError(f"FoldPolicy.from_dict: unknown keys {unknown}; the fields are {names}")
+        return cls(**data)
 
 
 def _names_an_op(name: str) -> bool:

@@ -6,10 +6,13 @@ Folding that permute stores ``Wᵀ`` beside ``W`` (the embedding still reads ``W
 growth budget declines it, every call copies all of ``W`` instead (executorch's
 ``constant_prop_pass`` folds it and stores both). Here the gathers read ``Wᵀ``::
 
-    embedding(W, ids)        ->  view(permute(index_select(Wᵀ, 1, view(ids, [-1])), [1, 0]), [*ids.shape, H])
-    index_select(W, 0, idx)  ->  permute(index_select(Wᵀ, 1, idx), [1, 0])
+    embedding(W, ids)        ->  view(permute_copy(index_select(Wᵀ, 1, view(ids, [-1])), [1, 0]), [*ids.shape, H])
+    index_select(W, 0, idx)  ->  permute_copy(index_select(Wᵀ, 1, idx), [1, 0])
 
 which gather the same rows (columns of ``Wᵀ``) and transpose only the gathered N×H slice.
+The transpose is ``permute_copy`` in both dialects, so the result is contiguous like the
+gather it replaces (same strides in ``meta["val"]``): an ATen ``permute`` would give a view
+of other strides, on which a later dims-merging ``view`` raises (issue 52).
 ``W`` is then read only through its transpose, which folds into a lifted constant of the same
 bytes, and ``W`` goes: the program stores ``Wᵀ`` instead of ``W``, and no call copies it.
 
@@ -31,6 +34,7 @@ from typing import Optional
 import torch
 from torch.export import ExportedProgram
 
+from .errors import FoldInternalError
 from .executorch_internals import edge_ops
 from .hops import copy_uncompiled
 from .names import keep_name, reserve_node_names, unique_name
@@ -48,7 +52,7 @@ _GATHERS = {"aten.embedding.default", "aten.index_select.default"}
 
 @dataclass(frozen=True)
 class _Ops:
-    """The program dialect's index_select, permute and view."""
+    """The program dialect's index_select, transpose (``permute_copy``: a contiguous result) and view."""
 
     index_select: object
     permute: object
@@ -58,7 +62,7 @@ class _Ops:
 def _ops(program: ExportedProgram) -> _Ops:
     if getattr(program, "dialect", "ATEN") != "EDGE":
         aten = torch.ops.aten
-        return _Ops(aten.index_select.default, aten.permute.default, aten.view.default)
+        return _Ops(aten.index_select.default, aten.permute_copy.default, aten.view.default)
     edge = edge_ops().edge.aten
     return _Ops(edge.index_select.default, edge.permute_copy.default, edge.view_copy.default)
 
@@ -177,7 +181,13 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
 
 def _rewrite(graph: torch.fx.Graph, gather: torch.fx.Node, transpose: torch.fx.Node, ops: _Ops) -> None:
     """Replace `gather` by the gather of the same rows from `transpose`, transposed back; the
-    last new node takes `gather`'s name (an output spec may name it)."""
+    last new node takes `gather`'s name (an output spec may name it) and has its shape,
+    dtype and strides.
+
+    Raises:
+        FoldInternalError: the replacement's ``meta["val"]`` differs from `gather`'s in shape,
+            dtype or strides (a bug here: a later ``view`` or a .pte's memory plan assumes them).
+    """
     embedding = op_name(gather.target) == "aten.embedding.default"
     index = gather.args[1] if embedding else gather.args[2]
     shape = list(index.meta["val"].shape)
@@ -198,6 +208,12 @@ def _rewrite(graph: torch.fx.Graph, gather: torch.fx.Node, transpose: torch.fx.N
         rows = add(ops.permute, (columns, [1, 0]), f"{gather.name}_rows")
         out = add(ops.view, (rows, shape + [rows.meta["val"].shape[1]]), f"{gather.name}_view") \
             if embedding and len(shape) != 1 else rows
+    old, new = gather.meta["val"], out.meta["val"]
+    if (old.shape, old.dtype, old.stride()) != (new.shape, new.dtype, new.stride()):
+        raise FoldInternalError(
+            f"{gather.name}: its rewrite gives {tuple(new.shape)} {new.dtype} strides {new.stride()}, "
+            f"the gather {tuple(old.shape)} {old.dtype} strides {old.stride()}"
+        )
     gather.replace_all_uses_with(out)
     name = gather.name
     graph.erase_node(gather)

@@ -280,10 +280,12 @@ def test_command_line_reports_a_missing_input_without_traceback(tmp_path, capsys
 
 def test_the_documented_command_lines_use_flags_the_command_has(capsys):
     """README and docs/design.md write ``python -m folding IN.pt2 -o OUT.pt2 [--flag ...]``: each flag
-    they name is one ``python -m folding --help`` lists."""
+    they name is one ``python -m folding --help`` lists, and the longest line of each (README's
+    usage, design.md's public names) names every option the command has (issue 52: design.md's
+    lacked four)."""
     import re
 
-    from folding.__main__ import main
+    from folding.__main__ import build_parser, main
 
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -295,6 +297,11 @@ def test_the_documented_command_lines_use_flags_the_command_has(capsys):
     for command in commands:
         flags = re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", command)
         assert flags and all(re.search(rf"(?<![\w-]){f}(?![\w-])", help_text) for f in flags), command
+    options = [a.option_strings for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    for doc in ("README.md", "docs/design.md"):
+        full = max(re.findall(r"`python -m folding ([^`]*)`", (root / doc).read_text()), key=len)
+        named = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", full))
+        assert all(named & set(strings) for strings in options), (doc, full, options)
 
 
 # Report -------------------------------------------------------------------------------------

@@ -54,6 +54,41 @@ def test_policy_fields_are_validated(kwargs, field):
         FoldPolicy(**kwargs)
 
 
+_SIZES = st.one_of(st.none(), st.integers(0, 1 << 40))
+_POLICY_FIELDS = {
+    "skip_targets": st.frozensets(st.sampled_from(["aten.full", "aten.full.default", "aten.mul.Tensor", "aten.permute"])),
+    "fold_asserts": st.booleans(),
+    "max_tensor_bytes": _SIZES,
+    "max_growth_bytes": _SIZES,
+    "max_growth_fraction": st.one_of(st.none(), st.floats(0.0, 10.0)),
+    "fuse_into_weights": st.booleans(),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({}, optional=_POLICY_FIELDS))
+def test_policy_from_dict_is_the_default_with_the_given_fields_and_inverts_to_dict(given_fields):
+    """A partial dict is the default policy with those fields replaced (issue 52: missing keys
+    became None, so ``{"fold_asserts": True}`` had no cap and no budget); a full one, as
+    `to_dict` writes it, gives the policy back."""
+    import dataclasses
+
+    policy = FoldPolicy.from_dict(given_fields)
+    assert policy == dataclasses.replace(FoldPolicy(), **given_fields)
+    assert FoldPolicy.from_dict(policy.to_dict()) == policy
+
+
+@pytest.mark.parametrize("data, pattern", [
+    ({"max_tensor_byte": 10, "fold_asserts": True}, r"unknown keys \['max_tensor_byte'\]"),
+    ({"max_growth_bytes": -1}, "max_growth_bytes"),
+    ({"skip_targets": "aten.full"}, "skip_targets"),
+    ([("fold_asserts", True)], "expects a dict"),
+])
+def test_policy_from_dict_refuses_unknown_keys_and_bad_values(data, pattern):
+    with pytest.raises(PolicyError, match=pattern):
+        FoldPolicy.from_dict(data)
+
+
 def test_state_dict_missing_a_parameter_is_named():
     ep = _ep()
     del ep.state_dict["w"]
@@ -74,6 +109,104 @@ def test_constants_without_data_are_named(kind):
         ep.state_dict["w"] = wrapped.get(kind, lambda t: t)(fake)  # the wrappers' type is not FakeTensor
     with pytest.raises(InvalidProgramError, match=f"p_w.*{kind.split()[0]}"):
         folding.fold_constants(ep)
+
+
+class WithConstant(nn.Module):
+    """A parameter, a buffer and a lifted constant (a plain tensor attribute)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("b", torch.randn(4))
+        self.c = torch.randn(4)
+
+    def forward(self, x):
+        return x @ self.w.t() + self.b * 2.0 + self.c
+
+
+def _stored(dialect: str):
+    from tests.fold_checks import edge
+
+    ep = export(WithConstant(), (torch.randn(2, 4),))
+    return edge(ep) if dialect == "edge" else ep
+
+
+def _spoil(ep, case: str) -> str:
+    """Break one stored entry of `ep` as `case` says; returns the pattern the error must match."""
+    sd, consts = ep.state_dict, ep.constants
+    c = next(k for k in consts)  # the lifted constant's target (torch names it c, or _tensor_constant0)
+    if case == "float parameter":
+        sd["w"] = 3.0
+        return r"p_w.*'w'.*float, not a tensor"
+    if case == "list buffer":
+        sd["b"] = [1.0, 2.0, 3.0, 4.0]
+        return r"b_b.*'b'.*list, not a tensor"
+    if case == "str constant":
+        consts[c] = "hello"
+        return rf"'{c}'.*str, not a tensor"
+    if case == "missing constant":
+        del consts[c]
+        return rf"'{c}'.*not in the program's constants"
+    if case == "shape":
+        sd["b"] = torch.randn(3, 4)
+        return r"b_b.*'b'.*\(3, 4\) torch.float32.*expects \(4,\) torch.float32"
+    if case == "dtype":
+        sd["w"] = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
+        return r"p_w.*'w'.*\(4, 4\) torch.float64.*expects \(4, 4\) torch.float32"
+    if case == "constant shape":
+        consts[c] = torch.randn(5)
+        return rf"'{c}'.*\(5,\) torch.float32.*expects \(4,\)"
+    raise AssertionError(case)
+
+
+_SPOILS = ["float parameter", "list buffer", "str constant", "missing constant", "shape", "dtype", "constant shape"]
+
+
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+@pytest.mark.parametrize("case", _SPOILS)
+def test_a_stored_entry_that_is_not_its_placeholders_tensor_is_named(case, dialect):
+    """A non-tensor, missing, or other-shaped/typed entry of state_dict or constants: torch's
+    verifier accepts each; the fold raises `InvalidProgramError` naming the placeholder, its
+    target and the reason (issue 52: a float escaped as AttributeError). A missing constant
+    was named before; it is pinned beside its siblings."""
+    ep = _stored(dialect)
+    pattern = _spoil(ep, case)
+    with pytest.raises(InvalidProgramError, match=pattern):
+        folding.fold_constants(ep)
+
+
+def test_a_symbolic_dim_matches_any_stored_size():
+    """Only static dims are compared: any size passes a symbolic dim; the dtype is still checked."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from folding.checks import check_stored_tensors
+
+    ep = _ep()
+    node = next(n for n in ep.graph.nodes if n.name == "b_b")
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+    node.meta["val"] = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.randn(4), symbolic_context=context)
+    assert not isinstance(node.meta["val"].shape[0], int)
+    ep.state_dict["b"] = torch.randn(7)
+    check_stored_tensors(ep)  # no error
+    ep.state_dict["b"] = torch.randn(4, dtype=torch.float16)
+    with pytest.raises(InvalidProgramError, match="b_b.*float16"):
+        check_stored_tensors(ep)
+
+
+def test_command_line_names_a_stored_tensor_of_the_wrong_shape(tmp_path, capsys):
+    """The same error through ``python -m folding``: exit status 1, one line naming the
+    placeholder, nothing written."""
+    from folding.__main__ import main
+
+    ep = _ep()
+    ep.state_dict["b"] = torch.randn(3, 4)
+    bad, out = tmp_path / "bad.pt2", tmp_path / "out.pt2"
+    torch.export.save(ep, bad)
+    assert main([str(bad), "-o", str(out)]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "b_b" in errors[0] and "(3, 4)" in errors[0] and "(4,)" in errors[0], errors
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("strict", [True, False])

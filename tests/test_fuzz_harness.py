@@ -319,3 +319,22 @@ def test_the_later_families_leave_pinned_seeds_alone():
     for seed in range(3):
         p = generate(seed, pinned(CONTROL_FLOW))
         assert not {op.family for op in p.ops} & set(LATER_FAMILIES) and "share_bodies" not in export_source(p)
+
+
+@pytest.mark.parametrize("seed", [2, 11])
+def test_the_tied_gather_family_rewrites_a_gather_a_view_then_merges(seed):
+    """`families.tied_gather` under a budget smaller than its table: the fold rewrites the
+    gather to read the table's transpose and a later ``view`` merges the gathered rows (issue
+    52: the rewritten gather had other strides, and the folded ATen program raised); the folded
+    program matches the unfolded one eagerly and as portable and XNNPACK .pte files, ATen and Edge."""
+    from tests.fuzz.families import FAMILIES
+    from tests.fuzz.generate import GenConfig
+
+    only = GenConfig(min_ops=1, max_ops=4, quantize_fraction=0.0, without=tuple(f for f in FAMILIES if f != "tied_gather"))
+    program = dataclasses.replace(generate(seed, only), policy=PolicySpec(max_growth_bytes=0, max_growth_fraction=0.0))
+    assert any(".view(" in op.expr for op in program.ops), [op.expr for op in program.ops]
+    ns = execute(module_source(program))
+    execute(export_source(program), ns)
+    assert folding.fold_constants(ns["ep"], program.policy.to_policy()).report.rewrites
+    outcome = check(program, Options(edge=True, pte=True))
+    assert outcome.status == "ok", outcome

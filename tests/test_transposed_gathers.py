@@ -145,6 +145,64 @@ def test_aten_dialect_transpose_readers_and_inplace():
     _check_against_unfolded(reference, result, 5000, (2, 6), 2)
 
 
+class TiedThenView(nn.Module):
+    """A tied embedding whose gathered rows a later ``view`` merges (a dims-merging ``view``
+    needs the contiguous strides the gather gives), and the transpose the output reads."""
+
+    def __init__(self, gather: str, merge: str):
+        super().__init__()
+        self.emb = nn.Embedding(2048, 256)  # 2 MiB: beyond the 1 MiB growth budget
+        self.gather, self.merge = gather, merge
+
+    def forward(self, ids, h):
+        w = self.emb.weight
+        e = self.emb(ids) if self.gather == "embedding" else w.index_select(0, ids.reshape(-1))
+        flat = e.view(e.shape[0], -1) if self.merge == "view" else e.view(-1)
+        return flat.sum(-1), h @ w.t()
+
+
+@pytest.mark.parametrize("gather", ["embedding", "index_select"])
+@pytest.mark.parametrize("merge", ["view", "flatten"])
+@pytest.mark.parametrize("dialect", ["aten", "edge"])
+def test_the_rewritten_gather_has_the_strides_of_the_gather_it_replaces(gather, merge, dialect):
+    """Issue 52: in ATen the rewrite ended in a ``permute`` view of other strides, so the
+    folded program raised on a later dims-merging ``view`` where the unfolded one runs. Each
+    rewritten gather's ``meta["val"]`` has the gather's shape, dtype and strides; the folded
+    program matches the unfolded one eagerly and as a portable .pte."""
+    ids, h = torch.randint(0, 2048, (2, 5)), torch.randn(3, 256)
+    ep = export(TiedThenView(gather, merge).eval(), (ids, h))
+    ep = edge(ep) if dialect == "edge" else ep
+    before = {n.name: n.meta["val"] for n in ep.graph.nodes if op_name_of(n) in _GATHER_OPS}
+    result = fold_constants(ep)
+    assert len(result.report.rewrites) == 1, result.report.rewrites
+    assert_report_bytes_true(result)
+    assert stored_constant_bytes(result.program) <= stored_constant_bytes(ep)
+    for name, old in before.items():
+        (new,) = [n.meta["val"] for n in result.program.graph.nodes if n.name == name]
+        assert (new.shape, new.dtype, new.stride()) == (old.shape, old.dtype, old.stride()), name
+    pte = edge_pte(result.program if dialect == "edge" else edge(result.program))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        ids, h = torch.randint(0, 2048, (2, 5), generator=g), torch.randn(3, 256, generator=g)
+        with torch.no_grad():
+            want = ep.module()(ids, h)
+            got = result.program.module()(ids, h)
+        ran = run_pte(pte, (ids, h))
+        for w, g_, r in zip(want, got, ran):
+            scale = w.abs().max().item()
+            assert (w - g_).abs().max().item() <= 1e-5 * scale
+            assert (w - r).abs().max().item() <= 1e-4 * scale
+
+
+_GATHER_OPS = {"aten.embedding.default", "aten.index_select.default"}
+
+
+def op_name_of(node) -> str:
+    from folding.ops import op_name
+
+    return op_name(node.target) if node.op == "call_function" else ""
+
+
 class _BigLinear(nn.Module):
     """A 20 MiB weight (above the default 16 MiB cap), read by ``linear`` only, or also by a sum."""
 

@@ -788,6 +788,39 @@ def subclass_weight(g: Gen) -> Optional[Proposal]:
     return _one("subclass_weight", expr, name, w)
 
 
+def tied_gather(g: Gen) -> Optional[Proposal]:
+    """A tied table: a stored 2-D float matrix ``W`` whose rows are gathered (``embedding``, or
+    ``index_select`` of dim 0) at indices that are mostly runtime values (the ``ids`` input, or
+    made from a runtime float value), the gathered rows often merged by a ``view`` (which needs
+    the gather's contiguous strides) or a ``reshape``, and read with a transpose of ``W`` (``t``,
+    ``transpose``, ``permute``) by one ``cat``. Under a growth budget smaller than ``W`` the fold
+    rewrites the gather to read ``Wᵀ`` (`folding.transposed_gathers`; issue 52: its result had
+    other strides, and a merging ``view`` raised in the folded ATen program)."""
+    rng = g.rng
+    rows, cols = rng.choice([8, 12, 16]), rng.choice([2, 3, 4, 8])
+    w = g.random_state((rows, cols), torch.float32, rng.choice(["parameter", "parameter", "buffer"]))
+    steps: list = []
+    ids = g.pick(lambda u: u.ex.dtype == torch.int64 and u.ex.numel() > 0 and bool((u.ex >= 0).all())
+                 and bool((u.ex < rows).all()) and 1 <= u.ex.dim() <= 2, kind="runtime")
+    if ids is None and rng.random() < 0.7:
+        source = g.pick(lambda u: u.is_float and 1 <= u.ex.dim() <= 3 and u.ex.numel() <= 64, kind="runtime")
+        if source is not None:  # indices in [0, rows) from any float values, NaN and infinities included
+            steps.append((f"(torch.nan_to_num($0.float(), 0.0, 0.0, 0.0).clamp(0, 1) * {rows - 1}).long()", (source,)))
+            ids = "@0"
+    ids = ids or _index_state(g, rows, rng.randint(1, 5))
+    gather = rng.choice(["F.embedding($1, $0)", "$0.index_select(0, $1.reshape(-1))"])
+    steps.append((gather, (w, ids)))
+    rows_at = f"@{len(steps) - 1}"
+    steps.append((rng.choice(["$0.t()", "$0.transpose(0, 1)", "$0.permute(1, 0)"]) + rng.choice(["", " * 2.0"]), (w,)))
+    transposed = f"@{len(steps) - 1}"
+    merge = rng.choice([None, "$0.view(-1)", "$0.view(-1)", "$0.view($0.shape[0], -1)", "$0.reshape(-1)"])
+    if merge is not None:
+        steps.append((merge, (rows_at,)))
+        rows_at = f"@{len(steps) - 1}"
+    steps.append(("torch.cat([$0.reshape(-1), $1.reshape(-1)])", (rows_at, transposed)))
+    return Proposal("tied_gather", steps)
+
+
 FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "elementwise": elementwise,
     "binary": binary,
@@ -805,15 +838,16 @@ FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "siblings": siblings,
     "undeclared_write": undeclared_write,
     "subclass_weight": subclass_weight,
+    "tied_gather": tied_gather,
 }
 
 _WEIGHTS = {"elementwise": 12, "binary": 14, "reduce": 6, "cast": 8, "view": 16, "index": 8, "norm": 4, "conv": 6,
             "attention": 1, "inplace": 6, "factory": 5, "mutation": 3, "random": 2, "siblings": 2,
-            "undeclared_write": 2, "subclass_weight": 2}
+            "undeclared_write": 2, "subclass_weight": 2, "tied_gather": 2}
 # no norms: a batch_norm makes torchao's convert_pt2e export ~100 conv-bn patterns (~100 s)
 # nor tensor-subclass weights or undeclared writes: PT2E's prepare/convert would have to trace them
 _QUANT_WEIGHTS = {**_WEIGHTS, "conv": 24, "binary": 18, "random": 0, "mutation": 1, "norm": 0, "subclass_weight": 0,
-                  "undeclared_write": 0}
+                  "undeclared_write": 0, "tied_gather": 0}
 
 
 def weights(quantize: bool, control_flow: bool = False) -> dict[str, float]:

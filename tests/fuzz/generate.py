@@ -335,9 +335,10 @@ class GenConfig:
 # subclass weights and shared bodies): a pinned seed regenerates its program with `pinned(config)`.
 # "fusion_kinds": issue 54's later weight-chain kinds (unbatched convs, fp16/bf16 chains with
 # quiet channels and overflow-prone scales, weight chains in cond branches), drawn inside
-# families that exist (`families.weight_chain`, `control_flow.cond`).
+# families that exist (`families.weight_chain`, `control_flow.cond`). "tied_gather": issue 52's
+# tied tables whose gathers `folding.transposed_gathers` rewrites, merged by a later view.
 LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
-                  "shared_body", "shared_body_eager", "body_writer")
+                  "shared_body", "shared_body_eager", "body_writer", "tied_gather")
 
 
 def pinned(config: "GenConfig") -> "GenConfig":
