@@ -484,11 +484,12 @@ def test_the_switch_must_be_a_bool():
 
 
 def test_the_written_placeholders_are_found_in_one_pass_not_one_per_stored_tensor():
-    """`_written` walks the whole graph: it runs once per rewrite, however many parameters
-    and buffers the program stores (it ran once per stored tensor: params x nodes)."""
+    """The unchanging stored inputs (`unchanging.alias_classes` walks the whole graph) are
+    found once per rewrite, however many parameters and buffers the program stores (the
+    written ones were once found per stored tensor: params x nodes)."""
     import sys
 
-    from folding import weight_fusion
+    from folding import unchanging
 
     class Wide(nn.Module):
         def __init__(self):
@@ -506,7 +507,7 @@ def test_the_written_placeholders_are_found_in_one_pass_not_one_per_stored_tenso
 
     def profiler(frame, event, arg):
         nonlocal calls
-        if event == "call" and frame.f_code is weight_fusion._written.__code__:
+        if event == "call" and frame.f_code is unchanging.alias_classes.__code__:
             calls += 1
 
     sys.setprofile(profiler)
