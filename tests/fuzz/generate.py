@@ -337,7 +337,7 @@ class GenConfig:
 # quiet channels and overflow-prone scales, weight chains in cond branches), drawn inside
 # families that exist (`families.weight_chain`, `control_flow.cond`).
 LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
-                  "shared_body", "shared_body_eager", "body_writer")
+                  "shared_body", "shared_body_eager", "body_writer", "stored_write")
 
 
 def pinned(config: "GenConfig") -> "GenConfig":
@@ -358,7 +358,7 @@ CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_f
 # program is lowered for the runtime (seconds per program).
 CONTROL_FLOW_PTE = GenConfig(min_ops=6, max_ops=20, quantize_fraction=0.0, control_flow=True,
                              without=("random", "while_loop", "no_grad", "autocast", "mutation", "shared_body_eager",
-                                      "body_writer"))
+                                      "body_writer", "stored_write"))
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
