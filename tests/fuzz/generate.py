@@ -453,6 +453,10 @@ def _choose_outputs(g: Gen) -> tuple[str, ...]:
     # an undeclared write is caught only when its op is evaluated, and an op whose result nothing
     # reads is not (docs/fuzzing.md): each one's result is an output
     outs += [op.out for op in g.ops if op.family in ("undeclared_write", "body_writer") and op.out not in outs]
+    # a stored_write's reader read the tensor's first value when folded as unchanging: each reader
+    # (and write) is an output, but a conv its batch norm reads (a second reader stops the fusion)
+    inner = {i for op in g.ops if op.family == "stored_write" for i in op.inputs}
+    outs += [op.out for op in g.ops if op.family == "stored_write" and op.out not in inner and op.out not in outs]
     consts = [n for n in op_values if g.values[n].kind == "const"]
     if consts and g.rng.random() < 0.3:
         name = g.rng.choice(consts)
