@@ -605,7 +605,7 @@ def _flag_reader(g: Gen):
     read = [(f"torch.cond($0, {t}, {f}, ({b.slot(main)},))[0]", tuple(b.inputs))]
     if g.rng.random() < 0.2:
         return read, flag, ("$0.copy_($1.sum() > 0)", (flag, main))
-    return read, flag, (g.rng.choice(_FLAG_WRITES), (flag,))
+    return read, flag, (g.rng.choice(_writes(g, _FLAG_WRITES)), (flag,))
 
 
 def _embedding_reader(g: Gen):
@@ -617,7 +617,7 @@ def _embedding_reader(g: Gen):
                  and bool((v.ex < vocab).all()))
     ids = ids or _index_state(g, vocab, g.rng.choice([2, 5]))
     read = [(g.rng.choice(["(F.embedding($1, $0) @ $0.t())", "F.embedding($1, $0).tanh()"]), (w, ids))]
-    return read, w, (g.rng.choice(_MATRIX_WRITES), (w,))
+    return read, w, (g.rng.choice(_writes(g, _MATRIX_WRITES)), (w,))
 
 
 def _batch_norm_reader(g: Gen):
@@ -634,10 +634,15 @@ def _batch_norm_reader(g: Gen):
     conv = (f"F.conv{k}d($0, $1)", (x, weight))
     bn, inputs = _eval_batch_norm(g, "@0", c_out)
     read = [conv, (bn, inputs)]
-    if g.rng.random() < 0.25:
+    if g.rng.random() < 0.25 and not nesting(g):
         return read, weight, ("_no_grad(lambda w: w.mul_(0.5).sum(), $0)", (weight,))
     stat = g.rng.choice(inputs[1:3])  # the running mean or variance
-    return read, stat, (g.rng.choice(_STAT_WRITES), (stat,))
+    return read, stat, (g.rng.choice(_writes(g, _STAT_WRITES)), (stat,))
+
+
+def _writes(g: Gen, forms: tuple) -> tuple:
+    """`forms`, without the no_grad region's in a program that nests conds (`nesting`)."""
+    return tuple(f for f in forms if not (f.startswith("_no_grad") and nesting(g)))
 
 
 FAMILIES = {"cond": cond, "map": map_, "scan": scan_, "while_loop": while_loop_, "no_grad": no_grad,
