@@ -48,8 +48,9 @@ class Analysis:
         alias_root: root node of every aliasing op's value (views, in-place ops).
         mutators: per alias root, the in-place ops that update it, in graph order.
         writes: per op that writes to some of its inputs, those input nodes (schema-declared
-            writes, the known undeclared ones of `ops.written_arg_positions`, and the writes
-            found at fold time, `extra_writes`).
+            writes, the known undeclared ones of `ops.written_arg_positions`, the writes
+            found at fold time, `extra_writes`, and the operands of a control-flow call whose
+            bodies write their placeholders: `unchanging.alias_classes`).
         targets: the distinct call_function targets of the graph, by ``id`` (`calls_any`).
     """
 
