@@ -23,7 +23,8 @@ import torch
 import torch.fx
 from torch.export.graph_signature import ExportGraphSignature, InputSpec
 
-from .ops import OpKind, arg_at, op_facts, op_name, packet_name, written_arg_positions
+from .ops import OpKind, op_facts, op_name, packet_name
+from .unchanging import alias_classes
 from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
@@ -47,8 +48,9 @@ class Analysis:
         alias_root: root node of every aliasing op's value (views, in-place ops).
         mutators: per alias root, the in-place ops that update it, in graph order.
         writes: per op that writes to some of its inputs, those input nodes (schema-declared
-            writes, the known undeclared ones of `ops.written_arg_positions`, and the writes
-            found at fold time, `extra_writes`).
+            writes, the known undeclared ones of `ops.written_arg_positions`, the writes
+            found at fold time, `extra_writes`, and the operands of a control-flow call whose
+            bodies write their placeholders: `unchanging.alias_classes`).
         targets: the distinct call_function targets of the graph, by ``id`` (`calls_any`).
     """
 
@@ -113,7 +115,7 @@ def analyze(
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     kind = {n: op_facts(n.target).kind for n in nodes if n.op == "call_function"}
-    alias_root, mutators, writes = _alias_classes(nodes, kind, extra_writes or {})
+    alias_root, mutators, writes = alias_classes(nodes, kind, extra_writes)
     analysis = Analysis(
         order, {}, {}, kind, specs, alias_root, mutators, writes, targets={id(n.target): n.target for n in kind},
         fold_asserts=policy.fold_asserts, forced=forced,
@@ -125,32 +127,6 @@ def analyze(
         if not tainted:
             return analysis
         analysis.forced.update(tainted)
-
-
-def _alias_classes(nodes, kind, extra_writes):
-    alias_root: dict[torch.fx.Node, torch.fx.Node] = {}
-    mutators: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    writes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for n in nodes:
-        if n.op != "call_function":
-            continue
-        if kind[n] is OpKind.GETITEM:
-            src = n.args[0]
-            if isinstance(src, torch.fx.Node) and src in alias_root:
-                alias_root[n] = alias_root[src]
-            continue
-        facts = op_facts(n.target)
-        if facts.aliased_position is not None:
-            src = arg_at(n, facts.aliased_position)
-            if isinstance(src, torch.fx.Node):
-                alias_root[n] = alias_root.get(src, src)
-        if not (facts.mutated_positions or facts.undeclared_writes or n in extra_writes):
-            continue  # writes nothing
-        written = [arg_at(n, p) for p in written_arg_positions(n)] + list(extra_writes.get(n, ()))
-        for dst in dict.fromkeys(d for d in written if isinstance(d, torch.fx.Node)):
-            writes.setdefault(n, []).append(dst)
-            mutators.setdefault(alias_root.get(dst, dst), []).append(n)
-    return alias_root, mutators, writes
 
 
 def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:

@@ -20,8 +20,8 @@ from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shal
 from .ops import op_name
 from .names import keep_name, reserve_node_names, unique_name
 from .node_meta import REPORT_NAME, mark_inlined
-from .signature import unchanging_stored_specs
 from .sizes import stored_tensor
+from .unchanging import unchanging_before_probes
 
 
 @dataclass
@@ -48,7 +48,10 @@ class Inlining:
 
 def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Container[str] = ()) -> Inlining:
     """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
-    is a literal or a parameter, buffer or lifted constant the program does not mutate.
+    is a literal or a parameter, buffer or lifted constant whose value is the same at every
+    call (`unchanging.unchanging_before_probes`: neither written back by the signature nor
+    written in place by an op of the graph, such as training IR's ``fill_`` of the buffer
+    after the ``cond``; nor read by a custom op, which may write it undeclared).
 
     Args:
         clone_op: the dialect's copy op, for a graph output that the taken branch returns
@@ -61,13 +64,16 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
         The `Inlining` (false when no cond was inlined).
     """
     gm = program.graph_module
-    specs = unchanging_stored_specs(program.graph_signature)
+    specs: Optional[dict] = None
 
     def constant_value(pred) -> Optional[bool]:
+        nonlocal specs
         if isinstance(pred, (bool, int)):
             return bool(pred)
         if not (isinstance(pred, torch.fx.Node) and pred.op == "placeholder"):
             return None
+        if specs is None:  # a walk over the graph, only for a cond whose predicate is a placeholder
+            specs = unchanging_before_probes(program)
         spec = specs.get(pred.name)
         if spec is None:
             return None

@@ -11,13 +11,16 @@ stay and fold: this rewrite gives the output a copy of the node (a dequantize, o
 or cast of one: `quant.keeps_dequantized_value`), which the fold then treats like any dequantize
 only the output reads, while the op keeps the original and its encoding.
 
-Only dequantized values of a stored tensor the program never writes back qualify (a
-parameter, buffer or lifted constant: `signature.unchanging_stored_specs`; or a ``get_attr``):
+Only dequantized values of a stored tensor whose value is the same at every call qualify (a
+parameter, buffer or lifted constant neither written back nor written in place by an op of the
+graph, nor read by a custom op: `unchanging.unchanging_before_probes`; or a ``get_attr``):
 their copy is constant, so it folds. Node names are kept; the copy is named
 ``<node>_returned`` and the output specs name it.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch.fx
 from torch.export import ExportedProgram
@@ -26,8 +29,8 @@ from torch.export.graph_signature import OutputKind
 from .hops import copy_uncompiled
 from .names import reserve_node_names, unique_name, with_renamed_outputs
 from .quant import is_dequantize, is_float, keeps_dequantized_value
-from .signature import unchanging_stored_specs
 from .torch_internals import program_with, set_signature
+from .unchanging import unchanging_before_probes
 
 
 def split_returned_dequantizes(program: ExportedProgram, *, inplace: bool) -> tuple[ExportedProgram, tuple[str, ...]]:
@@ -76,13 +79,19 @@ def split_returned_dequantizes(program: ExportedProgram, *, inplace: bool) -> tu
 def _shared_with_the_output(program: ExportedProgram) -> list[torch.fx.Node]:
     """The dequantized values of unchanging stored tensors that the graph output returns (as a
     user output) and some other node reads, in output order. Only the output's arguments and
-    what they are computed from are visited, never the whole graph."""
+    what they are computed from are visited; the whole graph only when a dequantize of a
+    placeholder is among them (`unchanging.unchanging_before_probes`)."""
     output = program.graph.output_node()
-    stored = unchanging_stored_specs(program.graph_signature)
+    stored: Optional[dict] = None
     memo: dict[torch.fx.Node, bool] = {}
 
     def constant_source(n: torch.fx.Node) -> bool:
-        return n.op == "get_attr" or (n.op == "placeholder" and n.name in stored)
+        nonlocal stored
+        if n.op != "placeholder":
+            return n.op == "get_attr"
+        if stored is None:
+            stored = unchanging_before_probes(program)
+        return n.name in stored
 
     def dequantized_constant(n: torch.fx.Node) -> bool:
         if n not in memo:

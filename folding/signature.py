@@ -1,5 +1,6 @@
-"""Reading a graph signature: the InputSpec of each placeholder by node name, which stored
-inputs the program writes back, and which never change."""
+"""Reading a graph signature: the InputSpec of each placeholder by node name, and which stored
+inputs the program writes back (which never change is `unchanging`'s: the signature alone
+misses the graph's in-place writes)."""
 
 from __future__ import annotations
 
@@ -21,16 +22,8 @@ _STATE_MUTATIONS = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)
 
 def mutated_targets(signature: ExportGraphSignature) -> set[str]:
     """The targets (state_dict keys) of the buffers and parameters the program writes back: the
-    one rule for "this stored tensor is mutated" (torch's ``buffers_to_mutate`` names buffers
+    signature's part of "this stored tensor changes" (`unchanging` adds the graph's in-place
+    writes; torch's ``buffers_to_mutate`` names buffers
     only, and by output node)."""
     return {s.target for s in signature.output_specs if s.kind in _STATE_MUTATIONS and s.target is not None}
 
-
-def unchanging_stored_specs(signature: ExportGraphSignature) -> dict[str, InputSpec]:
-    """{placeholder name: InputSpec} of the parameters, buffers and lifted constants that the
-    program never writes back (`mutated_targets`): the one rule for a stored input whose value
-    is the same at every call. (An in-place op on the placeholder inside the graph is the
-    analysis' to see: `analysis.Analysis.mutators`.)"""
-    mutated = mutated_targets(signature)
-    return {name: s for name, s in input_specs_by_name(signature).items()
-            if s.kind in STORED_KINDS and s.target not in mutated}

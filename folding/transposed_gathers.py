@@ -40,10 +40,10 @@ from .hops import copy_uncompiled
 from .names import keep_name, reserve_node_names, unique_name
 from .ops import op_name, packet_name
 from .policy import FoldPolicy
-from .signature import unchanging_stored_specs
 from .sizes import nbytes, stored_tensor
 from .symbols import has_symbols
 from .torch_internals import program_with
+from .unchanging import unchanging_before_probes
 
 _TRANSPOSES = {"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
                "aten.transpose.int", "aten.transpose_copy.int"}
@@ -88,10 +88,10 @@ def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and not has_symbols(val)
 
 
-def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[int]) -> list[tuple]:
-    """``(w, transposes, gathers)`` for each stored 2-D matrix read only by transposes and
-    row gathers, of both kinds, whose second copy the budget does not fit."""
-    specs = unchanging_stored_specs(program.graph_signature)
+def _candidates(program: ExportedProgram, specs: dict, policy: FoldPolicy, budget: Optional[int]) -> list[tuple]:
+    """``(w, transposes, gathers)`` for each stored 2-D matrix of `specs` (the unchanging
+    ones) read only by transposes and row gathers, of both kinds, whose second copy the budget
+    does not fit."""
     skip = policy.skip_names()
     out = []
     for w in program.graph.find_nodes(op="placeholder"):
@@ -113,11 +113,10 @@ def _candidates(program: ExportedProgram, policy: FoldPolicy, budget: Optional[i
     return out
 
 
-def _sole_transposes(program: ExportedProgram) -> set[str]:
-    """Names of the transposes of stored matrices that only transposes read (Edge's
-    ``permute_copy`` of every ``linear`` weight): folding them replaces the matrix by its
-    transpose, bytes for bytes."""
-    specs = unchanging_stored_specs(program.graph_signature)
+def _sole_transposes(program: ExportedProgram, specs: dict) -> set[str]:
+    """Names of the transposes of the stored matrices of `specs` (the unchanging ones) that
+    only transposes read (Edge's ``permute_copy`` of every ``linear`` weight): folding them
+    replaces the matrix by its transpose, bytes for bytes."""
     out: set[str] = set()
     for w in program.graph.find_nodes(op="placeholder"):
         spec = specs.get(w.name)
@@ -160,13 +159,14 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
         `returned_dequantizes` and `bodies` edit it in place, and `lift` reads it
         (`folding/working.py`); its graph compiles on first use only.
     """
-    found = _candidates(program, policy, policy.growth_budget(bytes_before))
+    specs = unchanging_before_probes(program)
+    found = _candidates(program, specs, policy, policy.growth_budget(bytes_before))
     if not found:
-        return Rewrite(program, (), frozenset(_sole_transposes(program)))
+        return Rewrite(program, (), frozenset(_sole_transposes(program, specs)))
 
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
-    ops, notes, transposes = _ops(program), [], _sole_transposes(program)
+    ops, notes, transposes = _ops(program), [], _sole_transposes(program, specs)
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for w, readers, gathers in found:
         transposes.update(t.name for t in readers)

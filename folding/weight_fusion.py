@@ -29,8 +29,10 @@ with its own machinery (names, dedup, size limits, growth budget, report); the o
 the batch norm's vectors lose their readers and leave the program. Values in fp16/bf16 are
 computed in fp32 and cast back.
 
-Constant here means: a parameter, buffer or lifted constant the program never writes
-(`signature.unchanging_stored_specs`), a Python number, or a pure op of constants (Edge's
+Constant here means: a parameter, buffer or lifted constant whose value is the same at every
+call (neither written back by the signature nor written in place by an op of the graph, such as
+training IR's ``running_mean.copy_(...)`` or ``weight.mul_(...)``, nor read by a custom op:
+`unchanging.unchanging_before_probes`), a Python number, or a pure op of constants (Edge's
 ``permute_copy`` of a ``linear`` weight, a cast of a lifted scalar); never through a
 dequantize. Not rewritten, each with a `Reason.NOT_FUSED` row saying why: training-mode batch
 norm; runtime weights, statistics or scales; quantized operands (a dequantize read as weight,
@@ -95,9 +97,9 @@ from .policy import FoldPolicy
 from .quant import is_dequantize, is_quantize
 from .reasons import Reason
 from .report import Decision
-from .signature import unchanging_stored_specs
 from .sizes import aligned, nbytes, stored_tensor
 from .torch_internals import program_with
+from .unchanging import unchanging_before_probes
 from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, INSERTED, LINEARS, TRAINING_BATCH_NORMS, DialectOps,
                          NodeMaker, WeightOp, batch_norm_operands, batch_norm_output, binary_operands,
                          channel_magnitudes, compute_dtype, scale_and_shift, val,
@@ -157,23 +159,23 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     Returns:
         A `Fusion`: a copy of `program` (top-level graph copied; tensors, bodies shared) that
         the attempt then owns, or `program` itself when nothing was rewritten. Without a
-        candidate (a batch norm, or a binary op of a weight op's output) it reads only fx's
-        per-target node index; with one, a few passes over the nodes (the copy, names, the
-        written placeholders, placeholder savings, the inserted names) and, per candidate, the
+        candidate (a batch norm, or a conv or linear) it reads only fx's per-target node index;
+        with one, a few passes over the nodes (the unchanging stored inputs, the copy, names,
+        placeholder savings, the inserted names) and, per candidate, the
         nodes between its weight op and it and the ancestry of the constants it drops.
     """
     if not policy.fuse_into_weights:
         return Fusion(program)
-    stored = unchanging_stored_specs(program.graph_signature)
-    candidates = _candidates(program, _Constness(stored))
+    if not _targets_present(program):
+        return Fusion(program)
+    unchanging = unchanging_before_probes(program)  # once: a pass over every node
+    candidates = _candidates(program, _Constness(unchanging))
     if not candidates:
         return Fusion(program)
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
     maker = NodeMaker(gm.graph, DialectOps.of(program))
     savings = placeholder_savings(gm.graph, program)
-    written = _written(gm.graph)  # once: a pass over every node
-    unchanging = {name: spec for name, spec in stored.items() if name not in written}
     values = lambda spec: stored_tensor(spec, program.state_dict, program.constants)  # noqa: E731
     rewriter = _Rewriter(maker, _Conditions(_Constness(unchanging, maker.made), policy, bytes_before, savings, values,
                                                max(spent, 0)))
@@ -184,6 +186,12 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     signature = with_renamed_outputs(program.graph_signature, rewriter.renamed)
     return Fusion(program_with(program, graph_module=gm, graph_signature=signature), tuple(rewriter.notes),
                   FusionRows(tuple(rewriter.decisions), maker.inserted_names()), tuple(rewriter.replaced))
+
+
+def _targets_present(program: ExportedProgram) -> bool:
+    """Whether `program` calls a conv, linear or batch norm (fx's per-target node index)."""
+    names = tuple(CONVS) + tuple(LINEARS) + tuple(BATCH_NORMS) + tuple(TRAINING_BATCH_NORMS)
+    return any(program.graph.find_nodes(op="call_function", target=t) for t in _targets(program, names))
 
 
 def _candidates(program: ExportedProgram, constness: "_Constness") -> list[torch.fx.Node]:
@@ -243,24 +251,6 @@ def _continues(node: torch.fx.Node, chain: torch.fx.Node, kind: str, constness: 
 def _targets(program: ExportedProgram, names: tuple) -> list:
     """The call targets of `names` (``aten.conv2d.default`` …) in the program's dialect."""
     return [t for t in (dialect_op(program, name) for name in names) if t is not None]
-
-
-def _written(graph: torch.fx.Graph) -> set[str]:
-    """Names of the placeholders some op of `graph` writes in place, directly or through a
-    view (torch 2.14's training IR: ``buffer.copy_(...)`` is not in the signature): their
-    values change at runtime, so they are not constant here."""
-    out = set()
-    for n in graph.nodes:
-        if n.op != "call_function":
-            continue
-        for position in written_arg_positions(n):
-            a = arg_at(n, position)
-            while isinstance(a, torch.fx.Node) and a.op == "call_function" \
-                    and op_facts(a.target).aliased_position is not None:
-                a = arg_at(a, op_facts(a.target).aliased_position)
-            if isinstance(a, torch.fx.Node) and a.op == "placeholder":
-                out.add(a.name)
-    return out
 
 
 def _kind(target) -> str:

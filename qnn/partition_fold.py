@@ -27,7 +27,7 @@ from torch.export import ExportedProgram
 from folding import Decision, FoldReport
 from folding.ops import op_name
 from folding.quant import is_dequantize
-from folding.signature import unchanging_stored_specs
+from folding.unchanging import unchanging_before_probes
 
 from .errors import EncodingLostError
 from .executorch_internals import has_quant_attrs
@@ -163,9 +163,11 @@ def encoded_constants(program: ExportedProgram, report: FoldReport) -> frozenset
 
 
 def constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
-    """Nodes of `ep`'s top graph computed from parameters, non-mutated buffers and lifted
-    constants only (one pass over the graph)."""
-    stored = unchanging_stored_specs(ep.graph_signature)
+    """Nodes of `ep`'s top graph computed only from parameters, buffers and lifted constants
+    whose value is the same at every call (`folding.unchanging.unchanging_before_probes`: not
+    written back by the signature nor in place by an op of the graph; two passes over the
+    graph)."""
+    stored = unchanging_before_probes(ep)
     constant: set[torch.fx.Node] = set()
     for n in ep.graph.nodes:
         if n.op == "placeholder":

@@ -227,3 +227,18 @@ def place_and_lift(program: ExportedProgram, folded, values, constant_placeholde
     nonfinite = NonfiniteScan()
     placement = place(program, folded, values, constant_placeholders.__contains__, frozenset(), nonfinite)
     return lift(program, placement, nonfinite)
+
+
+def assert_same_over_calls(ep: ExportedProgram, folded: ExportedProgram, inputs: Sequence, calls: int = 3,
+                           atol: float = 1e-5) -> None:
+    """Call the unfolded `ep` and `folded`, each on its own copy of its stored tensors, `calls`
+    times on `inputs`: what one call writes to a buffer or parameter the next one reads. Every
+    output of every call agrees within `atol` of that output's scale (`assert_close_all`)."""
+    want, got = copy.deepcopy(ep).module(), copy.deepcopy(folded).module()
+    with torch.no_grad():
+        for call in range(calls):
+            expected, actual = want(*inputs), got(*inputs)
+            try:
+                assert_close_all(expected, actual, atol, 0.0, relative=True)
+            except AssertionError as e:
+                raise AssertionError(f"call {call + 1} of {calls}: {e}") from e

@@ -17,7 +17,9 @@ import torch
 import torch.nn as nn
 from torch._higher_order_ops.while_loop import while_loop
 
-from tests.control_flow_checks import fold_and_compare
+import folding
+from tests.control_flow_checks import fold_and_compare, fold_checked
+from tests.fold_checks import assert_same_over_calls, export, reference
 
 X = torch.randn(4)
 BOTH = [(X.abs() + 0.1,), (-X.abs() - 0.1,)]  # x.sum() > 0, then not
@@ -86,3 +88,74 @@ def test_inlining_beside_an_unused_region_leaves_the_callers_bodies_alone(region
     """`fold_and_compare` snapshots every GraphModule of the caller's program (graph and code)."""
     fold_and_compare(_UnusedRegionBesideAConstantCond(region), [(torch.randn(3, 4),)], pte=False,
                      one_branch={"cond"})
+
+
+# A cond whose predicate is a buffer the program writes is never inlined: in torch 2.14's
+# training IR the write is an op on the buffer's placeholder (or a view of it), not a
+# BUFFER_MUTATION output, so the signature alone calls the buffer unchanging and the cond was
+# inlined with the buffer's first value (issue 52; `folding/unchanging.py`).
+
+_lib = torch.library.Library("fold_inline_test", "DEF")
+_lib.define("clear(Tensor flag, Tensor x) -> Tensor")  # writes `flag`, which it does not declare
+
+
+def _clear(flag, x):
+    flag.fill_(False)
+    return x.clone()
+
+
+_lib.impl("clear", _clear, "CompositeExplicitAutograd")
+_lib.impl("clear", lambda flag, x: torch.empty_like(x), "Meta")
+
+
+class PredicateWrittenInGraph(nn.Module):
+    """``cond(self.first, ...)`` where `write` updates ``first`` in the graph: before or after the
+    cond, directly, through a view, or by a custom op that does not declare the write."""
+
+    def __init__(self, write: str):
+        super().__init__()
+        self.register_buffer("first", torch.tensor(True))
+        self.write = write
+
+    def forward(self, x):
+        if self.write == "copy_before":
+            self.first.copy_(x.sum() > 0)
+        y = torch.cond(self.first, lambda x: x * 2.0, lambda x: x + 1.0, (x,))
+        if self.write == "fill_after":
+            self.first.fill_(False)
+        elif self.write == "view_fill_after":
+            self.first.unsqueeze(0).fill_(False)
+        elif self.write == "logical_not_after":
+            self.first.logical_not_()
+        elif self.write == "custom_op_after":
+            y = y + torch.ops.fold_inline_test.clear(self.first, x)
+        return y
+
+
+@pytest.mark.parametrize("write", ["fill_after", "view_fill_after", "logical_not_after", "copy_before",
+                                   "custom_op_after"])
+def test_a_predicate_the_graph_writes_is_not_inlined(write):
+    x = (-X.abs() - 0.5) if write == "copy_before" else X.abs() + 0.5  # copy_: the flag flips on call 1
+    ep = export(PredicateWrittenInGraph(write), (x,))
+    assert not any(s.kind.name == "BUFFER_MUTATION" for s in ep.graph_signature.output_specs)  # training IR
+    result = fold_checked(ep)
+    assert_same_over_calls(ep, result.program, (x,))
+    assert torch.ops.higher_order.cond in {n.target for n in result.program.graph.nodes}
+
+
+def test_a_predicate_nothing_writes_is_still_inlined():
+    """The same buffer, read only: the cond goes (the rule above keeps only written ones)."""
+    ep = export(PredicateWrittenInGraph("none"), (X,))
+    result = fold_checked(ep)
+    assert torch.ops.higher_order.cond not in {n.target for n in result.program.graph.nodes}
+    assert_same_over_calls(ep, result.program, (X,))
+
+
+def test_qnn_control_flow_first_fold_keeps_a_written_predicate():
+    """QNN's early fold of control flow (`qnn.control_flow.fold_control_flow_first`, in place)
+    goes through the same inlining."""
+    qnn_control_flow = pytest.importorskip("qnn.control_flow")
+    ep = export(PredicateWrittenInGraph("fill_after"), (X.abs() + 0.5,))
+    unfolded = reference(ep)
+    assert qnn_control_flow.fold_control_flow_first(ep, folding.FoldPolicy()) is not None
+    assert_same_over_calls(unfolded, ep, (X.abs() + 0.5,))

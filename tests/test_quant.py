@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from folding import Reason, fold_constants
 from folding.sizes import stored_constant_bytes, stored_tensor
 from folding.signature import input_specs_by_name
+from tests.fold_checks import assert_same_over_calls
 from tests.invariants import assert_pte_matches, assert_valid_program
 from tests.lowering import lower_pte, run_pte
 from tests.quant_programs import (
@@ -329,3 +330,42 @@ def test_the_output_reads_a_dequantized_weight_as_floats_and_an_op_keeps_its_enc
     import executorch.kernels.quantized  # noqa: F401  (the dequantize out variants the .pte calls)
 
     assert_pte_matches(result.program, (x,), "portable", expected=list(ep.module()(x)))
+
+
+class _ReturnsAWrittenDequantizedWeight(nn.Module):
+    """`_ReturnsDequantizedWeight`'s ``output_and_linear`` where `write` updates the int8 weight in
+    the graph after reading it (torch 2.14's training IR: an op, not a BUFFER_MUTATION output):
+    directly, through a view, or in a ``torch.no_grad()`` block."""
+
+    def __init__(self, write: str):
+        super().__init__()
+        self.write = write
+        self.register_buffer("w_int8", torch.randint(-100, 100, (8, 8), dtype=torch.int8,
+                                                     generator=torch.Generator().manual_seed(5)))
+
+    def forward(self, x):
+        w = torch.ops.quantized_decomposed.dequantize_per_tensor(self.w_int8, 0.05, 0, -128, 127, torch.int8)
+        out = F.linear(x, w), w
+        if self.write == "add_":
+            self.w_int8.add_(3)
+        elif self.write == "view_fill_":
+            self.w_int8[0].fill_(7)
+        elif self.write == "no_grad_add_":
+            with torch.no_grad():
+                self.w_int8.add_(3)
+        return out
+
+
+@pytest.mark.parametrize("write", ["add_", "view_fill_", "no_grad_add_"])
+def test_a_returned_dequantize_of_a_weight_the_graph_writes_is_not_split(write):
+    """Only a dequantize of an unchanging stored tensor gets a copy for the output, which folds
+    (`unchanging.unchanging_before_probes`): of a written one, the output's copy would be its
+    first value. Outputs agree over 3 calls (each reads the last one's writes)."""
+    import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed ops)
+
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(7))
+    ep = torch.export.export(_ReturnsAWrittenDequantizedWeight(write), (x,))
+    result = fold_constants(ep)
+    assert_valid_program(result.program)
+    assert_same_over_calls(ep, result.program, (x,))
+    assert result.report.rewrites == []

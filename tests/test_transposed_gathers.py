@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from folding import FoldPolicy, Reason, fold_constants
 from folding.sizes import stored_constant_bytes
-from tests.fold_checks import constant_only_ops, edge, export
+from tests.fold_checks import assert_same_over_calls, constant_only_ops, edge, export
 from tests.invariants import (
     assert_close_all,
     assert_caller_unchanged,
@@ -276,3 +276,33 @@ def test_tied_embedding_matrix_is_stored_once_in_edge_program():
     assert reasons["aten_permute_copy_default"] is Reason.FOLDED
     x = torch.randint(0, 8000, (1, 8))
     assert_close_all(edge.module()(x), result.program.module()(x))
+
+
+class _TiedWrittenInGraph(nn.Module):
+    """A tied matrix ``W`` (a buffer) gathered by ``embedding`` and read by a matmul through
+    ``W.t()``, which the graph also writes in place (torch 2.14's training IR: ``t`` then
+    ``mul_``, not a BUFFER_MUTATION output), before or after the gather."""
+
+    def __init__(self, before: bool):
+        super().__init__()
+        self.register_buffer("W", torch.randn(5000, 64, generator=torch.Generator().manual_seed(3)))
+        self.before = before
+
+    def forward(self, ids):
+        if self.before:
+            self.W.t().mul_(0.5)
+        out = torch.tanh(F.embedding(ids, self.W)) @ self.W.t()
+        if not self.before:
+            self.W.t().add_(0.25)
+        return out
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_a_tied_matrix_the_graph_writes_is_not_rewritten(before):
+    """Only an unchanging stored matrix is read through its transpose
+    (`unchanging.unchanging_before_probes`); outputs agree over 3 calls."""
+    ids = torch.randint(0, 5000, (2, 6), generator=torch.Generator().manual_seed(4))
+    ep = export(_TiedWrittenInGraph(before), (ids,))
+    result = fold_constants(ep)
+    assert_same_over_calls(ep, result.program, (ids,))
+    assert result.report.rewrites == []

@@ -29,7 +29,7 @@ from folding.__main__ import build_parser, policy_from_args
 from folding.reasons import Reason
 from folding.sizes import stored_constant_bytes
 from folding.weight_fusion import fuse_into_weights
-from tests.fold_checks import assert_fold_invariants, call_targets
+from tests.fold_checks import assert_fold_invariants, assert_same_over_calls, call_targets
 from tests.fusion_bounds import bound_ratio, rewrite_problem
 from tests.invariants import assert_caller_unchanged, caller_snapshot, lower_pte, run_pte
 from tests.lowering import edge_pte, to_edge_program
@@ -484,11 +484,12 @@ def test_the_switch_must_be_a_bool():
 
 
 def test_the_written_placeholders_are_found_in_one_pass_not_one_per_stored_tensor():
-    """`_written` walks the whole graph: it runs once per rewrite, however many parameters
-    and buffers the program stores (it ran once per stored tensor: params x nodes)."""
+    """The unchanging stored inputs (`unchanging.alias_classes` walks the whole graph) are
+    found once per rewrite, however many parameters and buffers the program stores (the
+    written ones were once found per stored tensor: params x nodes)."""
     import sys
 
-    from folding import weight_fusion
+    from folding import unchanging
 
     class Wide(nn.Module):
         def __init__(self):
@@ -506,7 +507,7 @@ def test_the_written_placeholders_are_found_in_one_pass_not_one_per_stored_tenso
 
     def profiler(frame, event, arg):
         nonlocal calls
-        if event == "call" and frame.f_code is weight_fusion._written.__code__:
+        if event == "call" and frame.f_code is unchanging.alias_classes.__code__:
             calls += 1
 
     sys.setprofile(profiler)
@@ -903,3 +904,51 @@ def test_low_precision_scales_above_one_stay_after_the_op(kind, c, dtype):
         finite = eager.isfinite()
         scale = eager[finite].abs().max()
         assert (eager[finite] - folded[finite]).abs().max() <= 8 * torch.finfo(dtype).eps * scale
+
+
+class _WrittenInGraph(nn.Module):
+    """conv -> eval batch norm, where `write` updates a statistic or the conv weight in place in
+    the graph (torch 2.14's training IR: an op, not a BUFFER_MUTATION output), before or after
+    the batch norm, directly, through a view, or in a ``torch.no_grad()`` block (a
+    ``wrap_with_set_grad_enabled`` whose body writes it)."""
+
+    def __init__(self, write: str):
+        super().__init__()
+        self.conv, self.bn, self.write = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), write
+        stats = _stats(4, 3, 1e-5)
+        with torch.no_grad():
+            self.bn.running_mean.copy_(stats["mean"])
+            self.bn.running_var.copy_(stats["var"])
+            self.bn.weight.copy_(stats["gamma"])
+            self.bn.bias.copy_(stats["beta"])
+
+    def forward(self, x):
+        if self.write == "mean_add_before":
+            self.bn.running_mean.add_(1.0)
+        y = self.bn(self.conv(x))
+        if self.write == "var_mul_after":
+            self.bn.running_var.mul_(2.0)
+        elif self.write == "mean_view_fill_after":
+            self.bn.running_mean[:2].fill_(3.0)
+        elif self.write == "mean_no_grad_after":
+            with torch.no_grad():
+                self.bn.running_mean.mul_(0.5).add_(1.0)
+        elif self.write == "weight_no_grad_after":
+            with torch.no_grad():
+                self.conv.weight.mul_(0.5)
+        return y
+
+
+@pytest.mark.parametrize("write", ["mean_add_before", "var_mul_after", "mean_view_fill_after", "mean_no_grad_after",
+                                   "weight_no_grad_after"])
+def test_a_statistic_or_weight_the_graph_writes_is_not_fused(write):
+    """`unchanging.unchanging_before_probes`: what the graph writes is not a constant of the
+    fusion, however the write is spelt; outputs agree over 3 calls (each reads the last one's
+    writes)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 4, 4, generator=_g(4))
+    ep = _export(_WrittenInGraph(write), x)
+    assert all(s.kind.name == "USER_OUTPUT" for s in ep.graph_signature.output_specs)  # training IR
+    result = fold_constants(ep)
+    assert_same_over_calls(ep, result.program, (x,))
+    assert not any(d.reason is Reason.FUSED for d in result.report.decisions)

@@ -558,8 +558,95 @@ def body_writer(g: Gen) -> Optional[Proposal]:
     return proposal
 
 
+# -- stored tensors the graph writes (issue 52, review 3) ---------------------------------------
+# torch 2.14's training IR keeps ``self.flag.fill_(False)`` as an op on the buffer's placeholder,
+# not a BUFFER_MUTATION output: a rule that reads "unchanging" off the signature alone inlines,
+# fuses or rewrites with the tensor's first value, and the checks' second call differs.
+
+# Writes of a bool flag, a float matrix and a batch norm statistic (``$0``; ``$1``: a runtime
+# value for the flag's copy): direct, through a view, and in a no_grad region.
+_FLAG_WRITES = ("$0.fill_(False)", "$0.fill_(True)", "$0.logical_not_()", "$0.unsqueeze(0).fill_(False)",
+                "_no_grad(lambda f: f.logical_not_().clone(), $0)")
+_MATRIX_WRITES = ("$0.add_(0.5)", "$0.mul_(0.9)", "$0[0].fill_(1.0)", "$0.t().mul_(0.5)",
+                  "$0.copy_($0 * 0.5 + 0.1)", "_no_grad(lambda w: w.add_(0.25).sum(), $0)")
+_STAT_WRITES = ("$0.add_(0.5)", "$0.mul_(2.0)", "$0[:1].fill_(1.0)", "$0.copy_($0 * 0.5 + 0.25)",
+                "_no_grad(lambda m: m.mul_(0.5).sum(), $0)")
+
+
+def stored_write(g: Gen) -> Optional[Proposal]:
+    """A stored tensor written in place in the graph, before or after one reader reads it: a
+    ``cond``'s predicate (a bool buffer), an ``embedding`` with a tied output matmul (a
+    matrix buffer), or an eval-mode batch norm (after a conv when the input has channels; a
+    running statistic, or the conv's weight in a no_grad region). The written tensor is a
+    buffer, a mutated buffer of the program (`Proposal.mutates`)."""
+    rng = g.rng
+    reader = rng.choice(["cond", "embedding", "batch_norm"])
+    steps = {"cond": _flag_reader, "embedding": _embedding_reader, "batch_norm": _batch_norm_reader}[reader](g)
+    if steps is None:
+        return None
+    read, written, write = steps
+    before = rng.random() < 0.4
+    shift = lambda step: (step[0], tuple(f"@{int(i[1:]) + 1}" if i.startswith("@") else i for i in step[1]))  # noqa: E731
+    ordered = [write] + [shift(s) for s in read] if before else read + [write]
+    proposal = Proposal("stored_write", ordered)
+    proposal.mutates = (written,)
+    return proposal
+
+
+def _flag_reader(g: Gen):
+    main = g.pick_any_kind(_float)
+    if main is None:
+        return None
+    flag = g.new_state(f"torch.tensor({g.rng.choice([True, False])})", "buffer", "f")
+    b = Body(g)
+    b.slot(flag)
+    ex = g.v(main).ex
+    t, f = _branches(b, _params("a", [ex]), [ex])
+    read = [(f"torch.cond($0, {t}, {f}, ({b.slot(main)},))[0]", tuple(b.inputs))]
+    if g.rng.random() < 0.2:
+        return read, flag, ("$0.copy_($1.sum() > 0)", (flag, main))
+    return read, flag, (g.rng.choice(_writes(g, _FLAG_WRITES)), (flag,))
+
+
+def _embedding_reader(g: Gen):
+    from .families import _index_state
+
+    vocab, dim = g.rng.choice([(16, 4), (32, 8), (12, 6)])
+    w = g.random_state((vocab, dim), torch.float32, "buffer")
+    ids = g.pick(lambda v: v.ex.dtype == torch.int64 and v.ex.numel() > 0 and bool((v.ex >= 0).all())
+                 and bool((v.ex < vocab).all()))
+    ids = ids or _index_state(g, vocab, g.rng.choice([2, 5]))
+    read = [(g.rng.choice(["(F.embedding($1, $0) @ $0.t())", "F.embedding($1, $0).tanh()"]), (w, ids))]
+    return read, w, (g.rng.choice(_writes(g, _MATRIX_WRITES)), (w,))
+
+
+def _batch_norm_reader(g: Gen):
+    from .families import _eval_batch_norm
+
+    x = g.pick_any_kind(lambda v: v.ex.dtype == torch.float32 and v.ex.dim() in (3, 4) and 1 in v.static_dims)
+    if x is None:
+        return None
+    c_in, c_out = g.v(x).ex.shape[1], g.rng.choice([2, 4])
+    k = g.v(x).ex.dim() - 2
+    # a buffer: a written parameter's initial value is stored in the .pte but not counted as a
+    # constant by the report (the edge stage's size check, unfolded too)
+    weight = g.random_state((c_out, c_in) + (1,) * k, torch.float32, "buffer")
+    conv = (f"F.conv{k}d($0, $1)", (x, weight))
+    bn, inputs = _eval_batch_norm(g, "@0", c_out)
+    read = [conv, (bn, inputs)]
+    if g.rng.random() < 0.25 and not nesting(g):
+        return read, weight, ("_no_grad(lambda w: w.mul_(0.5).sum(), $0)", (weight,))
+    stat = g.rng.choice(inputs[1:3])  # the running mean or variance
+    return read, stat, (g.rng.choice(_writes(g, _STAT_WRITES)), (stat,))
+
+
+def _writes(g: Gen, forms: tuple) -> tuple:
+    """`forms`, without the no_grad region's in a program that nests conds (`nesting`)."""
+    return tuple(f for f in forms if not (f.startswith("_no_grad") and nesting(g)))
+
+
 FAMILIES = {"cond": cond, "map": map_, "scan": scan_, "while_loop": while_loop_, "no_grad": no_grad,
             "autocast": autocast, "cond_siblings": cond_siblings, "shared_body": shared_body,
-            "shared_body_eager": shared_body_eager, "body_writer": body_writer}
+            "shared_body_eager": shared_body_eager, "body_writer": body_writer, "stored_write": stored_write}
 WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4, "cond_siblings": 4,
-           "shared_body": 5, "shared_body_eager": 3, "body_writer": 2}
+           "shared_body": 5, "shared_body_eager": 3, "body_writer": 2, "stored_write": 3}

@@ -338,7 +338,7 @@ class GenConfig:
 # families that exist (`families.weight_chain`, `control_flow.cond`). "tied_gather": issue 52's
 # tied tables whose gathers `folding.transposed_gathers` rewrites, merged by a later view.
 LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
-                  "shared_body", "shared_body_eager", "body_writer", "tied_gather")
+                  "shared_body", "shared_body_eager", "body_writer", "tied_gather", "stored_write")
 
 
 def pinned(config: "GenConfig") -> "GenConfig":
@@ -359,7 +359,7 @@ CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_f
 # program is lowered for the runtime (seconds per program).
 CONTROL_FLOW_PTE = GenConfig(min_ops=6, max_ops=20, quantize_fraction=0.0, control_flow=True,
                              without=("random", "while_loop", "no_grad", "autocast", "mutation", "shared_body_eager",
-                                      "body_writer"))
+                                      "body_writer", "stored_write"))
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
@@ -454,6 +454,10 @@ def _choose_outputs(g: Gen) -> tuple[str, ...]:
     # an undeclared write is caught only when its op is evaluated, and an op whose result nothing
     # reads is not (docs/fuzzing.md): each one's result is an output
     outs += [op.out for op in g.ops if op.family in ("undeclared_write", "body_writer") and op.out not in outs]
+    # a stored_write's reader read the tensor's first value when folded as unchanging: each reader
+    # (and write) is an output, but a conv its batch norm reads (a second reader stops the fusion)
+    inner = {i for op in g.ops if op.family == "stored_write" for i in op.inputs}
+    outs += [op.out for op in g.ops if op.family == "stored_write" and op.out not in inner and op.out not in outs]
     consts = [n for n in op_values if g.values[n].kind == "const"]
     if consts and g.rng.random() < 0.3:
         name = g.rng.choice(consts)
