@@ -3,11 +3,15 @@
 An attempt runs analysis, planning, evaluation and lift on the same program
 (`working.Working`, which `lift` only reads: the next attempt folds it again; when a pin makes
 the program be prepared again, the constraints follow their nodes by name,
-`Constraints.rebound`). Three things only a later
+`Constraints.rebound`). Four things only a later
 step can see send it back to the start, each as data:
 
 - an op of an in-place alias class had to stay (`KeepAliasClass`): the class is
   kept whole (``forced``);
+- an op the plan folded had to stay (it raised when evaluated, or its result is not a tensor:
+  `Evaluation.kept`): it is kept from then on (``forced``, `Constraints.keep_failed`), so that
+  the plan's size limits and layout rules see its folded inputs stored and the placeholders
+  they read kept (evaluation stores them in its place, which the plan did not count);
 - an op wrote to an input its schema does not declare (`UndeclaredWrite`): the write
   is known from then on (``writes``);
 - the stored bytes measured after lift exceed the growth budget (the planner counts bytes
@@ -15,18 +19,19 @@ step can see send it back to the start, each as data:
   reveals): the budget is tightened by the excess, and after a second miss the plan adds no
   bytes at all (``budget_cut``).
 
-A fourth, a node moved out of a control-flow body that the attempt keeps at runtime, is pinned
+A fifth, a node moved out of a control-flow body that the attempt keeps at runtime, is pinned
 in its body (`fold._fold_once`'s ``pins``) and the program prepared again.
 
-Each attempt that does not end the loop adds one forced class, one write, one pin, or one
-cut; there are at most two cuts, so a fold of a graph with N nodes, whose bodies hold B,
-makes at most 2N + B + 3 attempts.
+Each attempt that does not end the loop adds a forced node (of a class or kept by
+evaluation), one write, one pin, or one cut; a forced node is never evaluated again, and there
+are at most two cuts, so a fold of a graph with N nodes, whose bodies hold B, makes at most
+2N + B + 3 attempts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 import torch.fx
 
@@ -71,7 +76,7 @@ Learnt = Union[KeepAliasClass, UndeclaredWrite]
 class Constraints:
     """Attributes:
     forced: nodes the analysis must keep at runtime, with reason and detail (every node of an
-        alias class that failed).
+        alias class that failed; a node that raised or gave no tensor when evaluated).
     writes: for an op, the inputs it was seen writing although its schema does not say so.
     budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
     budget_misses: how often the measured growth exceeded the planned budget.
@@ -93,6 +98,18 @@ class Constraints:
             self.writes.setdefault(learnt.node, set()).add(learnt.written)
         else:
             raise TypeError(f"not a constraint: {learnt!r}")
+
+    def keep_failed(self, kept: Mapping[torch.fx.Node, tuple[Reason, str]]) -> bool:
+        """Keep at runtime, from the next attempt on, the nodes an evaluation kept for a reason
+        of their own (`kept`: `Evaluation.kept`; an op that raised, a result that is not a
+        tensor); their readers then stay by the analysis (`Reason.DEPENDS_ON_KEPT`), as the
+        evaluation kept them. Returns whether one was new: the attempt must then be redone,
+        since its plan counted those nodes' folded inputs as released and the placeholders
+        only they read as dropped, so the bytes it stores were never held to the size limits
+        (docs/design.md, "One attempt, one loop")."""
+        new = {n: why for n, why in kept.items() if why[0] is not Reason.DEPENDS_ON_KEPT and n not in self.forced}
+        self.forced.update(new)
+        return bool(new)
 
     def rebound(self, graph: torch.fx.Graph) -> None:
         """Point the learnt constraints at the nodes of the same names in `graph` (the program

@@ -44,7 +44,8 @@ class Evaluation:
     values: the stored tensor of every materialised node: detached, contiguous, owning its
         storage (never a view of a caller's tensor); or, for a scalar, its Python value.
     kept: nodes planned as folded that had to stay, with reason and detail (an op that raised,
-        a result that is not a tensor, or a reader of such a node).
+        a result that is not a tensor, or a reader of such a node); the driver keeps them from
+        the next attempt on, whose plan counts what they keep (`Constraints.keep_failed`).
     evaluated: number of ops run.
     peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
     symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2), see `symbols`.

@@ -164,7 +164,8 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
     stored constant bytes of the caller's program (the growth budget's reference). An
     attempt that learns a new constraint (an in-place class kept whole, an undeclared write,
     a node moved out of a body but kept at runtime, which is then pinned in its body: `pins`,
-    a tighter budget) is discarded and redone; its time counts as ``reruns``."""
+    an op the plan folded but evaluation kept, a tighter budget) is discarded and redone; its
+    time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
     working = None
@@ -191,9 +192,14 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 continue
             considered = [n for n in gm.graph.nodes if n.op == "call_function"]
             kept = hoisted_and_kept(considered, analysis, plan, evaluation)
+            # an op the plan folded that evaluation kept: the plan must count what it keeps
+            redo = constraints.keep_failed(evaluation.kept)
             if kept.keys() - pins.keys():  # back into their bodies: the program to fold changes
                 pins.update(kept)
                 working = None
+                redo = True
+            if redo:
+                logger.info("kept at fold time or pinned in a body: %s; folding again", ", ".join(sorted(kept) or [n.name for n in evaluation.kept]))
                 attempt.discard()
                 continue
             with timer.phase("lift"):

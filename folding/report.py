@@ -194,7 +194,8 @@ class PhaseTimer:
     """Wall-clock seconds per phase of one fold (`PHASES`).
 
     Work inside an `attempt` that is then discarded (a rerun with a new constraint: an
-    in-place class kept whole, an undeclared write, a tighter budget, a pinned body node)
+    in-place class kept whole, an undeclared write, a tighter budget, a pinned body node, an
+    op kept at fold time)
     counts as ``reruns``, so that no second run hides the first one's cost.
     """
 

@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from folding import fold_constants
+from folding import FoldPolicy, fold_constants
 from folding.constraints import Constraints, KeepAliasClass, UndeclaredWrite
 from folding.reasons import Reason
+from tests.fold_checks import assert_fold_invariants, decision
+from tests.invariants import assert_same_outputs
 
 
 from hypothesis import given, settings, strategies as st
@@ -120,3 +122,127 @@ def test_attempts_redone_on_the_working_program_fold_right(strict):
         want, got = eager(*inputs), folded(*inputs)
         for w, g in zip(want, got):
             assert torch.allclose(w, g, atol=1e-6 * max(1.0, float(w.detach().abs().max())))
+
+
+# An op the plan folded but evaluation kept: the size limits count what it keeps -------------
+
+_ARMED = {"on": False}  # a kernel that cannot run at fold time (a device only the runtime has)
+
+
+@torch.library.custom_op("fold_constraints_test::device_sum", mutates_args=())
+def _device_sum(x: torch.Tensor) -> torch.Tensor:
+    if _ARMED["on"]:
+        raise RuntimeError("device_sum: no device at fold time")
+    return x.sum(0, keepdim=True)
+
+
+@_device_sum.register_fake
+def _(x):
+    return x.new_empty((1,) + tuple(x.shape[1:]))
+
+
+class RaisesOnAFoldedTable(nn.Module):
+    """The op that raises reads a large folded table (64 rows, 4 KiB), and a dead node the
+    export keeps reads it with another one (issue 52, fuzz case 52052156200: a ``view`` that
+    raised and the dead ``cat``/``gather`` reading it): the plan, which meant to fold them all,
+    dropped the weights and stored only the output's few bytes."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w = nn.Parameter(torch.randn(16, generator=g))
+        self.v = nn.Parameter(torch.randn(16, generator=g))
+
+    def forward(self, x):
+        s = torch.ops.fold_constraints_test.device_sum(self.w.repeat(64, 1))
+        unused = torch.cat([s, self.v.repeat(64, 1)])  # dead; torch.export keeps it  # noqa: F841
+        return x + s + self.w * 2
+
+
+def _fold_armed(ep, policy):
+    _ARMED["on"] = True
+    try:
+        return fold_constants(ep, policy)
+    finally:
+        _ARMED["on"] = False
+
+
+_TIGHT = [
+    FoldPolicy(max_tensor_bytes=None, max_growth_bytes=64, max_growth_fraction=None),
+    FoldPolicy(max_tensor_bytes=1024, max_growth_bytes=None, max_growth_fraction=None),
+    FoldPolicy.strict(),
+]
+
+
+@pytest.mark.parametrize("policy", _TIGHT, ids=["budget", "cap", "strict"])
+@pytest.mark.parametrize("seed", range(2))
+def test_an_op_that_raises_at_fold_time_is_planned_with_the_size_limits(policy, seed):
+    """Evaluation keeps an op that raised and stores its folded inputs in its place; the plan
+    had counted them released and their weights dropped. Before the fix the fold stored the
+    4 KiB tables (64 -> 4,224 bytes) against a 64-byte budget, a 1 KiB cap and no growth at
+    all (the budget cut could not help: the plan never saw them). The op is forced and the
+    attempt redone (`Constraints.keep_failed`)."""
+    model = RaisesOnAFoldedTable(seed).eval()
+    ep = torch.export.export(model, (torch.randn(1, 16),))
+    result = _fold_armed(ep, policy)
+    assert_fold_invariants(ep, result)
+    report = result.report
+    assert decision(report, "device_sum").reason is Reason.EVALUATION_ERROR
+    assert decision(report, "cat").reason is Reason.DEPENDS_ON_KEPT
+    budget = policy.growth_budget(report.constant_bytes_before)
+    assert budget is None or report.constant_bytes_after - report.constant_bytes_before <= budget
+    cap = policy.max_tensor_bytes
+    assert cap is None or all(c.nbytes <= cap for c in report.lifted if not (c.reused or c.moved))
+    assert report.timings.get("reruns", 0) > 0
+    assert decision(report, "mul").folded or budget is not None and budget < 64  # what fits still folds
+    g = torch.Generator().manual_seed(100 + seed)
+    for _ in range(2):
+        assert_same_outputs(ep, result.program, (torch.randn(1, 16, generator=g),))
+
+
+class RaisesInABranchNeverTaken(nn.Module):
+    """Code hoisted out of a ``cond`` branch that is never taken raises when evaluated (an index
+    out of range), reading a large folded table: it is pinned back into its branch (the restart
+    that prepares the program again), and the plan of the next attempt counts its inputs."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w = nn.Parameter(torch.randn(16, generator=g))
+        self.register_buffer("row", torch.tensor([70]))  # 64 rows
+
+    def forward(self, x):
+        def taken(x, w, row):
+            return x + w * 2
+
+        def never(x, w, row):
+            return x + w.repeat(64, 1).index_select(0, row)
+
+        return torch.cond(x.abs().sum() >= 0, taken, never, (x, self.w, self.row))
+
+
+@pytest.mark.parametrize("policy", _TIGHT, ids=["budget", "cap", "strict"])
+def test_an_op_that_raises_in_an_untaken_branch_is_pinned_within_the_size_limits(policy):
+    ep = torch.export.export(RaisesInABranchNeverTaken(0).eval(), (torch.randn(1, 16),))
+    result = fold_constants(ep, policy)
+    assert_fold_invariants(ep, result)
+    report = result.report
+    assert decision(report, "cond.false_graph_0/index_select").reason in (Reason.EVALUATION_ERROR, Reason.GROWTH_BUDGET)
+    budget = policy.growth_budget(report.constant_bytes_before)
+    assert budget is None or report.constant_bytes_after - report.constant_bytes_before <= budget
+    cap = policy.max_tensor_bytes
+    assert cap is None or all(c.nbytes <= cap for c in report.lifted if not (c.reused or c.moved))
+    assert_same_outputs(ep, result.program, (torch.randn(1, 16),))
+
+
+def test_ops_kept_by_evaluation_are_forced_once_and_their_readers_left_to_the_analysis():
+    g, n = _graph(["raised", "tuple", "reader", "forced"])
+    c = Constraints()
+    c.forced[n["forced"]] = (Reason.EVALUATION_ERROR, "earlier")
+    kept = {n["raised"]: (Reason.EVALUATION_ERROR, "RuntimeError: boom"), n["tuple"]: (Reason.NOT_A_TENSOR, "list"),
+            n["reader"]: (Reason.DEPENDS_ON_KEPT, "raised: EVALUATION_ERROR"),
+            n["forced"]: (Reason.EVALUATION_ERROR, "again")}
+    assert c.keep_failed(kept)
+    assert c.forced == {n["forced"]: (Reason.EVALUATION_ERROR, "earlier"), n["raised"]: kept[n["raised"]],
+                        n["tuple"]: kept[n["tuple"]]}
+    assert not c.keep_failed(kept) and not c.keep_failed({})  # nothing new: the attempt stands

@@ -338,3 +338,36 @@ def test_the_tied_gather_family_rewrites_a_gather_a_view_then_merges(seed):
     assert folding.fold_constants(ns["ep"], program.policy.to_policy()).report.rewrites
     outcome = check(program, Options(edge=True, pte=True))
     assert outcome.status == "ok", outcome
+
+
+def _fold_ignoring_evaluation_keeps(ep, policy, inplace=False):
+    """The fold as it was before `Constraints.keep_failed` (issue 52, fuzz case 52052156200):
+    an op that raised at fold time was kept and its folded inputs stored without the plan's
+    size limits. The fuzzer must report it."""
+    from folding.constraints import Constraints
+
+    keep_failed = Constraints.keep_failed
+    Constraints.keep_failed = lambda self, kept: False
+    try:
+        return folding.fold_constants(ep, policy)
+    finally:
+        Constraints.keep_failed = keep_failed
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_the_fold_time_error_family_keeps_the_growth_budget(seed):
+    """`families.fold_time_error` with no growth allowed: ``fuzz_device.row_sum`` raises while
+    the fold runs (`tests.fuzz.device_ops`, in the harness and in reproducers), so the fold keeps
+    it and must plan its repeated input within the budget; the folded program matches the
+    unfolded one eagerly, ATen and Edge."""
+    from tests.fuzz.families import FAMILIES
+    from tests.fuzz.generate import GenConfig
+
+    only = GenConfig(min_ops=1, max_ops=4, quantize_fraction=0.0, without=tuple(f for f in FAMILIES if f != "fold_time_error"))
+    program = dataclasses.replace(generate(seed, only), policy=PolicySpec(max_growth_bytes=0, max_growth_fraction=0.0))
+    assert any("fuzz_device.row_sum" in op.expr for op in program.ops), [op.expr for op in program.ops]
+    outcome = check(program, Options(edge=True, pte=False))
+    assert outcome.status == "ok", outcome
+    missed = check(program, Options(fold=_fold_ignoring_evaluation_keeps))
+    assert (missed.status, missed.check) == ("failure", "policy-growth"), missed
+    assert "at_fold_time(fold_constants)" in reproducer(program, missed)

@@ -294,7 +294,9 @@ class Case:
 
         self.p = program
         self.options = options
-        self.fold_fn = options.fold or folding.fold_constants
+        from .device_ops import at_fold_time
+
+        self.fold_fn = at_fold_time(options.fold or folding.fold_constants)  # fuzz_device ops raise in it
         self.policy = program.policy.to_policy()
         self.notes: list[str] = []
         self.mutated = program.mutated_buffers

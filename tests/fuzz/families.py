@@ -821,6 +821,21 @@ def tied_gather(g: Gen) -> Optional[Proposal]:
     return Proposal("tied_gather", steps)
 
 
+def fold_time_error(g: Gen) -> Optional[Proposal]:
+    """``fuzz_device.row_sum`` (`tests.fuzz.device_ops`: it raises while the fold runs) of a
+    constant value repeated into 8 to 64 rows: the fold keeps the op and stores the repeated
+    value in its place, which its plan, made before evaluation, had counted as folded away
+    with the weights it reads (issue 52: a fold-time error let the fold exceed its growth
+    budget). Its result is read at runtime, by a dead node or by nothing."""
+    rng = g.rng
+    name = g.pick(lambda u: u.ex.dtype == torch.float32 and 1 <= u.ex.dim() <= 3 and u.ex.numel() <= 256, kind="const")
+    if name is None:
+        name = g.random_state(rand_shape(g, 2), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
+    rows = rng.choice([8, 16, 64])
+    return Proposal("fold_time_error", [(f"($0.unsqueeze(0).expand({rows}, *$0.shape) * 2.0)", (name,)),
+                                        ("torch.ops.fuzz_device.row_sum($0)", ("@0",))])
+
+
 FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "elementwise": elementwise,
     "binary": binary,
@@ -839,15 +854,16 @@ FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "undeclared_write": undeclared_write,
     "subclass_weight": subclass_weight,
     "tied_gather": tied_gather,
+    "fold_time_error": fold_time_error,
 }
 
 _WEIGHTS = {"elementwise": 12, "binary": 14, "reduce": 6, "cast": 8, "view": 16, "index": 8, "norm": 4, "conv": 6,
             "attention": 1, "inplace": 6, "factory": 5, "mutation": 3, "random": 2, "siblings": 2,
-            "undeclared_write": 2, "subclass_weight": 2, "tied_gather": 2}
+            "undeclared_write": 2, "subclass_weight": 2, "tied_gather": 2, "fold_time_error": 2}
 # no norms: a batch_norm makes torchao's convert_pt2e export ~100 conv-bn patterns (~100 s)
 # nor tensor-subclass weights or undeclared writes: PT2E's prepare/convert would have to trace them
 _QUANT_WEIGHTS = {**_WEIGHTS, "conv": 24, "binary": 18, "random": 0, "mutation": 1, "norm": 0, "subclass_weight": 0,
-                  "undeclared_write": 0, "tied_gather": 0}
+                  "undeclared_write": 0, "tied_gather": 0, "fold_time_error": 0}
 
 
 def weights(quantize: bool, control_flow: bool = False) -> dict[str, float]:

@@ -336,9 +336,11 @@ class GenConfig:
 # "fusion_kinds": issue 54's later weight-chain kinds (unbatched convs, fp16/bf16 chains with
 # quiet channels and overflow-prone scales, weight chains in cond branches), drawn inside
 # families that exist (`families.weight_chain`, `control_flow.cond`). "tied_gather": issue 52's
-# tied tables whose gathers `folding.transposed_gathers` rewrites, merged by a later view.
+# tied tables whose gathers `folding.transposed_gathers` rewrites, merged by a later view;
+# "fold_time_error": issue 52's op that raises only while folding (`tests.fuzz.device_ops`).
 LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
-                  "shared_body", "shared_body_eager", "body_writer", "tied_gather", "stored_write")
+                  "shared_body", "shared_body_eager", "body_writer", "tied_gather", "stored_write",
+                  "fold_time_error")
 
 
 def pinned(config: "GenConfig") -> "GenConfig":

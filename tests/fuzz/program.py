@@ -172,6 +172,7 @@ from torchao.quantization import Int8Tensor
 from torchao.quantization.granularity import PerRow
 
 import tests.fuzz.writes  # registers fuzz_writes::bump, a write no schema declares
+import tests.fuzz.device_ops  # registers fuzz_device::row_sum, which raises while folding
 
 
 def _g(seed):
