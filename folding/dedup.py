@@ -14,7 +14,7 @@ programs, so the decision reads as few bytes as it can:
 2. tensors of different byte lengths cannot be identical;
 3. among the rest, a fingerprint of a few sampled bytes (all of them for small tensors)
    separates tensors that differ;
-4. only tensors whose fingerprints collide are read whole: compared byte for byte with the
+4. only tensors whose fingerprints collide are read whole: compared byte for byte with
    a live tensor of each class they collide with while there are at most `_COMPARED_GROUPS`
    (a comparison reads bytes about 8x faster than a digest hashes them), digested beyond
    that, each at most once per fold (`fold_scope`), so that many colliding groups cost one
