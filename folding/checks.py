@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -29,6 +30,7 @@ def check_stored_tensors(program: ExportedProgram) -> None:
         InvalidProgramError: naming the placeholder, its target and what is wrong (missing,
             not a tensor, no data, or the expected and actual shape/dtype).
     """
+    placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}  # one pass, not one per spec
     for spec in program.graph_signature.input_specs:
         if spec.kind not in STORED_KINDS:
             continue
@@ -49,15 +51,12 @@ def check_stored_tensors(program: ExportedProgram) -> None:
                     f"placeholder {spec.arg.name!r}: {spec.target!r} is a {'fake' if is_fake(p) else 'meta'} tensor "
                     "without data; folding evaluates constants, so load real weights first"
                 )
-        _check_matches_placeholder(here, t, spec.arg.name, program.graph)
+        _check_matches_placeholder(here, t, placeholders.get(spec.arg.name))
 
 
-def _check_matches_placeholder(here: str, t: torch.Tensor, name: str, graph: torch.fx.Graph) -> None:
-    """`t` has the dtype and the static dims of placeholder `name`'s ``meta["val"]`` (a
+def _check_matches_placeholder(here: str, t: torch.Tensor, node: Optional[torch.fx.Node]) -> None:
+    """`t` has the dtype and the static dims of placeholder `node`'s ``meta["val"]`` (a
     symbolic dim matches any size; a placeholder without a tensor ``val`` is not checked)."""
-    node = next(iter(graph.find_nodes(op="placeholder", target=name)), None)
-    if node is None:
-        node = next((n for n in graph.find_nodes(op="placeholder") if n.name == name), None)
     val = node.meta.get("val") if node is not None else None
     if not isinstance(val, torch.Tensor):
         return
