@@ -165,6 +165,7 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
         kind = kinds.get(node.target) if node.op == "call_function" and node not in rw.dead else None
         if kind in (None, "op"):
             continue
+        rw.make.prefix = f"{node.name}_"
         try:
             if kind == "training":
                 raise _NotFused("training-mode batch norm (batch statistics)")
@@ -474,8 +475,8 @@ def _products(rw: _Rewrite, w_op: WeightOp, f: torch.Tensor, b_new, b_old, what:
         raise _NotFused(f"{what} holds 0, inf or NaN: folded into the weight it would lose the signed zeros, "
                         f"infinities or NaNs the runtime op gives")
     if w_op.weight not in rw.amax:
-        rw.amax[w_op.weight] = w_op.per_channel(rw.value(w_op.weight),
-                                                lambda t, d: torch.maximum(t.amax(d), t.amin(d).neg())).double()
+        rw.amax[w_op.weight] = w_op.per_channel(rw.value(w_op.weight).detach(),
+                                                lambda t, d: torch.linalg.vector_norm(t, math.inf, d)).double()
     amax = rw.amax[w_op.weight]
     b64 = b_new.double().abs() if b_new is not None else torch.zeros(())
     if not bool(amax.isfinite().all()) or not bool(b64.isfinite().all()):

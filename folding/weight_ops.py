@@ -5,8 +5,8 @@ constant-only nodes in the program's own dialect (the fold evaluates them)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -16,6 +16,7 @@ import torch.fx
 
 from .names import keep_name, unique_name
 from .ops import arg_at, op_name
+from .torch_internals import detect_fake_mode, empty_fake
 
 # Batch norms by op name: (index of weight, bias, mean, var, eps, training flag or None, tuple result).
 # aten/src/ATen/native/native_functions.yaml; `_native_batch_norm_legit_no_training` is what
@@ -168,14 +169,27 @@ class NodeMaker:
     fake values of its inputs), in the program's dialect (`ops`: OPS' names to its ops)."""
 
     def __init__(self, graph: torch.fx.Graph, ops: dict) -> None:
-        self.graph, self.ops = graph, ops
+        self.graph, self.ops, self.prefix = graph, ops, ""
         self.taken = {n.name for n in graph.nodes}
         self.created: list[torch.fx.Node] = []  # every node inserted
+        self.mode = detect_fake_mode([val(n) for n in graph.find_nodes(op="placeholder")])
 
     def op(self, name: str, *args, **kwargs) -> torch.fx.Node:
-        return self.node(self.ops[name], args, kwargs, name, None)
+        """A constant-only node (static shapes; the formulas cast every operand to one dtype),
+        its value's metadata inferred without dispatching the op (fake dispatch costs more than
+        evaluating it)."""
+        node = self.node(self.ops[name], args, kwargs, f"{self.prefix}{name}", None, infer=False)
+        vals = [val(a) if isinstance(a, torch.fx.Node) else a for a in args]
+        if name in ("full", "view", "expand"):
+            shape = list(args[0] if name == "full" else args[1])
+            if -1 in shape:
+                shape[shape.index(-1)] = vals[0].numel() // -math.prod(shape)
+        else:
+            shape = torch.broadcast_shapes(*(v.shape for v in vals if isinstance(v, torch.Tensor)))
+        node.meta["val"] = empty_fake(self.mode, shape, kwargs.get("dtype") or vals[0].dtype)
+        return node
 
-    def node(self, target, args, kwargs, base: str, like: Optional[torch.fx.Node]) -> torch.fx.Node:
+    def node(self, target, args, kwargs, base: str, like: Optional[torch.fx.Node], infer: bool = True) -> torch.fx.Node:
         """A node named `base` (or ``base_N``) with `like`'s metadata (stack trace, module)."""
         name = unique_name(base, self.taken)
         self.taken.add(name)
@@ -183,10 +197,9 @@ class NodeMaker:
         self.created.append(node)
         if like is not None:
             node.meta = {k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta", "unbacked_bindings")}
-        vals = [val(a) if isinstance(a, torch.fx.Node) else a for a in args]
-        fake = next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None)
-        with fake or contextlib.nullcontext():
-            node.meta["val"] = target(*vals, **kwargs)
+        if infer:
+            with self.mode:
+                node.meta["val"] = target(*[val(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
         return node
 
     def cast(self, v, dtype: torch.dtype):
