@@ -94,12 +94,12 @@ CANCELLATION_RATIO = 8.0
 _LOW = (torch.float16, torch.bfloat16)
 # Ops whose value is their input's, moved or cast (read through by `_Rewrite.value`); the
 # Edge copies are read as the ATen views they stand for.
-_SAME = frozenset({"aten.clone.default", "aten.alias.default", "aten.lift_fresh_copy.default", "aten.detach.default",
-                   "aten._to_copy.default", "dim_order_ops._clone_dim_order.default",
-                   "dim_order_ops._to_dim_order_copy.default"})
 _VIEWS = {**{f"aten.{v}{c}.{o}": f"aten.{v}.{o}" for v, o in (("permute", "default"), ("t", "default"),
                                                              ("transpose", "int")) for c in ("", "_copy")},
           **{f"aten.{v}.default": "aten.reshape.default" for v in ("view", "view_copy", "reshape", "_unsafe_view")}}
+_LOOKED_THROUGH = frozenset({*_VIEWS, "aten.clone.default", "aten.alias.default", "aten.lift_fresh_copy.default",
+                             "aten.detach.default", "aten._to_copy.default", "dim_order_ops._clone_dim_order.default",
+                             "dim_order_ops._to_dim_order_copy.default"})
 
 
 @dataclass(frozen=True)
@@ -199,10 +199,9 @@ class _Rewrite:
         self.program, self.graph, self.policy = program, gm.graph, policy
         self.make = NodeMaker(gm.graph, {k: dialect_op(program, v) for k, v in OPS.items()})
         self.stored = unchanging_before_probes(program)
-        self.budget, self.spent = policy.growth_budget(bytes_before), spent
-        skip = policy.skip_names()
-        self.skip, self.skipped = skip, sorted(set(OPS.values()) & skip)
-        self.values: dict[Any, Optional[torch.Tensor]] = {}  # known values, and the new biases'
+        self.budget, self.spent, self.skip = policy.growth_budget(bytes_before), spent, policy.skip_names()
+        self.skipped = sorted({op_name(t) for t in self.make.ops.values()} & self.skip)
+        self.values: dict[Any, Optional[torch.Tensor]] = {}  # known values, new biases' too
         self.amax: dict[torch.fx.Node, torch.Tensor] = {}  # per-channel max |W| of weights, new ones too
         self.by_shape: Optional[dict] = None
         self.dead: set[torch.fx.Node] = set()
@@ -220,27 +219,23 @@ class _Rewrite:
         if v not in self.values:
             name, inner = op_name(v.target) if v.op == "call_function" else "", None
             if v.op == "placeholder" and v.name in self.stored:
-                inner = stored_tensor(self.stored[v.name], self.program.state_dict, self.program.constants)
-            elif (name in _SAME or name in _VIEWS) and (inner := self.value(v.args[0])) is not None:
-                dtype = v.kwargs.get("dtype")
-                inner = inner.to(dtype) if dtype is not None else inner
+                inner = stored_tensor(self.stored[v.name], self.program.state_dict, self.program.constants).detach()
+            elif name in _LOOKED_THROUGH and (inner := self.value(v.args[0])) is not None:
+                inner = inner.to(v.kwargs.get("dtype") or inner.dtype)
                 inner = aten_op(_VIEWS[name])(inner, *v.args[1:]) if name in _VIEWS else inner
             self.values[v] = inner
         return self.values[v]
 
     def require(self, v: Any, what: str) -> Optional[torch.Tensor]:
         """`v`'s known value (None for None), else `_NotFused` saying why it is not known."""
-        if v is None:
-            return None
-        value = self.value(v)
-        if value is not None:
-            return value
+        if v is None or self.value(v) is not None:
+            return self.value(v)
         n = v
-        while isinstance(n, torch.fx.Node) and n.op == "call_function" and op_name(n.target) in (_SAME | set(_VIEWS)):
+        while isinstance(n, torch.fx.Node) and n.op == "call_function" and op_name(n.target) in _LOOKED_THROUGH:
             n = n.args[0]
-        if isinstance(n, torch.fx.Node) and n.op == "placeholder":
+        if getattr(n, "op", None) == "placeholder":
             raise _NotFused(f"runtime operand: {what} {v.name} is a runtime input or a mutated buffer")
-        if isinstance(n, torch.fx.Node) and (is_dequantize(n.target) or is_quantize(n.target)):
+        if is_dequantize(getattr(n, "target", None)) or is_quantize(getattr(n, "target", None)):
             raise _NotFused(f"quantized operands: {what} {v.name} is read through {n.name}")
         raise _NotFused(f"computed operand: {what} {getattr(v, 'name', v)} is computed by "
                         f"{op_name(getattr(n, 'target', n))}: its values are known only once evaluated")
@@ -260,30 +255,29 @@ class _Rewrite:
         return True
 
     def _saved(self, v: Any, reader: torch.fx.Node) -> int:
-        """Bytes dropping `v` saves: its stored tensor's, when only `reader` reads it (through
-        its views) and no other stored tensor holds the same bytes; a value the rewrite made
-        saves what storing it was counted."""
-        while isinstance(v, torch.fx.Node) and set(v.users) == {reader} and v.op == "call_function" \
-                and v not in self.make.created:
+        """Bytes dropping `v` saves: its stored tensor's when only `reader` reads it (through
+        its views) and no other stored tensor holds the same bytes (the `.pte` stores those
+        once); a value the rewrite made, what storing it was counted."""
+        while isinstance(v, torch.fx.Node) and v.op == "call_function" and v not in self.make.created \
+                and set(v.users) == {reader}:
             reader, v = v, v.args[0]
-        if isinstance(v, torch.fx.Node) and v in self.make.created:
-            return aligned(nbytes(val(v)))
-        if not isinstance(v, torch.fx.Node) or v.op != "placeholder" or set(v.users) != {reader}:
+        if not isinstance(v, torch.fx.Node) or set(v.users) != {reader}:
             return 0
-        t = self.value(v)
-        if t is None or any(u is not t and torch.equal(u.reshape(-1)[:64], t.reshape(-1)[:64]) and torch.equal(u, t)
-                            for u in self._same_shape(t)):
+        if v in self.make.created:
+            return aligned(nbytes(val(v)))
+        t = self.value(v) if v.op == "placeholder" else None
+        if t is None or any(name != v.name and torch.equal(u.reshape(-1)[:64], t.reshape(-1)[:64])
+                            and torch.equal(u, t) for name, u in self._same_shape(t)):
             return 0
         return aligned(nbytes(t))
 
     def _same_shape(self, t: torch.Tensor) -> list:
         if self.by_shape is None:
-            self.by_shape = {}
-            p = self.program
-            for spec in input_specs_by_name(p.graph_signature).values():
+            self.by_shape, p = {}, self.program
+            for name, spec in input_specs_by_name(p.graph_signature).items():
                 u = stored_tensor(spec, p.state_dict, p.constants)
                 if isinstance(u, torch.Tensor):
-                    self.by_shape.setdefault((u.dtype, tuple(u.shape)), []).append(u)
+                    self.by_shape.setdefault((u.dtype, tuple(u.shape)), []).append((name, u.detach()))
         return self.by_shape.get((t.dtype, tuple(t.shape)), [])
 
     def row(self, node: torch.fx.Node, reason: Reason, detail: str) -> None:
@@ -303,15 +297,13 @@ class _Rewrite:
             self.graph.erase_node(n)
 
 
-def _eval_batch_norm(bn: torch.fx.Node) -> tuple:
-    """(output node, input, (gamma, beta, mean, var, eps)) of an eval-mode batch norm on a
-    float input with a static channel count and no encoding at it; else `_NotFused`."""
+def _batch_norm(rw: _Rewrite, bn: torch.fx.Node) -> None:
+    """Formula 1 when its preconditions hold, else 3, else `_NotFused`."""
     w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[op_name(bn.target)]
+    out, x, x_val = batch_norm_output(bn, tuple_result), bn.args[0], val(bn.args[0])
+    stats = tuple(arg_at(bn, i) for i in (w_i, b_i, m_i, v_i, e_i))
     if t_i is not None and arg_at(bn, t_i):
         raise _NotFused("training-mode batch norm (batch statistics)")
-    out, x = batch_norm_output(bn, tuple_result), bn.args[0]
-    stats = tuple(arg_at(bn, i) for i in (w_i, b_i, m_i, v_i, e_i))
-    x_val = val(x)
     if out is None:
         raise _NotFused("its saved statistics (outputs 1 and 2) are read")
     if not isinstance(x_val, torch.Tensor) or x_val.dtype not in FLOATS or x_val.dim() < 2:
@@ -323,72 +315,66 @@ def _eval_batch_norm(bn: torch.fx.Node) -> tuple:
     if is_dequantize(getattr(x, "target", None)) or any(is_quantize(u.target) for u in out.users):
         raise _NotFused("quantized operands: a quantize/dequantize pair at the batch norm (its encoding "
                         "was chosen for the batch norm's output; rewriting it would need another)")
-    return out, x, stats[:4] + (float(stats[4]),)
-
-
-def _batch_norm(rw: _Rewrite, bn: torch.fx.Node) -> None:
-    """Formula 1 when its preconditions hold, else 3, else `_NotFused`."""
-    out, x, stats = _eval_batch_norm(bn)
     rw.require_not_skipped(bn)
     whats = ("weight", "bias", "running mean", "running variance")
+    stats = stats[:4] + (float(stats[4]),)
     known = tuple(rw.require(v, f"batch norm {what}") for v, what in zip(stats, whats)) + stats[4:]
-    dtype = compute_dtype(val(x).dtype, *(v.dtype for v in known[:4] if v is not None))
+    dtype = compute_dtype(x_val.dtype, *(v.dtype for v in known[:4] if v is not None))
     if not all(bool(v.isfinite().all()) for v in known[:4] if v is not None) \
             or not bool((known[3].to(dtype) + stats[4] > 0).all()):
         raise _NotFused("batch norm statistics hold inf or NaN, or var + eps <= 0: rewritten it would give other "
                         "non-finite values than the batch norm")
     try:
-        return _fuse_batch_norm(rw, bn, out, x, stats, known, dtype)
+        w_op = _fusible(rw, x, batch_norm=True)
+        if w_op.channels != x_val.shape[1]:
+            raise _NotFused(f"{x.name} has {w_op.channels} output channels, the batch norm {x_val.shape[1]}")
+        _fuse_batch_norm(rw, bn, out, w_op, stats, known, dtype)
     except _NotFused as why:
         _scale_and_shift(rw, bn, out, x, stats, known, dtype, str(why))
 
 
-def _fuse_batch_norm(rw: _Rewrite, bn, out, x, stats, known, dtype) -> None:
-    w_op = _fusible(rw, x, batch_norm=True)
-    if w_op.channels != val(x).shape[1]:
-        raise _NotFused(f"{x.name} has {w_op.channels} output channels, the batch norm {val(x).shape[1]}")
-    _movable(x, bn)
+def _fuse_batch_norm(rw: _Rewrite, bn, out, w_op: WeightOp, stats, known, dtype) -> None:
+    _movable(w_op.node, bn)
     b_dtype = val(w_op.bias if w_op.bias is not None else w_op.weight).dtype
     r, s = bn_scale(Eager(), known[0], known[3], stats[4], dtype)
     b_new = bn_bias(Eager(), rw.value(w_op.bias), known, r, dtype)
-    f = s.double()
-    _products(rw, w_op, f, b_new, None, "the batch norm's scale gamma / sqrt(var + eps)")
-    if b_dtype in _LOW:
-        size = sum((v.double().abs() if v is not None else torch.zeros(()) + (i == 0)) for i, v in enumerate(known[:2]))
-        worst = (b_new.double().abs() / size.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
+    _products(rw, w_op, s.double(), b_new, None, "the batch norm's scale gamma / sqrt(var + eps)")
+    if b_dtype in _LOW:  # module docstring, "Rounding"
+        size = (known[0].double().abs() if known[0] is not None else 1.0) + \
+            (known[1].double().abs() if known[1] is not None else 0.0)
+        worst = (b_new.double().abs() / torch.as_tensor(size).clamp_min(1e-300)).max().item()
         if worst > CANCELLATION_RATIO:
-            raise _NotFused(f"in {b_dtype} its folded bias would cancel most of {x.name}'s output: |b'| is {worst:.3g} x "
-                            f"the channel's |beta| + |gamma| (above {CANCELLATION_RATIO:g}); rounded in {b_dtype} it "
-                            f"could lose more than the batch norm's own rounding")
+            raise _NotFused(f"in {b_dtype} its folded bias would cancel most of {w_op.node.name}'s output: |b'| is "
+                            f"{worst:.3g} x the channel's |beta| + |gamma| (above {CANCELLATION_RATIO:g})")
     if not rw.fits(aligned(nbytes(val(w_op.weight))) + aligned(w_op.channels * b_dtype.itemsize),
                    [(w_op.weight, w_op.node), (w_op.bias, w_op.node)] + [(v, bn) for v in stats[:4]]):
-        raise _NotFused(f"storing {x.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)")
+        raise _NotFused(f"storing {w_op.node.name}'s new weight and bias exceeds the growth budget (its weight or "
+                        f"bias is shared)")
     bn.prepend(w_op.node)  # after every constant the batch norm reads (only `bn` reads the op: `_fusible`)
     m = rw.make
     with rw.graph.inserting_before(w_op.node):
         r_n, s_n = bn_scale(m, stats[0], stats[3], stats[4], dtype)
         weight = scaled_weight(m, w_op, w_op.weight, "mul", s_n, dtype, f"{w_op.node.name}_fused_weight")
         bias = m.named(m.cast(bn_bias(m, w_op.bias, stats, r_n, dtype), b_dtype), f"{w_op.node.name}_fused_bias")
-    _fused(rw, out, list(dict.fromkeys((bn, out))), w_op, weight, f, bias, b_new)
+    _fused(rw, out, list(dict.fromkeys((bn, out))), w_op, weight, s.double(), bias, b_new)
 
 
 def _binary(rw: _Rewrite, node: torch.fx.Node, kind: str) -> None:
     """Formula 2 for a binary op reading a weight op of known weight, else `_NotFused` (or
     nothing: a sum with a runtime value is a residual, not a shift)."""
-    pairs = ((node.args[0], node.args[1]), (node.args[1], node.args[0])) if kind in ("mul", "add") else \
-        ((node.args[0], node.args[1]),)
-    op, c = next(((a, b) for a, b in pairs if _known_weight(rw, a)), (None, None))
+    a, b = node.args[:2]
+    op, c = (a, b) if _known_weight(rw, a) else (b, a) if kind in ("mul", "add") and _known_weight(rw, b) else (None, b)
     if op is None:
-        for a in node.args[:2]:  # Edge's linear of a rank-3 input: view_copy -> addmm -> view_copy
-            if isinstance(a, torch.fx.Node) and op_name(a.target) in _VIEWS and _known_weight(rw, a.args[0]):
-                raise _NotFused(f"reads {a.args[0].name} through {a.name} (a linear of a rank-3 input, "
-                                f"view -> addmm -> view): not fused")
+        for v in (a, b):  # Edge's linear of a rank-3 input: view_copy -> addmm -> view_copy
+            if isinstance(v, torch.fx.Node) and op_name(v.target) in _VIEWS and _known_weight(rw, v.args[0]):
+                raise _NotFused(f"reads {v.args[0].name} through {v.name} (a linear of a rank-3 input, view -> addmm "
+                                f"-> view): not fused")
         return
     if arg_at(node, 2) not in (None, 1):
         raise _NotFused(f"alpha={arg_at(node, 2)}")
-    c_val = rw.value(c)
+    c_val, scaled = rw.value(c), kind in ("mul", "div")
     if c_val is None:
-        if kind in ("add", "sub"):
+        if not scaled:
             return
         raise _NotFused(f"runtime scale: {c.name} is not a stored constant (a runtime input, or computed: its values "
                         f"are known only once evaluated)")
@@ -396,7 +382,7 @@ def _binary(rw: _Rewrite, node: torch.fx.Node, kind: str) -> None:
     w_op = _fusible(rw, op, batch_norm=False)
     _channel_check(c, node, w_op)
     _movable(op, node)
-    w_dtype, scaled = val(w_op.weight).dtype, kind in ("mul", "div")
+    w_dtype = val(w_op.weight).dtype
     dtype = compute_dtype(w_dtype, *((val(c).dtype,) if isinstance(c, torch.fx.Node) else ()))
     b_dtype = val(w_op.bias).dtype if w_op.bias is not None else w_dtype
     cvec = c_val.double().reshape(-1).expand(w_op.channels)
@@ -404,7 +390,7 @@ def _binary(rw: _Rewrite, node: torch.fx.Node, kind: str) -> None:
     b_new = binary_bias(Eager(), b_old, kind, cvec.to(dtype), dtype)
     f = (cvec if kind == "mul" else 1 / cvec) if scaled else None
     if scaled:
-        _products(rw, w_op, f, b_new, b_old, f"{getattr(c, 'name', c)}")
+        _products(rw, w_op, f, b_new, b_old, str(getattr(c, "name", c)))
     elif not bool(cvec.isfinite().all()) or not bool((b_new.double().abs() <= torch.finfo(b_dtype).max).all()):
         raise _NotFused(f"{getattr(c, 'name', c)} holds inf or NaN, or its sum with {op.name}'s bias overflows "
                         f"{b_dtype}: folded into the bias it would give other values than the runtime op")
@@ -444,10 +430,9 @@ def _fusible(rw: _Rewrite, x: Any, batch_norm: bool) -> WeightOp:
     if w_op.weight not in rw.amax:
         rw.require(w_op.weight, f"{x.name}'s weight")
     rw.require(w_op.bias, f"{x.name}'s bias")
-    w_val = val(w_op.weight)
+    w_val, cap = val(w_op.weight), rw.policy.max_tensor_bytes
     if w_val.dtype not in FLOATS or val(x).dtype != w_val.dtype:
         raise _NotFused(f"{x.name}'s weight is {w_val.dtype}")
-    cap = rw.policy.max_tensor_bytes
     if cap is not None and nbytes(w_val) > cap:
         raise _NotFused(f"{x.name}'s weight ({nbytes(w_val)} bytes) is above FoldPolicy.max_tensor_bytes")
     return w_op
@@ -466,24 +451,23 @@ def _movable(op: torch.fx.Node, reader: torch.fx.Node) -> None:
 
 
 def _products(rw: _Rewrite, w_op: WeightOp, f: torch.Tensor, b_new, b_old, what: str) -> None:
-    """`_NotFused` unless scaling `w_op`'s weight by the per-channel factor `f` (float64, shape
-    [channels]) into a new bias `b_new` (from `b_old` for a scale) keeps every value eager's
-    (module docstring, "Preconditions"). Reads the weight once (its largest |W| per channel)."""
+    """`_NotFused` unless scaling `w_op`'s weight by `f` (float64, per channel) and making its
+    bias `b_new` (``b_old * f`` for a scale) keeps eager's values (module docstring,
+    "Preconditions"). Reads the weight once: its largest |W| per channel."""
     name, dtype = w_op.node.name, val(w_op.weight).dtype
     fi = torch.finfo(dtype)
     if not bool(f.isfinite().all()) or bool((f == 0).any()):
         raise _NotFused(f"{what} holds 0, inf or NaN: folded into the weight it would lose the signed zeros, "
                         f"infinities or NaNs the runtime op gives")
     if w_op.weight not in rw.amax:
-        rw.amax[w_op.weight] = w_op.per_channel(rw.value(w_op.weight).detach(),
+        rw.amax[w_op.weight] = w_op.per_channel(rw.value(w_op.weight),
                                                 lambda t, d: torch.linalg.vector_norm(t, math.inf, d)).double()
-    amax = rw.amax[w_op.weight]
-    b64 = b_new.double().abs() if b_new is not None else torch.zeros(())
-    if not bool(amax.isfinite().all()) or not bool(b64.isfinite().all()):
+    amax, b64 = rw.amax[w_op.weight], b_new.double().abs() if b_new is not None else torch.zeros(())
+    if not bool(amax.isfinite().all()) or (b_old is not None and not bool(b_old.isfinite().all())):
         raise _NotFused(f"{name}'s weight or bias holds inf or NaN")
     w = amax * f.abs()
     big = max(w.max().item(), b64.max().item())
-    if big > fi.max:
+    if not big <= fi.max:
         raise _NotFused(f"{what} times {name}'s weight or bias reaches {big:.3g}, beyond {dtype}'s largest value "
                         f"{fi.max:.3g}: stored, it overflows to inf")
     if bool(((amax > 0) & (w < fi.tiny)).any()) or (b_old is not None and bool(((b_old != 0) & (b64 < fi.tiny)).any())):
@@ -493,26 +477,24 @@ def _products(rw: _Rewrite, w_op: WeightOp, f: torch.Tensor, b_new, b_old, what:
     if bool(grows.any()) and dtype in _LOW:
         raise _NotFused(f"in {dtype} {what} reaches {f.abs().max().item():.3g} (above 1): {name}'s partial sums would "
                         f"hold the scaled output's range and can overflow where the unfused op's do not")
-    fan_in = val(w_op.weight).numel() // w_op.channels
-    if bool((grows & (fan_in * w + b64 >= math.sqrt(fi.max))).any()):
+    if bool((grows & (val(w_op.weight).numel() // w_op.channels * w + b64 >= math.sqrt(fi.max))).any()):
         raise _NotFused(f"{what} brings {name}'s partial sums within reach of {dtype}'s largest value: they could "
                         f"overflow where the unfused op's do not")
 
 
 def _channel_check(c: Any, node: torch.fx.Node, w_op: WeightOp) -> None:
-    """`_NotFused` when `c` does not broadcast along `w_op`'s output channels only, or
-    would change the result's dtype or shape."""
-    if isinstance(c, (int, float)) and not isinstance(c, bool):
+    """`_NotFused` when `c` does not broadcast along `w_op`'s output channels only, or would
+    change the result's dtype or shape (Inductor's ``_check_conv_and_broadcast_op``)."""
+    if not isinstance(c, torch.fx.Node):
         return
-    c_val, out_val, op_val, channels = val(c), val(node), val(w_op.node), w_op.channels
+    c_val, out_val, op_val, axis = val(c), val(node), val(w_op.node), w_op.channel_axis
     if not isinstance(c_val, torch.Tensor) or c_val.dtype not in FLOATS + (torch.int32, torch.int64) \
             or tuple(out_val.shape) != tuple(op_val.shape) or out_val.dtype != op_val.dtype \
             or (c_val.dim() > 0 and c_val.dtype != op_val.dtype):
-        raise _NotFused(f"{getattr(c, 'name', c)} changes {w_op.node.name}'s shape or dtype")
-    axis = w_op.channel_axis
+        raise _NotFused(f"{c.name} changes {w_op.node.name}'s shape or dtype")
     padded = [1] * (op_val.dim() - c_val.dim()) + list(c_val.shape)
     if c_val.dim() > op_val.dim() or any(d != 1 for i, d in enumerate(padded) if i != axis) \
-            or padded[axis] not in (1, channels):
+            or padded[axis] not in (1, w_op.channels):
         raise _NotFused(f"{c.name} of shape {list(c_val.shape)} does not broadcast per output channel "
                         f"(dim {axis}) of {w_op.node.name}")
 
@@ -526,8 +508,8 @@ def _channel_vector(m: NodeMaker, c: Any, w_op: WeightOp, dtype: torch.dtype) ->
 
 
 def _fused(rw: _Rewrite, out: torch.fx.Node, removed: list, w_op: WeightOp, weight, f, bias, b_new) -> None:
-    """`w_op` reads `weight` (`w_op`'s scaled by `f`, or its own) and `bias` (of value
-    `b_new`); the readers of `out` read it; `removed` leave the graph, reported `Reason.FUSED`."""
+    """`w_op` reads `weight` (its own scaled by `f`, or its own) and `bias` (of value `b_new`);
+    the readers of `out` read it; `removed` leave the graph, reported `Reason.FUSED`."""
     fused = rw.make.with_operands(w_op, weight, bias)
     if f is not None:
         rw.amax[weight] = rw.amax[w_op.weight] * f.abs()
@@ -550,7 +532,7 @@ def _scale_and_shift(rw: _Rewrite, bn, out, x, stats, known, dtype, why_not: str
         refusal = f"its scale or shift overflows {x_dtype}"
     elif centre is not None and bool(((s != 0) & (s.abs() < torch.finfo(x_dtype).tiny)).any()):
         refusal = f"its scale falls below {x_dtype}'s smallest normal value"
-    elif not rw.fits((3 if centre is not None else 2) * aligned(channels * s.element_size()),
+    elif not rw.fits((3 if centre is not None else 2) * aligned(channels * x_dtype.itemsize),
                      [(v, bn) for v in stats[:4]]):
         refusal = "storing its scale and shift exceeds the growth budget"
     if refusal is not None:
