@@ -1,65 +1,51 @@
 """Batch norms and constant scales and shifts folded into the weight and bias of the conv or
-linear before them, a rewrite of the working program before analysis (in the program's own
-dialect, ATen or Edge). Three formulas (`weight_ops`):
+linear before them: a rewrite of the working program before analysis, in its own dialect (ATen
+or Edge), by three formulas (`weight_ops`) whose constant-only nodes the fold evaluates and
+stores with its own machinery:
 
-1. ``bn(op(x, W, b))`` -> ``op(x, W * s, (b - mean) * r * gamma + beta)`` with ``r = rsqrt(var +
-   eps)`` (the node's own eps), ``s = gamma * r`` along the op's output channels: the order of
-   operations of torch.nn.utils.fusion.fuse_conv_bn_weights. ``op``: a conv (1d/2d/3d, grouped,
-   depthwise, transposed: output channels on dim 1 of its weight, per group), a ``linear``, or
-   Edge's ``addmm``/``mm`` (output channels on dim 1 of the matrix; an ``mm`` given a bias
-   becomes an ``addmm``);
-2. ``op(x) * c``, ``/ c``, ``+ c``, ``- c`` (``c`` a number or a tensor broadcasting along the
-   output channels only) -> the op with ``W * c`` / ``W / c`` and ``b <op> c``, as Inductor's
-   fx_passes/binary_folding.py does;
-3. a batch norm with nothing to fuse into -> ``(x - centre) * s + t`` by per-channel constants:
-   what every backend computes right, where QNN's BatchNorm builder ignores ``eps`` (executorch
-   1.5.1 backends/qualcomm/builders/op_batch_norm.py).
+1. ``bn(op(x, W, b))`` -> ``op(x, W * s, (b - mean) * r * gamma + beta)``, ``r = rsqrt(var +
+   eps)`` (the node's eps), ``s = gamma * r`` per output channel (torch.nn.utils.fusion's
+   ``fuse_conv_bn_weights``, its order of operations). ``op``: a conv (1d/2d/3d, grouped,
+   depthwise, transposed: per group), a ``linear``, Edge's ``addmm``/``mm`` (an ``mm`` given a
+   bias becomes an ``addmm``);
+2. ``op(x) * c``, ``/ c``, ``+ c``, ``- c``, ``c`` a number or a tensor along the output
+   channels only -> ``W * c`` / ``W / c`` and ``b <op> c`` (Inductor's fx_passes/binary_folding.py);
+3. a lone batch norm -> ``(x - centre) * s + t`` by per-channel constants, which every backend
+   computes right (QNN's BatchNorm builder ignores ``eps``: executorch 1.5.1
+   backends/qualcomm/builders/op_batch_norm.py).
 
-The new weight, bias and vectors are constant-only nodes that the fold evaluates and stores with
-its own machinery; the old weight and the statistics lose their readers and leave the program.
+Dtypes: a formula computes in the widest of its operands' dtypes, at least fp32, and rounds once
+(`weight_ops.compute_dtype`). In fp16/bf16, 3. is ``(x - mean) * s + beta``: it needs ``mean``
+and ``beta`` exact in the activations' dtype (fp32 statistics seldom are), else the batch norm stays.
 
-Dtypes: each formula computes in the widest of its operands' dtypes, at least fp32
-(`weight_ops.compute_dtype`), and rounds once to the stored dtype, as eager's batch norm and
-binary kernels do. In fp16 and bf16, 3. is ``(x - mean) * s + beta`` (``x * s + t`` as two
-low-precision ops cancels in a quiet channel): it needs ``mean`` and ``beta`` exact in the
-activations' dtype, which fp32 statistics (mixed precision) seldom are; else the batch norm stays.
+Preconditions (each refusal a row: `Reason.NOT_FUSED`, or `Reason.SCALE_AND_SHIFT` saying why
+1. did not apply). Operands known before evaluation: numbers, stored tensors no op writes
+(`unchanging.unchanging_before_probes`), directly or through a view, cast or clone (Edge's
+``permute_copy`` of a weight); not runtime, computed or dequantized. An eval-mode batch norm,
+finite statistics with ``var + eps > 0``, no q/dq at it, static channels on dim 1. A float weight
+op that only the batch norm or binary op reads, nothing between them writing in place or with
+side effects, channels on dim 1 for a batch norm (not an unbatched conv), its weight within
+``max_tensor_bytes``. No inserted op in ``skip_targets``; the growth budget kept (a dropped
+tensor counts only when nothing else reads it and no other stored tensor holds its bytes). Values:
 
-Preconditions, each refusal a report row (`Reason.NOT_FUSED`, or `Reason.SCALE_AND_SHIFT` with
-why 1. did not apply). The operands' values must be known before evaluation: numbers, and
-stored tensors no op writes (`unchanging.unchanging_before_probes`), read directly or through a
-view, cast or clone (Edge's ``permute_copy`` of a linear's weight); not a runtime input, not
-computed, not read through a dequantize. An eval-mode batch norm with finite statistics and
-``var + eps > 0``, no quantize/dequantize at it, a static channel count on dim 1. A weight op
-that only the batch norm or binary op reads, with nothing between them that writes in place or
-has side effects, its channels on dim 1 for a batch norm (not an unbatched conv), a float
-weight of at most ``max_tensor_bytes``. The rewrite's ops not in ``skip_targets``; the new
-stored bytes within the growth budget (what the rewrite drops counted only when nothing else
-reads it and no other stored tensor holds the same bytes). The products:
+- a factor ``f`` (``c``, ``1 / c``, the batch norm's ``s``) finite and nonzero, the weight and
+  bias finite: ``W * 0`` loses the sign of ``(W x) * 0`` and the NaN of ``inf * 0``;
+- ``W * f`` and the new bias finite in their dtype, each channel's largest ``|W * f|`` (and a
+  nonzero bias times ``f``) normal: below, rounding loses more than the unit roundoff of the
+  channel's scale, and at 0 the channel is lost;
+- ``|f| > 1`` makes the op's partial sums larger than eager's: refused in fp16/bf16 (ATen's CPU
+  kernels keep some in the low precision: ``conv_transpose2d(x, W) / 1e-4`` gave inf where eager
+  gives 54,912), elsewhere when ``K max|W * f| + |b'|`` (fan-in K) reaches ``sqrt(max)``;
+- a shift finite, ``b + c`` finite in the bias's dtype;
+- fp16/bf16: a fused batch-norm bias at most ``CANCELLATION_RATIO`` x ``|beta| + |gamma|``.
 
-- a factor ``f`` (``c``, ``1 / c``, or the batch norm's ``s``, per channel) is finite and
-  nonzero, and so are the weight and bias: ``W * 0`` loses the sign of ``(W x) * 0`` and the
-  NaN of ``inf * 0``; ``W * inf`` gives NaN where ``W x`` is 0;
-- every ``W * f`` and new bias is finite in the weight's dtype, and each channel's largest
-  ``|W * f|`` is a normal number (below it, rounding loses more than the dtype's unit
-  roundoff of the channel's scale; at 0 the channel's output is lost);
-- ``|f| > 1`` makes the op's partial sums larger than the unfused op's: refused in fp16 and
-  bf16 (ATen's CPU kernels keep some in the low precision: ``conv_transpose2d``'s col2im adds
-  overlapping patches in fp16, and ``conv_transpose2d(x, W) / 1e-4`` overflowed to inf where
-  eager gives 54,912), and elsewhere when ``K max|W * f| + |b'|`` reaches ``sqrt(max)``
-  (K the fan-in): an input below ``sqrt(max)`` then cannot overflow a sum eager keeps finite;
-- a shift ``c`` is finite and ``b + c`` finite in the bias's dtype;
-- in fp16 and bf16, a fused batch-norm bias ``b'`` at most ``CANCELLATION_RATIO`` times the
-  channel's ``|beta| + |gamma|`` (below).
-
-Rounding in fp16 and bf16 (u = 2^-11, 2^-8). Eager rounds ``y = conv(x)`` (``u |y|``), then
-computes ``(y - mean) * s + beta`` in fp32 and rounds once. The fused conv adds the rounding of
-``b'`` (``u |b'|``): in a quiet channel (``|mean| >> sqrt(var + eps)``) ``b'`` cancels most of
-``W' x`` and ``|b'| ~ |mean * s|`` is thousands of times the output (measured: an identity conv
-of constant inputs, 2.4 off at an output scale of 8.9 fused, 0.002 eager). The output's size is
-about ``|beta| + |gamma| z`` with ``|z|`` a few, so ``|b'| > 8 (|beta| + |gamma|)`` (a channel's
-mean more than ~8 of its standard deviations from the conv's bias) is refused; the fused error is
-then at most eager's plus ``u (8 (|beta| + |gamma|) + |out|)``. ``(x - mean) * s + beta`` rounds
-three values of the output's size: within 1-4x of eager. Their bound: tests/fusion_bounds.py.
+Rounding in fp16/bf16 (u = 2^-11, 2^-8). Eager rounds ``conv(x)``, then computes the batch norm
+in fp32 and rounds once; the fused conv also rounds ``b'`` (``u |b'|``), which in a quiet
+channel (``|mean| >> sqrt(var + eps)``) cancels most of ``W' x``: measured 2.4 off at an output
+scale of 8.9 where eager is 0.002. The output's size is about ``|beta| + |gamma| z``, ``|z|`` a
+few, so ``|b'| <= 8 (|beta| + |gamma|)`` bounds the extra error by ``u (8 (|beta| + |gamma|) +
+|out|)``. ``(x - mean) * s + beta`` rounds three values of the output's size: within 1-4x of
+eager (tests/fusion_bounds.py has the fp32 bound).
 """
 
 from __future__ import annotations
@@ -85,15 +71,12 @@ from .sizes import aligned, nbytes, stored_tensor
 from .torch_internals import program_with
 from .unchanging import unchanging_before_probes
 from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, LINEARS, OPS, TRAINING_BATCH_NORMS, Eager, NodeMaker,
-                         WeightOp, aten_op, batch_norm_output, binary_bias, bn_bias, bn_scale, compute_dtype, scale_and_shift,
-                         scaled_weight, val, weight_op)
+                         WeightOp, aten_op, batch_norm_output, binary_bias, bn_bias, bn_scale, compute_dtype,
+                         scale_and_shift, scaled_weight, val, weight_op)
 
-# Module docstring, "Rounding": an fp16/bf16 fused bias may be this many times the channel's
-# |beta| + |gamma| (the size of its output) before its rounding may outweigh eager's.
-CANCELLATION_RATIO = 8.0
+CANCELLATION_RATIO = 8.0  # module docstring, "Rounding"
 _LOW = (torch.float16, torch.bfloat16)
-# Ops whose value is their input's, moved or cast (read through by `_Rewrite.value`); the
-# Edge copies are read as the ATen views they stand for.
+# Ops whose value is their input's, moved or cast (`_Rewrite.value`); Edge's copies read as views.
 _VIEWS = {**{f"aten.{v}{c}.{o}": f"aten.{v}.{o}" for v, o in (("permute", "default"), ("t", "default"),
                                                              ("transpose", "int")) for c in ("", "_copy")},
           **{f"aten.{v}.default": "aten.reshape.default" for v in ("view", "view_copy", "reshape", "_unsafe_view")}}
@@ -104,15 +87,11 @@ _LOOKED_THROUGH = frozenset({*_VIEWS, "aten.clone.default", "aten.alias.default"
 
 @dataclass(frozen=True)
 class FusionRows:
-    """The rewrite's part of the report (`report_builder.with_rule_decisions`).
-
-    Attributes:
-        decisions: a `Decision` per batch norm (and its getitem) or binary op rewritten
-            (`Reason.FUSED`, `Reason.SCALE_AND_SHIFT`) or left as it is (`Reason.NOT_FUSED`),
-            named as in the program being folded; each replaces the fold's decision for that name.
-        inserted: names of the nodes the rewrite inserted: the fold's decisions for them are
-            dropped unless one was kept although constant-only (invariant 3).
-    """
+    """The rewrite's report rows (`report_builder.with_rule_decisions`): `decisions`, a
+    `Decision` per batch norm (and its getitem) or binary op, `Reason.FUSED`,
+    `Reason.SCALE_AND_SHIFT` or `Reason.NOT_FUSED`, each replacing the fold's decision for its
+    name; `inserted`, the inserted nodes' names, whose fold decisions are dropped unless one was
+    kept although constant-only (invariant 3)."""
 
     decisions: tuple[Decision, ...] = ()
     inserted: frozenset = frozenset()
@@ -120,15 +99,9 @@ class FusionRows:
 
 @dataclass(frozen=True)
 class Fusion:
-    """What `fuse_into_weights` did.
-
-    Attributes:
-        program: the rewritten copy, or the program itself when nothing was rewritten.
-        notes: one line per rewrite, for the report (`FoldReport.rewrites`).
-        rows: its report rows (`FusionRows`).
-        replaced: ``(old, new)`` node names: the value of `old` (a batch norm's output, a
-            binary op) is now computed by `new`, in rewrite order (to check the rewrite alone).
-    """
+    """What `fuse_into_weights` did: the `program` (a rewritten copy, or the program itself),
+    `notes` (a line per rewrite, `FoldReport.rewrites`), `rows` and `replaced`, ``(old, new)``
+    node names in rewrite order: `new` computes the value of `old` (to check the rewrite alone)."""
 
     program: ExportedProgram
     notes: tuple[str, ...] = ()
@@ -137,39 +110,30 @@ class Fusion:
 
 
 def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before: int, spent: int = 0) -> Fusion:
-    """Fold eval-mode batch norms and constant scales and shifts into the weight and bias of the
-    conv or linear before them, or rewrite a lone batch norm as a per-channel multiply and add
-    (module docstring).
+    """The rewrite (module docstring) of `program` (ATen or Edge; never modified) under `policy`
+    (``fuse_into_weights``, ``skip_targets``, ``max_tensor_bytes``, the growth budget of a
+    caller's program storing `bytes_before` bytes, `spent` of it by earlier rounds).
 
-    Args:
-        program: the program being folded (ATen or Edge dialect); never modified.
-        policy: ``fuse_into_weights`` turns the rewrite off; ``skip_targets``,
-            ``max_tensor_bytes`` and the growth budget decide as for any folded value.
-        bytes_before: the constant bytes the caller's program stores (the growth budget's
-            reference), in bytes.
-        spent: bytes of the growth budget earlier rounds spent (a negative `spent`: none).
-
-    Returns:
-        A `Fusion`: a copy of `program` (top-level graph copied; tensors and bodies shared), or
-        `program` itself when nothing was rewritten. Reads each rewritten weight once (its
-        largest magnitude per channel); one pass over the nodes, one for the unchanging stored
-        inputs.
-    """
+    Returns a `Fusion` whose program is a copy (top-level graph copied, tensors and bodies
+    shared), or `program` itself when nothing was rewritten. Cost: fx's per-target node index
+    when there is no candidate; else a pass over the nodes, one for the unchanging stored
+    inputs, and one read of each rewritten weight (its largest magnitude per channel)."""
     kinds = _kinds(program) if policy.fuse_into_weights else {}
-    if not any(program.graph.find_nodes(op="call_function", target=t) for t, k in kinds.items() if k in ("bn", "op")):
+    graph = program.graph
+    if not any(k in ("bn", "training") or any(weight_op(a) or op_name(getattr(a, "target", "")) in _VIEWS
+                                              and weight_op(a.args[0]) for a in n.args[:2])
+               for t, k in kinds.items() if k != "op" for n in graph.find_nodes(op="call_function", target=t)):
         return Fusion(program)
     gm, _ = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
     rw = _Rewrite(program, gm, policy, bytes_before, max(spent, 0))
     for node in list(gm.graph.nodes):
         kind = kinds.get(node.target) if node.op == "call_function" and node not in rw.dead else None
-        if kind in (None, "op"):
-            continue
         rw.make.prefix = f"{node.name}_"
         try:
             if kind == "training":
                 raise _NotFused("training-mode batch norm (batch statistics)")
-            _batch_norm(rw, node) if kind == "bn" else _binary(rw, node, kind)
+            _batch_norm(rw, node) if kind == "bn" else _binary(rw, node, kind) if kind in BINARY.values() else None
         except _NotFused as why:
             rw.row(node, Reason.NOT_FUSED, str(why))
     rows = FusionRows(tuple(rw.decisions), rw.make.inserted_names() if rw.replaced else frozenset())
@@ -202,7 +166,7 @@ class _Rewrite:
         self.budget, self.spent, self.skip = policy.growth_budget(bytes_before), spent, policy.skip_names()
         self.skipped = sorted({op_name(t) for t in self.make.ops.values()} & self.skip)
         self.values: dict[Any, Optional[torch.Tensor]] = {}  # known values, new biases' too
-        self.amax: dict[torch.fx.Node, torch.Tensor] = {}  # per-channel max |W| of weights, new ones too
+        self.amax: dict[torch.fx.Node, torch.Tensor] = {}  # per-channel max |W|, new weights' too
         self.by_shape: Optional[dict] = None
         self.dead: set[torch.fx.Node] = set()
         self.renamed: dict[str, str] = {}
@@ -231,7 +195,7 @@ class _Rewrite:
         if v is None or self.value(v) is not None:
             return self.value(v)
         n = v
-        while isinstance(n, torch.fx.Node) and n.op == "call_function" and op_name(n.target) in _LOOKED_THROUGH:
+        while getattr(n, "op", None) == "call_function" and op_name(n.target) in _LOOKED_THROUGH:
             n = n.args[0]
         if getattr(n, "op", None) == "placeholder":
             raise _NotFused(f"runtime operand: {what} {v.name} is a runtime input or a mutated buffer")
@@ -255,11 +219,10 @@ class _Rewrite:
         return True
 
     def _saved(self, v: Any, reader: torch.fx.Node) -> int:
-        """Bytes dropping `v` saves: its stored tensor's when only `reader` reads it (through
-        its views) and no other stored tensor holds the same bytes (the `.pte` stores those
-        once); a value the rewrite made, what storing it was counted."""
-        while isinstance(v, torch.fx.Node) and v.op == "call_function" and v not in self.make.created \
-                and set(v.users) == {reader}:
+        """Bytes dropping `v` saves: its stored tensor's when only `reader` reads it (through its
+        views) and no other stored tensor holds the same bytes (the `.pte` stores those once);
+        for a value the rewrite made, what storing it was counted."""
+        while getattr(v, "op", None) == "call_function" and v not in self.make.created and set(v.users) == {reader}:
             reader, v = v, v.args[0]
         if not isinstance(v, torch.fx.Node) or set(v.users) != {reader}:
             return 0
@@ -302,23 +265,23 @@ def _batch_norm(rw: _Rewrite, bn: torch.fx.Node) -> None:
     w_i, b_i, m_i, v_i, e_i, t_i, tuple_result = BATCH_NORMS[op_name(bn.target)]
     out, x, x_val = batch_norm_output(bn, tuple_result), bn.args[0], val(bn.args[0])
     stats = tuple(arg_at(bn, i) for i in (w_i, b_i, m_i, v_i, e_i))
-    if t_i is not None and arg_at(bn, t_i):
-        raise _NotFused("training-mode batch norm (batch statistics)")
-    if out is None:
-        raise _NotFused("its saved statistics (outputs 1 and 2) are read")
-    if not isinstance(x_val, torch.Tensor) or x_val.dtype not in FLOATS or x_val.dim() < 2:
-        raise _NotFused("input is not a floating-point tensor of rank >= 2")
+    for refused, why in ((t_i is not None and arg_at(bn, t_i), "training-mode batch norm (batch statistics)"),
+                         (out is None, "its saved statistics (outputs 1 and 2) are read"),
+                         (getattr(x_val, "dtype", None) not in FLOATS or x_val.dim() < 2,
+                          "input is not a floating-point tensor of rank >= 2"),
+                         (stats[2] is None or stats[3] is None or not isinstance(stats[4], (int, float)),
+                          "no running statistics")):
+        if refused:
+            raise _NotFused(why)
     if not isinstance(x_val.shape[1], int):
         raise _NotFused(f"symbolic channel count {x_val.shape[1]}")
-    if stats[2] is None or stats[3] is None or not isinstance(stats[4], (int, float)):
-        raise _NotFused("no running statistics")
     if is_dequantize(getattr(x, "target", None)) or any(is_quantize(u.target) for u in out.users):
-        raise _NotFused("quantized operands: a quantize/dequantize pair at the batch norm (its encoding "
-                        "was chosen for the batch norm's output; rewriting it would need another)")
+        raise _NotFused("quantized operands: a quantize/dequantize pair at the batch norm (its encoding was chosen "
+                        "for the batch norm's output; rewriting it would need another)")
     rw.require_not_skipped(bn)
-    whats = ("weight", "bias", "running mean", "running variance")
     stats = stats[:4] + (float(stats[4]),)
-    known = tuple(rw.require(v, f"batch norm {what}") for v, what in zip(stats, whats)) + stats[4:]
+    known = tuple(rw.require(v, f"batch norm {what}") for v, what in
+                  zip(stats, ("weight", "bias", "running mean", "running variance"))) + stats[4:]
     dtype = compute_dtype(x_val.dtype, *(v.dtype for v in known[:4] if v is not None))
     if not all(bool(v.isfinite().all()) for v in known[:4] if v is not None) \
             or not bool((known[3].to(dtype) + stats[4] > 0).all()):
@@ -328,35 +291,29 @@ def _batch_norm(rw: _Rewrite, bn: torch.fx.Node) -> None:
         w_op = _fusible(rw, x, batch_norm=True)
         if w_op.channels != x_val.shape[1]:
             raise _NotFused(f"{x.name} has {w_op.channels} output channels, the batch norm {x_val.shape[1]}")
-        _fuse_batch_norm(rw, bn, out, w_op, stats, known, dtype)
+        _movable(x, bn)
+        r, s = bn_scale(Eager(), known[0], known[3], stats[4], dtype)
+        b_new = bn_bias(Eager(), rw.value(w_op.bias), known, r, dtype)
+        _products(rw, w_op, s.double(), b_new, None, "the batch norm's scale gamma / sqrt(var + eps)")
+        _cancellation(w_op, known, b_new)
+        _rewrite(rw, bn, out, list(dict.fromkeys((bn, out))), w_op, "mul", s.double(), b_new, [(v, bn) for v in stats[:4]],
+                 lambda m: bn_scale(m, stats[0], stats[3], stats[4], dtype),
+                 lambda m, r_s: (r_s[1], bn_bias(m, w_op.bias, stats, r_s[0], dtype)), dtype, "fused")
     except _NotFused as why:
         _scale_and_shift(rw, bn, out, x, stats, known, dtype, str(why))
 
 
-def _fuse_batch_norm(rw: _Rewrite, bn, out, w_op: WeightOp, stats, known, dtype) -> None:
-    _movable(w_op.node, bn)
+def _cancellation(w_op: WeightOp, known: tuple, b_new: torch.Tensor) -> None:
+    """`_NotFused` when an fp16/bf16 fused bias cancels most of the output (module docstring, "Rounding")."""
     b_dtype = val(w_op.bias if w_op.bias is not None else w_op.weight).dtype
-    r, s = bn_scale(Eager(), known[0], known[3], stats[4], dtype)
-    b_new = bn_bias(Eager(), rw.value(w_op.bias), known, r, dtype)
-    _products(rw, w_op, s.double(), b_new, None, "the batch norm's scale gamma / sqrt(var + eps)")
-    if b_dtype in _LOW:  # module docstring, "Rounding"
-        size = (known[0].double().abs() if known[0] is not None else 1.0) + \
-            (known[1].double().abs() if known[1] is not None else 0.0)
-        worst = (b_new.double().abs() / torch.as_tensor(size).clamp_min(1e-300)).max().item()
-        if worst > CANCELLATION_RATIO:
-            raise _NotFused(f"in {b_dtype} its folded bias would cancel most of {w_op.node.name}'s output: |b'| is "
-                            f"{worst:.3g} x the channel's |beta| + |gamma| (above {CANCELLATION_RATIO:g})")
-    if not rw.fits(aligned(nbytes(val(w_op.weight))) + aligned(w_op.channels * b_dtype.itemsize),
-                   [(w_op.weight, w_op.node), (w_op.bias, w_op.node)] + [(v, bn) for v in stats[:4]]):
-        raise _NotFused(f"storing {w_op.node.name}'s new weight and bias exceeds the growth budget (its weight or "
-                        f"bias is shared)")
-    bn.prepend(w_op.node)  # after every constant the batch norm reads (only `bn` reads the op: `_fusible`)
-    m = rw.make
-    with rw.graph.inserting_before(w_op.node):
-        r_n, s_n = bn_scale(m, stats[0], stats[3], stats[4], dtype)
-        weight = scaled_weight(m, w_op, w_op.weight, "mul", s_n, dtype, f"{w_op.node.name}_fused_weight")
-        bias = m.named(m.cast(bn_bias(m, w_op.bias, stats, r_n, dtype), b_dtype), f"{w_op.node.name}_fused_bias")
-    _fused(rw, out, list(dict.fromkeys((bn, out))), w_op, weight, s.double(), bias, b_new)
+    if b_dtype not in _LOW:
+        return
+    size = (known[0].double().abs() if known[0] is not None else 1.0) + \
+        (known[1].double().abs() if known[1] is not None else 0.0)
+    worst = (b_new.double().abs() / torch.as_tensor(size).clamp_min(1e-300)).max().item()
+    if worst > CANCELLATION_RATIO:
+        raise _NotFused(f"in {b_dtype} its folded bias would cancel most of {w_op.node.name}'s output: |b'| is "
+                        f"{worst:.3g} x the channel's |beta| + |gamma| (above {CANCELLATION_RATIO:g})")
 
 
 def _binary(rw: _Rewrite, node: torch.fx.Node, kind: str) -> None:
@@ -382,9 +339,8 @@ def _binary(rw: _Rewrite, node: torch.fx.Node, kind: str) -> None:
     w_op = _fusible(rw, op, batch_norm=False)
     _channel_check(c, node, w_op)
     _movable(op, node)
-    w_dtype = val(w_op.weight).dtype
-    dtype = compute_dtype(w_dtype, *((val(c).dtype,) if isinstance(c, torch.fx.Node) else ()))
-    b_dtype = val(w_op.bias).dtype if w_op.bias is not None else w_dtype
+    dtype = compute_dtype(val(w_op.weight).dtype, *((val(c).dtype,) if isinstance(c, torch.fx.Node) else ()))
+    b_dtype = val(w_op.bias if w_op.bias is not None else w_op.weight).dtype
     cvec = c_val.double().reshape(-1).expand(w_op.channels)
     b_old = rw.value(w_op.bias)
     b_new = binary_bias(Eager(), b_old, kind, cvec.to(dtype), dtype)
@@ -394,19 +350,8 @@ def _binary(rw: _Rewrite, node: torch.fx.Node, kind: str) -> None:
     elif not bool(cvec.isfinite().all()) or not bool((b_new.double().abs() <= torch.finfo(b_dtype).max).all()):
         raise _NotFused(f"{getattr(c, 'name', c)} holds inf or NaN, or its sum with {op.name}'s bias overflows "
                         f"{b_dtype}: folded into the bias it would give other values than the runtime op")
-    added = (aligned(nbytes(val(w_op.weight))) if scaled else 0) \
-        + (aligned(w_op.channels * b_dtype.itemsize) if b_new is not None else 0)
-    if not rw.fits(added, ([(w_op.weight, op)] if scaled else []) + [(w_op.bias, op)]):
-        raise _NotFused(f"storing {op.name}'s new weight and bias exceeds the growth budget (its weight or bias is shared)")
-    node.prepend(op)  # after every constant the binary op reads (only `node` reads the op: `_fusible`)
-    m = rw.make
-    with rw.graph.inserting_before(op):
-        c_n = _channel_vector(m, c, w_op, dtype)
-        weight = scaled_weight(m, w_op, w_op.weight, kind, c_n, dtype, f"{op.name}_{kind}_weight") if scaled \
-            else w_op.weight
-        bias = binary_bias(m, w_op.bias, kind, c_n, dtype)
-        bias = m.named(m.cast(bias, b_dtype), f"{op.name}_{kind}_bias") if bias is not None else None
-    _fused(rw, node, [node], w_op, weight, f, bias, b_new)
+    _rewrite(rw, node, node, [node], w_op, kind, f, b_new, [], lambda m: _channel_vector(m, c, w_op, dtype),
+             lambda m, c_n: (c_n, binary_bias(m, w_op.bias, kind, c_n, dtype)), dtype, kind)
 
 
 def _known_weight(rw: _Rewrite, op: Any) -> bool:
@@ -507,14 +452,28 @@ def _channel_vector(m: NodeMaker, c: Any, w_op: WeightOp, dtype: torch.dtype) ->
     return m.op("expand", flat, [w_op.channels]) if val(flat).shape[0] != w_op.channels else flat
 
 
-def _fused(rw: _Rewrite, out: torch.fx.Node, removed: list, w_op: WeightOp, weight, f, bias, b_new) -> None:
-    """`w_op` reads `weight` (its own scaled by `f`, or its own) and `bias` (of value `b_new`);
-    the readers of `out` read it; `removed` leave the graph, reported `Reason.FUSED`."""
+def _rewrite(rw: _Rewrite, reader, out, removed: list, w_op: WeightOp, kind: str, f, b_new, freed: list,
+             vector, operands, dtype: torch.dtype, label: str) -> None:
+    """Within the growth budget, `w_op` reads ``W <kind> vector`` (when `f`, the factor, is
+    not None) and the bias `operands` makes, both built before it (`vector(m)`, then
+    ``operands(m, vector) -> (scale, bias)``); the readers of `out` read it, `removed` leave."""
+    b_dtype = val(w_op.bias if w_op.bias is not None else w_op.weight).dtype
+    added = (aligned(nbytes(val(w_op.weight))) if f is not None else 0) \
+        + (aligned(w_op.channels * b_dtype.itemsize) if b_new is not None else 0)
+    if not rw.fits(added, ([(w_op.weight, w_op.node)] if f is not None else []) + [(w_op.bias, w_op.node)] + freed):
+        raise _NotFused(f"storing {w_op.node.name}'s new weight and bias exceeds the growth budget (its weight or "
+                        f"bias is shared)")
+    reader.prepend(w_op.node)  # after every constant the reader reads (only it reads the op: `_fusible`)
+    m, name = rw.make, w_op.node.name
+    with rw.graph.inserting_before(w_op.node):
+        scale, bias = operands(m, vector(m))
+        weight = scaled_weight(m, w_op, kind, scale, dtype, f"{name}_{label}_weight") if f is not None else w_op.weight
+        bias = m.named(m.cast(bias, b_dtype), f"{name}_{label}_bias") if bias is not None else None
     fused = rw.make.with_operands(w_op, weight, bias)
     if f is not None:
         rw.amax[weight] = rw.amax[w_op.weight] * f.abs()
     if bias is not None:
-        rw.values[bias] = b_new.to(val(bias).dtype)
+        rw.values[bias] = b_new.to(b_dtype)
     rw.notes.append(f"{removed[0].name} ({op_name(removed[0].target)}) folded into the weight and bias of {fused.name}")
     rw.replace(out, fused, removed, Reason.FUSED, f"into {fused.name}")
 
