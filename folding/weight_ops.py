@@ -55,7 +55,6 @@ def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return functools.reduce(torch.promote_types, dtypes, torch.float32)
 
 
-@functools.lru_cache(maxsize=None)
 def aten_op(name: str):
     """The ATen overload `name` (``aten.mul.Tensor``)."""
     ns, op, overload = name.split(".")
