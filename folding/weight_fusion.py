@@ -406,7 +406,7 @@ def _products(rw: _Rewrite, w_op: WeightOp, f: torch.Tensor, b_new, b_old, what:
                         f"infinities or NaNs the runtime op gives")
     if w_op.weight not in rw.amax:
         rw.amax[w_op.weight] = w_op.per_channel(rw.value(w_op.weight),
-                                                lambda t, d: torch.linalg.vector_norm(t, math.inf, d)).double()
+                                                lambda t, d: torch.maximum(t.amax(d), t.amin(d).neg())).double()
     amax, b64 = rw.amax[w_op.weight], b_new.double().abs() if b_new is not None else torch.zeros(())
     if not bool(amax.isfinite().all()) or (b_old is not None and not bool(b_old.isfinite().all())):
         raise _NotFused(f"{name}'s weight or bias holds inf or NaN")

@@ -143,6 +143,7 @@ class NodeMaker:
         self.graph, self.ops, self.prefix = graph, ops, ""
         self.taken = {n.name for n in graph.nodes}
         self.created: list[torch.fx.Node] = []  # every node inserted
+        self.fakes: dict[tuple, torch.Tensor] = {}
         self.mode = detect_fake_mode([val(n) for n in graph.find_nodes(op="placeholder")])
 
     def op(self, name: str, *args, **kwargs) -> torch.fx.Node:
@@ -152,10 +153,13 @@ class NodeMaker:
         node = self.node(self.ops[name], args, kwargs, f"{self.prefix}{name}", None, infer=False)
         vals = [val(a) if isinstance(a, torch.fx.Node) else a for a in args]
         shape = list(args[0] if name == "full" else args[1]) if name in ("full", "view", "expand") else \
-            torch.broadcast_shapes(*(v.shape for v in vals if isinstance(v, torch.Tensor)))
+            list(max((v.shape for v in vals if isinstance(v, torch.Tensor)), key=math.prod))  # the other broadcasts
         if -1 in shape:
             shape[shape.index(-1)] = vals[0].numel() // -math.prod(shape)
-        node.meta["val"] = empty_fake(self.mode, shape, kwargs.get("dtype") or vals[0].dtype)
+        key = (tuple(shape), kwargs.get("dtype") or vals[0].dtype)
+        if key not in self.fakes:  # shared by the nodes of one shape and dtype: nothing writes a "val"
+            self.fakes[key] = empty_fake(self.mode, *key)
+        node.meta["val"] = self.fakes[key]
         return node
 
     def node(self, target, args, kwargs, base: str, like: Optional[torch.fx.Node], infer: bool = True) -> torch.fx.Node:
