@@ -778,7 +778,7 @@ def _quiet(dtype, bias: str, seed: int = 0):
                                           ("identity", "above 1"), ("bare", None)])
 def test_fp16_quiet_channels_lose_no_more_than_eagers_own_rounding(case, refusal, dtype):
     """Quiet channels (|mean| >> sqrt(var + eps)) in fp16 and bf16: a scale above 1 is refused
-    (the conv's partial sums would hold the output's range: `_grows`), and so is a fused bias
+    (the conv's partial sums would hold the output's range: `_products`), and so is a fused bias
     that cancels most of the conv's output (|b'| above 8x the channel's |beta| + |gamma|);
     the batch norm is then computed as ``(x - mean) * s + beta``. Either way the folded program is within
     2x eager's own error against the fp32 computation of the same values (plus a few units of
