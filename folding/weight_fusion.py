@@ -1,51 +1,50 @@
 """Batch norms and constant scales and shifts folded into the weight and bias of the conv or
 linear before them: a rewrite of the working program before analysis, in its own dialect (ATen
-or Edge), by three formulas (`weight_ops`) whose constant-only nodes the fold evaluates and
-stores with its own machinery:
+or Edge), by three formulas (`weight_ops`) whose constant-only nodes the fold evaluates, budgets
+and stores like any other:
 
 1. ``bn(op(x, W, b))`` -> ``op(x, W * s, (b - mean) * r * gamma + beta)``, ``r = rsqrt(var +
-   eps)`` (the node's eps), ``s = gamma * r`` per output channel (torch.nn.utils.fusion's
-   ``fuse_conv_bn_weights``, its order of operations). ``op``: a conv (1d/2d/3d, grouped,
-   depthwise, transposed: per group), a ``linear``, Edge's ``addmm``/``mm`` (an ``mm`` given a
-   bias becomes an ``addmm``);
-2. ``op(x) * c``, ``/ c``, ``+ c``, ``- c``, ``c`` a number or a tensor along the output
-   channels only -> ``W * c`` / ``W / c`` and ``b <op> c`` (Inductor's fx_passes/binary_folding.py);
+   eps)`` (the node's eps), ``s = gamma * r`` per output channel, in the order of operations of
+   torch.nn.utils.fusion.fuse_conv_bn_weights. ``op``: a conv (1d/2d/3d, grouped, depthwise,
+   transposed: per group), a ``linear``, Edge's ``addmm``/``mm`` (an ``mm`` given a bias
+   becomes an ``addmm``);
+2. ``op(x) * c``, ``/ c``, ``+ c``, ``- c``, ``c`` a number or a tensor along the output channels
+   only -> ``W * c`` / ``W / c`` and ``b <op> c`` (Inductor's fx_passes/binary_folding.py);
 3. a lone batch norm -> ``(x - centre) * s + t`` by per-channel constants, which every backend
    computes right (QNN's BatchNorm builder ignores ``eps``: executorch 1.5.1
    backends/qualcomm/builders/op_batch_norm.py).
 
 Dtypes: a formula computes in the widest of its operands' dtypes, at least fp32, and rounds once
-(`weight_ops.compute_dtype`). In fp16/bf16, 3. is ``(x - mean) * s + beta``: it needs ``mean``
-and ``beta`` exact in the activations' dtype (fp32 statistics seldom are), else the batch norm stays.
+(`weight_ops.compute_dtype`). In fp16/bf16, 3. is ``(x - mean) * s + beta``, which needs ``mean``
+and ``beta`` exact in the activations' dtype (fp32 statistics seldom are: the batch norm stays).
 
-Preconditions (each refusal a row: `Reason.NOT_FUSED`, or `Reason.SCALE_AND_SHIFT` saying why
+Preconditions, each refusal a row (`Reason.NOT_FUSED`, or `Reason.SCALE_AND_SHIFT` saying why
 1. did not apply). Operands known before evaluation: numbers, stored tensors no op writes
 (`unchanging.unchanging_before_probes`), directly or through a view, cast or clone (Edge's
 ``permute_copy`` of a weight); not runtime, computed or dequantized. An eval-mode batch norm,
 finite statistics with ``var + eps > 0``, no q/dq at it, static channels on dim 1. A float weight
-op that only the batch norm or binary op reads, nothing between them writing in place or with
-side effects, channels on dim 1 for a batch norm (not an unbatched conv), its weight within
-``max_tensor_bytes``. No inserted op in ``skip_targets``; the growth budget kept (a dropped
-tensor counts only when nothing else reads it and no other stored tensor holds its bytes). Values:
+op only the batch norm or binary op reads, nothing between them writing in place or with side
+effects, channels on dim 1 for a batch norm, its weight within ``max_tensor_bytes``. No inserted
+op in ``skip_targets``; the growth budget kept (a dropped tensor counts only when nothing else
+reads it and no other stored tensor holds its bytes). And values that keep eager's results:
 
 - a factor ``f`` (``c``, ``1 / c``, the batch norm's ``s``) finite and nonzero, the weight and
   bias finite: ``W * 0`` loses the sign of ``(W x) * 0`` and the NaN of ``inf * 0``;
 - ``W * f`` and the new bias finite in their dtype, each channel's largest ``|W * f|`` (and a
-  nonzero bias times ``f``) normal: below, rounding loses more than the unit roundoff of the
-  channel's scale, and at 0 the channel is lost;
+  nonzero bias times ``f``) a normal number: below, rounding loses more than the unit roundoff
+  of the channel's scale, and at 0 the channel is lost;
 - ``|f| > 1`` makes the op's partial sums larger than eager's: refused in fp16/bf16 (ATen's CPU
   kernels keep some in the low precision: ``conv_transpose2d(x, W) / 1e-4`` gave inf where eager
   gives 54,912), elsewhere when ``K max|W * f| + |b'|`` (fan-in K) reaches ``sqrt(max)``;
 - a shift finite, ``b + c`` finite in the bias's dtype;
 - fp16/bf16: a fused batch-norm bias at most ``CANCELLATION_RATIO`` x ``|beta| + |gamma|``.
 
-Rounding in fp16/bf16 (u = 2^-11, 2^-8). Eager rounds ``conv(x)``, then computes the batch norm
-in fp32 and rounds once; the fused conv also rounds ``b'`` (``u |b'|``), which in a quiet
-channel (``|mean| >> sqrt(var + eps)``) cancels most of ``W' x``: measured 2.4 off at an output
-scale of 8.9 where eager is 0.002. The output's size is about ``|beta| + |gamma| z``, ``|z|`` a
-few, so ``|b'| <= 8 (|beta| + |gamma|)`` bounds the extra error by ``u (8 (|beta| + |gamma|) +
-|out|)``. ``(x - mean) * s + beta`` rounds three values of the output's size: within 1-4x of
-eager (tests/fusion_bounds.py has the fp32 bound).
+Rounding in fp16/bf16 (u = 2^-11, 2^-8): eager rounds ``conv(x)``, then computes the batch norm
+in fp32 and rounds once; the fused conv also rounds ``b'``, which in a quiet channel (``|mean| >>
+sqrt(var + eps)``) cancels most of ``W' x`` (measured 2.4 off at an output scale of 8.9, eager
+0.002). The output is about ``|beta| + |gamma| z``, ``|z|`` a few, so ``|b'| <= 8 (|beta| +
+|gamma|)`` bounds the extra error by ``u (8 (|beta| + |gamma|) + |out|)``. ``(x - mean) * s +
+beta`` rounds three values of the output's size: within 1-4x of eager.
 """
 
 from __future__ import annotations
