@@ -26,7 +26,7 @@ __all__ = [
     "FakeTensorMode", "children_hidden", "copy_attribute", "copy_codegen", "detect_fake_mode", "fresh_name",
     "is_cow_tensor", "is_fake", "lazy_clone", "lazy_graph_module", "make_contiguous_strides_for", "program_with", "release_name",
     "reserve_names", "set_exact_name", "set_signature", "set_uncompiled_graph", "verify_signature",
-    "side_effectful_functions",
+    "side_effectful_functions", "empty_fake",
 ]
 
 
@@ -46,6 +46,14 @@ def program_with(program: ExportedProgram, *, graph_module: Optional[torch.fx.Gr
         if value is not None:
             setattr(result, name, value)
     return result
+
+
+def empty_fake(mode: FakeTensorMode, shape, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous CPU fake tensor of `shape` and `dtype` in `mode`, without dispatching an op
+    (torch/_subclasses/fake_tensor.py ``FakeTensorConverter.from_meta_and_device``: what fake
+    dispatch itself wraps a meta result with)."""
+    meta = torch.empty(shape, dtype=dtype, device="meta")
+    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cpu"))
 
 
 def set_signature(program: ExportedProgram, graph_signature) -> None:

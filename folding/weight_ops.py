@@ -1,52 +1,45 @@
 """Weight ops (conv, transposed conv, linear, Edge's ``addmm``/``mm``) as `weight_fusion` sees
-them: where their output channels sit in their weight, and the constant-only nodes that scale
-or shift those channels, in the program's own dialect (`NodeMaker`)."""
+them, and its formulas, each written once over ``o``: `Eager` computes it on tensors (the
+checks read those values), `NodeMaker` inserts the same ops as constant-only nodes in the
+program's own dialect (the fold evaluates them)."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.fx
-from torch.export import ExportedProgram
 
-from .dialect import dialect_op
 from .names import keep_name, unique_name
 from .ops import arg_at, op_name
+from .torch_internals import detect_fake_mode, empty_fake
 
-# Batch norms by op name: (index of weight, bias, mean, var, eps, training flag or None, tuple result).
-# aten/src/ATen/native/native_functions.yaml; `_native_batch_norm_legit_no_training` is what
-# run_decompositions and to_edge make of an eval-mode batch norm, `batch_norm` what torch.export's
-# training IR (and QNN's export passes) keep.
-BATCH_NORMS = {
-    "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4, 6, None, True),
-    "aten.batch_norm.default": (1, 2, 3, 4, 7, 5, False),
-    "aten.native_batch_norm.default": (1, 2, 3, 4, 7, 5, True),
-}
-# Batch norms that always use (and update) batch statistics.
+# aten/src/ATen/native/native_functions.yaml. Batch norms: (index of weight, bias, mean, var, eps,
+# training flag or None, tuple result); `_native_batch_norm_legit_no_training` is what
+# run_decompositions and to_edge make of an eval-mode batch norm, `batch_norm` training IR's.
+BATCH_NORMS = {"aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4, 6, None, True),
+               "aten.batch_norm.default": (1, 2, 3, 4, 7, 5, False),
+               "aten.native_batch_norm.default": (1, 2, 3, 4, 7, 5, True)}
 TRAINING_BATCH_NORMS = frozenset({"aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
-                                  "aten._native_batch_norm_legit_functional.default"})
-# Convolutions by op name: (index of weight, bias, groups; index of `transposed`, or whether it is).
-CONVS = {
-    "aten.convolution.default": (1, 2, 8, 6),
-    **{f"aten.conv{d}d.{o}": (1, 2, 6, False) for d in (1, 2, 3) for o in ("default", "padding")},
-    **{f"aten.conv_transpose{d}d.{o}": (1, 2, 6, True) for d in (1, 2, 3) for o in ("default", "input")},
-}
-# Linears by op name: (index of weight, bias or None). Edge decomposes `linear` into
-# addmm(b, x, permute_copy(W)) or mm(x, permute_copy(W)): the matrix is (in, out).
+                                  "aten._native_batch_norm_legit_functional.default"})  # batch statistics only
+# Convolutions: (index of weight, bias, groups; index of `transposed`, or whether it is).
+CONVS = {"aten.convolution.default": (1, 2, 8, 6),
+         **{f"aten.conv{d}d.{o}": (1, 2, 6, False) for d in (1, 2, 3) for o in ("default", "padding")},
+         **{f"aten.conv_transpose{d}d.{o}": (1, 2, 6, True) for d in (1, 2, 3) for o in ("default", "input")}}
+# Linears: (index of weight, bias or None). Edge's `linear` is addmm(b, x, permute_copy(W)) or
+# mm(x, permute_copy(W)): a matrix (in, out).
 LINEARS = {"aten.linear.default": (1, 2), "aten.addmm.default": (2, 0), "aten.mm.default": (1, None)}
-BINARY = {"aten.mul.Tensor": "mul", "aten.mul.Scalar": "mul", "aten.div.Tensor": "div", "aten.div.Scalar": "div",
-          "aten.add.Tensor": "add", "aten.add.Scalar": "add", "aten.sub.Tensor": "sub", "aten.sub.Scalar": "sub"}
+BINARY = {f"aten.{k}.{o}": k for k in ("mul", "div", "add", "sub") for o in ("Tensor", "Scalar")}
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# The ops `NodeMaker` inserts: a policy that skips one of them gets no rewrite (the fold would
-# keep the inserted nodes at runtime).
-INSERTED = frozenset({"aten.mul.Tensor", "aten.div.Tensor", "aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar",
-                      "aten.rsqrt.default", "aten.neg.default", "aten.full.default", "aten.view.default",
-                      "aten.view_copy.default", "aten.expand.default", "aten.expand_copy.default",
-                      "aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default", "aten.addmm.default"})
+# What `NodeMaker` inserts, by the formulas' names (a policy skipping one turns the rewrite off).
+OPS = {"mul": "aten.mul.Tensor", "div": "aten.div.Tensor", "add": "aten.add.Tensor", "sub": "aten.sub.Tensor",
+       "add_scalar": "aten.add.Scalar", "rsqrt": "aten.rsqrt.default", "neg": "aten.neg.default",
+       "full": "aten.full.default", "view": "aten.view.default", "expand": "aten.expand.default",
+       "cast": "aten._to_copy.default", "addmm": "aten.addmm.default"}
 
 
 def val(node: Any):
@@ -54,22 +47,25 @@ def val(node: Any):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp16 and bf16 values are computed in fp32 (as eager's batch norm kernels do)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """The widest of `dtypes`, at least fp32: eager's batch norm computes fp16/bf16 activations
+    in fp32 whatever its statistics' dtype and rounds once (aten/src/ATen/native/cpu/
+    batch_norm_kernel.cpp); torch.nn.utils.fusion.fuse_conv_bn_weights computes in the promoted
+    dtype and casts once at the end."""
+    return functools.reduce(torch.promote_types, dtypes, torch.float32)
+
+
+def aten_op(name: str):
+    """The ATen overload `name` (``aten.mul.Tensor``)."""
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
 
 
 @dataclass(frozen=True)
 class WeightOp:
-    """A conv or linear whose output channels the rewrite scales.
-
-    Attributes:
-        node: the op; weight, bias: its argument nodes (bias None when it has none).
-        bias_index: the bias's position.
-        layout: ``"conv"`` (weight (out, in/G, *k)), ``"conv_t"`` (weight (in, out/G, *k)),
-            ``"linear"`` (weight (out, in)) or ``"matrix"`` (addmm/mm: matrix (in, out)).
-        groups: the conv's groups (1 for a linear); channels: output channels.
-    """
+    """A conv or linear: `node`, its `weight` and `bias` nodes (bias None when absent) and
+    `bias_index`; `layout` ``"conv"`` (weight (out, in/G, *k)), ``"conv_t"`` ((in, out/G, *k)),
+    ``"linear"`` ((out, in)) or ``"matrix"`` (addmm/mm: (in, out)); `groups`; output `channels`."""
 
     node: torch.fx.Node
     weight: torch.fx.Node
@@ -81,39 +77,38 @@ class WeightOp:
 
     @property
     def channel_axis(self) -> int:
-        """The output's channel dim: the last for a linear; for a conv, 1 when batched (output
-        rank = weight rank) and 0 when unbatched (a conv{1,2,3}d or conv_transpose of a
-        (C_in, *spatial) input gives (C_out, *spatial), one rank below its weight)."""
+        """The output's channel dim: a linear's last; a conv's 1 when batched, 0 when not."""
         out = val(self.node).dim()
-        if self.layout in ("conv", "conv_t"):
-            return out - val(self.weight).dim() + 1
-        return out - 1
+        return out - val(self.weight).dim() + 1 if self.layout in ("conv", "conv_t") else out - 1
+
+    def per_channel(self, w: torch.Tensor, reduce) -> torch.Tensor:
+        """``reduce(t, dims)`` of `w` (the weight's value) over all but the output channel:
+        shape [channels]. Grouped transposed: channel ``g * out/G + j`` reads ``W[g * in/G + i, j]``."""
+        if self.layout == "matrix":
+            return reduce(w, (0,))
+        if self.layout == "conv_t":
+            return reduce(w.reshape(self.groups, w.shape[0] // self.groups, w.shape[1], -1), (1, 3)).reshape(-1)
+        return reduce(w.reshape(w.shape[0], -1), (1,))
 
 
 def weight_op(node: Any) -> Optional[WeightOp]:
-    """`node` as a `WeightOp`, or None when it is not a conv or linear with a static weight
-    shape and a per-channel bias (or none)."""
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
-        return None
-    name = op_name(node.target)
+    """`node` as a `WeightOp`, or None: not a conv or linear with a static weight shape and a
+    per-channel bias (or none)."""
+    name = op_name(node.target) if isinstance(node, torch.fx.Node) and node.op == "call_function" else ""
     if name in CONVS:
         w_i, b_i, g_i, transposed = CONVS[name]
-        if not isinstance(transposed, bool):
-            transposed = bool(arg_at(node, transposed))
+        transposed = transposed if isinstance(transposed, bool) else bool(arg_at(node, transposed))
         layout, groups = ("conv_t" if transposed else "conv"), arg_at(node, g_i) or 1
     elif name in LINEARS:
-        w_i, b_i = LINEARS[name]
-        layout, groups = ("linear" if name == "aten.linear.default" else "matrix"), 1
+        (w_i, b_i), layout, groups = LINEARS[name], "linear" if name == "aten.linear.default" else "matrix", 1
         if name == "aten.addmm.default" and (arg_at(node, 3) not in (None, 1) or arg_at(node, 4) not in (None, 1)):
             return None
     else:
         return None
     weight, bias = arg_at(node, w_i), arg_at(node, b_i) if b_i is not None else None
-    w_val = val(weight)
-    if not isinstance(w_val, torch.Tensor) or not isinstance(groups, int) or w_val.dim() < 2:
-        return None
-    shape = list(w_val.shape)
-    if not all(isinstance(d, int) for d in shape) or (bias is not None and not isinstance(bias, torch.fx.Node)):
+    shape = list(getattr(val(weight), "shape", ()))
+    if len(shape) < 2 or not isinstance(groups, int) or not all(isinstance(d, int) for d in shape) \
+            or (bias is not None and not isinstance(bias, torch.fx.Node)):
         return None
     channels = {"conv": shape[0], "conv_t": shape[1] * groups, "linear": shape[0], "matrix": shape[-1]}[layout]
     if bias is not None and tuple(val(bias).shape) != (channels,):
@@ -122,62 +117,52 @@ def weight_op(node: Any) -> Optional[WeightOp]:
 
 
 def batch_norm_output(bn: torch.fx.Node, tuple_result: bool) -> Optional[torch.fx.Node]:
-    """The node whose value is `bn`'s normalised tensor: `bn`, or its only reader
-    ``getitem(bn, 0)``; None when its saved statistics are read too."""
+    """`bn`'s normalised tensor: `bn`, or its only reader ``getitem(bn, 0)``; None when its saved
+    statistics are read too."""
+    users = list(bn.users)
     if not tuple_result:
         return bn
-    users = list(bn.users)
-    if len(users) != 1 or users[0].target is not operator.getitem or users[0].args[1] != 0:
-        return None
-    return users[0]
+    ok = len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0
+    return users[0] if ok else None
 
 
-@dataclass(frozen=True)
-class DialectOps:
-    """The program dialect's ops for what `NodeMaker` inserts."""
+class Eager:
+    """The formulas' ops on tensors: the ATen ops `NodeMaker` inserts, called."""
 
-    mul: Any
-    div: Any
-    add: Any
-    sub: Any
-    add_scalar: Any
-    rsqrt: Any
-    neg: Any
-    full: Any
-    view: Any
-    expand: Any
-    addmm: Any
-    cast: Any  # called with dtype=
+    def op(self, name: str, *args, **kwargs):
+        return aten_op(OPS[name])(*args, **kwargs)
 
-    @staticmethod
-    def of(program: ExportedProgram) -> "DialectOps":
-        """Each field's op (`_ATEN_OPS`, in field order) in `program`'s dialect (`dialect_op`)."""
-        return DialectOps(*(dialect_op(program, name) for name in _ATEN_OPS))
-
-
-# The ATen overloads of `DialectOps`' fields, in field order.
-_ATEN_OPS = ("aten.mul.Tensor", "aten.div.Tensor", "aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar",
-             "aten.rsqrt.default", "aten.neg.default", "aten.full.default", "aten.view.default", "aten.expand.default",
-             "aten.addmm.default", "aten._to_copy.default")
+    def cast(self, v, dtype: torch.dtype):
+        return v if v is None or v.dtype == dtype else v.to(dtype)
 
 
 class NodeMaker:
-    """Inserts nodes into one graph, each with its ``meta["val"]`` (computed on the fake values
-    of its inputs); records the constant-only ones (`made`)."""
+    """The formulas' ops as nodes of one graph, in its dialect (`ops`: `OPS`' names to its ops)."""
 
-    def __init__(self, graph: torch.fx.Graph, ops: DialectOps) -> None:
-        self.graph, self.ops = graph, ops
+    def __init__(self, graph: torch.fx.Graph, ops: dict) -> None:
+        self.graph, self.ops, self.prefix = graph, ops, ""
         self.taken = {n.name for n in graph.nodes}
-        self.made: set[torch.fx.Node] = set()
-        self.created: list[torch.fx.Node] = []  # every node inserted, made or not
+        self.created: list[torch.fx.Node] = []  # every node inserted
+        self.fakes: dict[tuple, torch.Tensor] = {}
+        self.mode = detect_fake_mode([val(n) for n in graph.find_nodes(op="placeholder")])
 
-    def make(self, target, args, base: str, **kwargs) -> torch.fx.Node:
-        """A constant-only node."""
-        node = self.node(target, args, kwargs, base, None)
-        self.made.add(node)
+    def op(self, name: str, *args, **kwargs) -> torch.fx.Node:
+        """A constant-only node. The formulas cast every operand to one dtype and shapes are
+        static, so its value's metadata is inferred, not dispatched (fake dispatch costs more
+        than evaluating the op)."""
+        node = self.node(self.ops[name], args, kwargs, f"{self.prefix}{name}", None, infer=False)
+        vals = [val(a) if isinstance(a, torch.fx.Node) else a for a in args]
+        shape = list(args[0] if name == "full" else args[1]) if name in ("full", "view", "expand") else \
+            list(max((v.shape for v in vals if isinstance(v, torch.Tensor)), key=math.prod))  # the other broadcasts
+        if -1 in shape:
+            shape[shape.index(-1)] = vals[0].numel() // -math.prod(shape)
+        key = (tuple(shape), kwargs.get("dtype") or vals[0].dtype)
+        if key not in self.fakes:  # shared by the nodes of one shape and dtype: nothing writes a "val"
+            self.fakes[key] = empty_fake(self.mode, *key)
+        node.meta["val"] = self.fakes[key]
         return node
 
-    def node(self, target, args, kwargs, base: str, like: Optional[torch.fx.Node]) -> torch.fx.Node:
+    def node(self, target, args, kwargs, base: str, like: Optional[torch.fx.Node], infer: bool = True) -> torch.fx.Node:
         """A node named `base` (or ``base_N``) with `like`'s metadata (stack trace, module)."""
         name = unique_name(base, self.taken)
         self.taken.add(name)
@@ -185,10 +170,18 @@ class NodeMaker:
         self.created.append(node)
         if like is not None:
             node.meta = {k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta", "unbacked_bindings")}
-        vals = [val(a) if isinstance(a, torch.fx.Node) else a for a in args]
-        fake = next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None)
-        with fake or contextlib.nullcontext():
-            node.meta["val"] = target(*vals, **kwargs)
+        if infer:
+            with self.mode:
+                node.meta["val"] = target(*[val(a) if isinstance(a, torch.fx.Node) else a for a in args], **kwargs)
+        return node
+
+    def cast(self, v, dtype: torch.dtype):
+        return v if v is None or val(v).dtype == dtype else self.op("cast", v, dtype=dtype)
+
+    def named(self, node: torch.fx.Node, base: str) -> torch.fx.Node:
+        """`node` renamed `base`: the lifted constant it folds into is ``c_folded_<base>``."""
+        if node.name != base and node in self.created:
+            self.taken.add(keep_name(node, unique_name(base, self.taken)).name)
         return node
 
     def inserted_names(self) -> frozenset:
@@ -196,56 +189,13 @@ class NodeMaker:
         alive = set(self.graph.nodes)
         return frozenset(n.name for n in self.created if n in alive)
 
-    def cast(self, v: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
-        if val(v).dtype == dtype:
-            return v
-        return self.make(self.ops.cast, (v,), f"{v.name}_{str(dtype).split('.')[-1]}", dtype=dtype)
-
-    def named(self, node: torch.fx.Node, base: str) -> torch.fx.Node:
-        """`node` (a made node) renamed `base`: the lifted constant it folds into is then
-        ``c_folded_<base>``."""
-        if node.name != base and node in self.made:
-            name = unique_name(base, self.taken)
-            self.taken.add(name)
-            keep_name(node, name)
-        return node
-
-    def full(self, channels: int, value: float, dtype: torch.dtype, base: str) -> torch.fx.Node:
-        return self.make(self.ops.full, ([channels], value), base, dtype=dtype, device=torch.device("cpu"))
-
-    def inverse_std(self, var: torch.fx.Node, eps: float, dtype: torch.dtype, base: str) -> torch.fx.Node:
-        """``rsqrt(var + eps)`` in `dtype`."""
-        plus = self.make(self.ops.add_scalar, (self.cast(var, dtype), eps), f"{base}_var_eps")
-        return self.make(self.ops.rsqrt, (plus,), f"{base}_rsqrt")
-
-    def scaled_weight(self, w_op: WeightOp, target, s: torch.fx.Node, name: str) -> torch.fx.Node:
-        """``target(W, s)`` (``mul`` or ``div``) of `w_op`'s weight and the per-channel vector
-        `s` (shape [channels]) along the weight's output-channel axis, in the weight's dtype.
-        A grouped transposed conv's weight (in, out/G, *k) is viewed (G, in/G, out/G, *k), so
-        that channel ``g * out/G + j`` scales ``W[g * in/G + i, j]``."""
-        w_val = val(w_op.weight)
-        shape, ones = list(w_val.shape), [1] * (w_val.dim() - 2)
-        w, grouped = w_op.weight, w_op.layout == "conv_t" and w_op.groups > 1
-        if grouped:
-            g = w_op.groups
-            w = self.make(self.ops.view, (w, [g, shape[0] // g] + shape[1:]), f"{name}_grouped")
-            s = self.make(self.ops.view, (s, [g, 1, shape[1]] + ones), f"{name}_scale")
-        else:
-            view = {"conv": [-1, 1] + ones, "conv_t": [1, -1] + ones, "linear": [-1, 1], "matrix": [1, -1]}
-            s = self.make(self.ops.view, (s, view[w_op.layout]), f"{name}_scale")
-        w = self.make(target, (w, s), f"{name}_value")
-        if grouped:
-            w = self.make(self.ops.view, (w, shape), f"{name}_ungrouped")
-        return self.named(self.cast(w, w_val.dtype), name)
-
     def with_operands(self, w_op: WeightOp, weight: torch.fx.Node, bias: Optional[torch.fx.Node]) -> torch.fx.Node:
-        """`w_op` reading `weight` and `bias`: the node itself, or, for an ``mm`` given a
-        bias, the ``addmm`` that replaces it under its name."""
-        node = w_op.node
-        name = op_name(node.target)
+        """`w_op` reading `weight` and `bias`: the node itself, or, for an ``mm`` given a bias,
+        the ``addmm`` that replaces it under its name."""
+        node, name = w_op.node, op_name(w_op.node.target)
         if name == "aten.mm.default" and bias is not None:
             with self.graph.inserting_before(node):
-                addmm = self.node(self.ops.addmm, (bias, node.args[0], weight), {}, f"{node.name}_addmm", node)
+                addmm = self.node(self.ops["addmm"], (bias, node.args[0], weight), {}, f"{node.name}_addmm", node)
             self.created.remove(addmm)  # it is the mm, under the mm's name
             node.replace_all_uses_with(addmm)
             old = node.name
@@ -261,86 +211,55 @@ class NodeMaker:
         return node
 
 
-def batch_norm_operands(make: NodeMaker, w_op: WeightOp, stats: tuple, base: str) -> tuple:
-    """The weight and bias of `w_op` with the batch norm of `stats` (gamma, beta, mean, var,
-    eps; gamma and beta may be None) folded in: ``W * s`` and ``(b - mean) * rsqrt(var + eps)
-    * gamma + beta``, in the order of torch.nn.utils.fusion.fuse_conv_bn_weights."""
+def bn_scale(o, gamma, var, eps: float, dtype: torch.dtype) -> tuple:
+    """``(r, s)``: ``r = rsqrt(var + eps)`` and ``s = gamma * r`` (``r`` without gamma), in `dtype`."""
+    r = o.op("rsqrt", o.op("add_scalar", o.cast(var, dtype), eps))
+    return r, (o.op("mul", o.cast(gamma, dtype), r) if gamma is not None else r)
+
+
+def bn_bias(o, b, stats: tuple, r, dtype: torch.dtype):
+    """``(b - mean) * r * gamma + beta`` in `dtype` (``-mean`` without `b`): the order of
+    torch.nn.utils.fusion.fuse_conv_bn_weights."""
+    gamma, beta, mean = stats[0], stats[1], o.cast(stats[2], dtype)
+    t = o.op("mul", o.op("sub", o.cast(b, dtype), mean) if b is not None else o.op("neg", mean), r)
+    t = o.op("mul", t, o.cast(gamma, dtype)) if gamma is not None else t
+    return o.op("add", t, o.cast(beta, dtype)) if beta is not None else t
+
+
+def binary_bias(o, b, kind: str, c, dtype: torch.dtype):
+    """``b <kind> c`` in `dtype` (`c` per channel); without `b`: none for ``*`` and ``/``, ``c``
+    or ``-c`` for ``+`` and ``-`` (the signed zeros eager's ``y + c``, ``y - c`` keep)."""
+    if b is None:
+        return None if kind in ("mul", "div") else c if kind == "add" else o.op("neg", c)
+    return o.op(kind, o.cast(b, dtype), c)
+
+
+def scale_and_shift(o, x_dtype: torch.dtype, stats: tuple, dtype: torch.dtype) -> tuple:
+    """``(centre, s, t)`` in `x_dtype` of a batch norm of `stats` (gamma, beta, mean, var, eps)
+    computed as ``(x - centre) * s + t`` (no centre, no t when None). When `x_dtype` is `dtype`:
+    no centre, ``s = gamma * rsqrt(var + eps)`` and ``t = beta - mean * s``, eager's own terms
+    (batch_norm_kernel.cpp, ``batch_norm_cpu_collect_linear_and_constant_terms``). fp16 and
+    bf16: ``x * s + t`` as two low-precision ops cancels in a quiet channel (``|mean| >>
+    sqrt(var + eps)``), so ``centre = mean`` and ``t = beta`` (``x - mean`` is exact near the
+    mean, Sterbenz), which the caller checks are exact in `x_dtype`."""
     gamma, beta, mean, var, eps = stats
-    ops, compute = make.ops, compute_dtype(val(w_op.weight).dtype)
-    r = make.inverse_std(var, eps, compute, base)
-    s = make.make(ops.mul, (make.cast(gamma, compute), r), f"{base}_scale") if gamma is not None else r
-    weight = make.scaled_weight(w_op, ops.mul, s, f"{w_op.node.name}_fused_weight")
-    mean = make.cast(mean, compute)
-    b = make.make(ops.neg, (mean,), f"{base}_centred") if w_op.bias is None \
-        else make.make(ops.sub, (make.cast(w_op.bias, compute), mean), f"{base}_centred")
-    b = make.make(ops.mul, (b, r), f"{base}_normalised")
-    if gamma is not None:
-        b = make.make(ops.mul, (b, make.cast(gamma, compute)), f"{base}_scaled")
-    if beta is not None:
-        b = make.make(ops.add, (b, make.cast(beta, compute)), f"{base}_shifted")
-    dtype = val(w_op.bias if w_op.bias is not None else w_op.weight).dtype
-    return weight, make.named(make.cast(b, dtype), f"{w_op.node.name}_fused_bias")
+    s = bn_scale(o, gamma, var, eps, dtype)[1]
+    if x_dtype != dtype:
+        return o.cast(mean, x_dtype), o.cast(s, x_dtype), o.cast(beta, x_dtype)
+    t = o.op("mul", o.cast(mean, dtype), s)
+    t = o.op("sub", o.cast(beta, dtype), t) if beta is not None else o.op("neg", t)
+    return None, o.cast(s, x_dtype), o.cast(t, x_dtype)
 
 
-def binary_operands(make: NodeMaker, w_op: WeightOp, kind: str, c: torch.fx.Node) -> tuple:
-    """The weight and bias of `w_op` with ``* c``, ``/ c``, ``+ c`` or ``- c`` (`kind`) folded in;
-    `c` a per-channel vector (shape [channels], compute dtype). A bias-less op gets a bias
-    for ``+`` and ``-``."""
-    base, compute = w_op.node.name, compute_dtype(val(w_op.weight).dtype)
-    weight, bias = w_op.weight, w_op.bias
-    if kind in ("mul", "div"):
-        target = make.ops.mul if kind == "mul" else make.ops.div
-        weight = make.scaled_weight(w_op, target, c, f"{base}_{kind}_weight")
-        if bias is None:
-            return weight, None
-        b = make.make(target, (make.cast(bias, compute), c), f"{base}_{kind}_bias_value")
+def scaled_weight(m: NodeMaker, w_op: WeightOp, kind: str, s, dtype: torch.dtype, base: str):
+    """``W * s`` or ``W / s`` (`kind`) of `w_op`'s weight and the per-channel node `s` (shape
+    [channels], `dtype`) along its output channels, in `dtype`, cast once to the weight's."""
+    shape, w_dtype, g = list(val(w_op.weight).shape), val(w_op.weight).dtype, w_op.groups
+    ones, w = [1] * (len(shape) - 2), m.cast(w_op.weight, dtype)
+    if w_op.layout == "conv_t" and g > 1:
+        w = m.op("view", w, [g, shape[0] // g] + shape[1:])
+        w = m.op("view", m.op(kind, w, m.op("view", s, [g, 1, shape[1]] + ones)), shape)
     else:
-        start = make.cast(bias, compute) if bias is not None else make.full(w_op.channels, 0.0, compute,
-                                                                              f"{base}_zero_bias")
-        b = make.make(make.ops.add if kind == "add" else make.ops.sub, (start, c), f"{base}_{kind}_bias_value")
-    return weight, make.named(make.cast(b, val(bias if bias is not None else w_op.weight).dtype), f"{base}_{kind}_bias")
-
-
-def scale_and_shift(make: NodeMaker, x: torch.fx.Node, stats: tuple, bn: torch.fx.Node) -> torch.fx.Node:
-    """The batch norm `bn` of `x` with `stats` (gamma, beta, mean, var, eps) as runtime ops
-    ``(x - centre) * s + t`` by constants viewed [C, 1, ...] to broadcast over dim 1, in `x`'s
-    dtype: the last node inserted (named ``<bn>_shifted``, or ``<bn>_scaled`` without a shift).
-
-    In fp32 and fp64 there is no ``centre``, ``s = gamma * rsqrt(var + eps)`` and ``t = beta -
-    mean * s``: what eager's CPU kernel computes (aten/src/ATen/native/cpu/batch_norm_kernel.cpp).
-    In fp16 and bf16, where that kernel computes ``x * s + t`` in fp32 and rounds once, the two
-    runtime ops would each round in the low precision and ``x * s`` and ``t`` cancel in a quiet
-    channel (``|mean| >> sqrt(var + eps)``, measured: 4.0 off at an output scale of 8.9 where
-    eager is 0.0018 off): there ``centre = mean`` and ``t = beta`` (none when absent), and ``x
-    - mean`` is exact where ``x`` is near ``mean`` (Sterbenz), so each op rounds a value of the
-    output's size."""
-    gamma, beta, mean, var, eps = stats
-    ops, x_val, base = make.ops, val(x), bn.name
-    compute = compute_dtype(x_val.dtype)
-    shape = [x_val.shape[1]] + [1] * (x_val.dim() - 2)
-    view = lambda v, name: make.make(ops.view, (make.cast(v, x_val.dtype), shape), f"{base}_{name}")  # noqa: E731
-    s = make.inverse_std(var, eps, compute, base)
-    if gamma is not None:
-        s = make.make(ops.mul, (make.cast(gamma, compute), s), f"{base}_gamma_rsqrt")
-    if compute != x_val.dtype:
-        x = make.node(ops.sub, (x, view(mean, "centre")), {}, f"{base}_centred", bn)
-        t = view(beta, "shift") if beta is not None else None
-    else:
-        t = make.make(ops.mul, (make.cast(mean, compute), s), f"{base}_mean_scaled")
-        t = make.make(ops.sub, (make.cast(beta, compute), t), f"{base}_beta_shift") if beta is not None \
-            else make.make(ops.neg, (t,), f"{base}_beta_shift")
-        t = view(t, "shift")
-    out = make.node(ops.mul, (x, view(s, "scale")), {}, f"{base}_scaled", bn)
-    return make.node(ops.add, (out, t), {}, f"{base}_shifted", bn) if t is not None else out
-
-
-def channel_magnitudes(w_op: WeightOp, weight: torch.Tensor) -> torch.Tensor:
-    """The largest ``|W|`` of each output channel of `w_op` (shape [channels], float64), from
-    the value `weight` of its weight (layouts as in `WeightOp`)."""
-    w = weight.detach().double().abs()
-    if w_op.layout == "matrix":
-        return w.amax(0)
-    if w_op.layout == "conv_t":
-        g = w_op.groups
-        return w.reshape(g, w.shape[0] // g, w.shape[1], -1).amax(dim=(1, 3)).reshape(-1)
-    return w.reshape(w.shape[0], -1).amax(1)
+        view = {"conv": [-1, 1] + ones, "conv_t": [1, -1] + ones, "linear": [-1, 1], "matrix": [1, -1]}[w_op.layout]
+        w = m.op(kind, w, m.op("view", s, view))
+    return m.named(m.cast(w, w_dtype), base)

@@ -16,7 +16,7 @@ from tests.fuzz.generate import CONTROL_FLOW, pinned
 # Control-flow cases (cond with runtime and constant predicates, nested conds, map, scan,
 # while_loop, no_grad and autocast regions, mixed with the other families), each also checked
 # on its flipped inputs (the other branch of every runtime cond): 10 in the default tier, 26
-# more on other seeds in the slow tier (its case 25, seed 3027009106, found `weight_fusion._grows`).
+# more on other seeds in the slow tier (its case 25, seed 3027009106, found the fp16 partial-sum rule of `weight_fusion._products`).
 CONTROL_FLOW_CI = Config(n=10, seed=2027, edge_fraction=0.1, pte_fraction=0.05, shrink_time=30.0, gen=CONTROL_FLOW)
 CONTROL_FLOW_CI_SLOW = dataclasses.replace(CONTROL_FLOW_CI, n=26, seed=3027)
 

@@ -778,7 +778,7 @@ def _quiet(dtype, bias: str, seed: int = 0):
                                           ("identity", "above 1"), ("bare", None)])
 def test_fp16_quiet_channels_lose_no_more_than_eagers_own_rounding(case, refusal, dtype):
     """Quiet channels (|mean| >> sqrt(var + eps)) in fp16 and bf16: a scale above 1 is refused
-    (the conv's partial sums would hold the output's range: `_grows`), and so is a fused bias
+    (the conv's partial sums would hold the output's range: `_products`), and so is a fused bias
     that cancels most of the conv's output (|b'| above 8x the channel's |beta| + |gamma|);
     the batch norm is then computed as ``(x - mean) * s + beta``. Either way the folded program is within
     2x eager's own error against the fp32 computation of the same values (plus a few units of
@@ -952,3 +952,197 @@ def test_a_statistic_or_weight_the_graph_writes_is_not_fused(write):
     result = fold_constants(ep)
     assert_same_over_calls(ep, result.program, (x,))
     assert not any(d.reason is Reason.FUSED for d in result.report.decisions)
+
+
+def _assert_same_specials(got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
+    """`got` is `want` where `want` is NaN, infinite or zero (the same positions, the same
+    signs, signed zeros included: ``1 / out`` tells them apart), and within `rtol` of the scale
+    of `want`'s finite values elsewhere."""
+    got, want = got.double(), want.double()
+    assert torch.equal(got.isnan(), want.isnan()), (got, want)
+    exact = want.isinf() | (want == 0)
+    assert torch.equal(got[exact], want[exact]) and torch.equal(got[exact].signbit(), want[exact].signbit()), (got, want)
+    rest = ~(exact | want.isnan())
+    finite = want[want.isfinite()]
+    scale = finite.abs().max().item() if finite.numel() else 0.0
+    assert torch.isfinite(got[rest]).all() and (got[rest] - want[rest]).abs().max().item() <= rtol * scale \
+        if rest.any() else True, (got, want)
+
+
+_RTOL = {torch.float32: 1e-5, torch.float16: 8 * 2.0 ** -11, torch.bfloat16: 8 * 2.0 ** -8}
+
+
+def _special(name: str, dtype: torch.dtype) -> float:
+    """A value at an edge of `dtype`'s range, by name."""
+    f = torch.finfo(dtype)
+    return {"0": 0.0, "-0": -0.0, "inf": math.inf, "-inf": -math.inf, "nan": math.nan, "subnormal": f.tiny / 8,
+            "-subnormal": -f.tiny / 8, "tiny": f.tiny, "max": f.max, "-max": -f.max, "half_max": f.max / 2,
+            "sqrt_max": math.sqrt(f.max), "inv_sqrt_max": 1 / math.sqrt(f.max), "eps": f.eps, "3": 3.0, "-0.5": -0.5}[name]
+
+
+_SPECIALS = ["0", "-0", "inf", "-inf", "nan", "subnormal", "-subnormal", "tiny", "max", "-max", "half_max", "sqrt_max",
+             "inv_sqrt_max", "eps", "3", "-0.5"]
+
+
+class SpecialScale(nn.Module):
+    """``op(x) <kind> c``: a linear or conv in `dtype` (weights of order 1: what a trained
+    network's first layer holds), `c` a Python number, a 0-d stored tensor, or a stored
+    per-output-channel tensor holding the special value in one channel."""
+
+    def __init__(self, op: str, kind: str, form: str, value: float, dtype: torch.dtype, seed: int):
+        super().__init__()
+        g = _g(seed)
+        self.op = nn.Linear(6, 4) if op == "linear" else nn.Conv2d(3, 4, 3)
+        with torch.no_grad():
+            self.op.weight.copy_(torch.randn(self.op.weight.shape, generator=g))
+            self.op.bias.copy_(torch.randn(4, generator=g))
+        self.op.to(dtype)
+        self.kind, self.form, self.value = kind, form, value
+        if form == "channels":
+            c = torch.rand(4, generator=g) + 0.5
+            c[1] = value
+            self.register_buffer("c", c.to(dtype).view((4,) if op == "linear" else (4, 1, 1)))
+        elif form == "scalar_tensor":
+            self.register_buffer("c", torch.tensor(value, dtype=dtype))
+
+    def forward(self, x):
+        y = self.op(x)
+        c = self.value if self.form == "number" else self.c
+        return {"*": lambda: y * c, "/": lambda: y / c, "+": lambda: y + c, "-": lambda: y - c}[self.kind]()
+
+
+@settings(max_examples=120, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.sampled_from(["linear", "conv"]), st.sampled_from(["*", "/", "+", "-"]),
+       st.sampled_from(["number", "scalar_tensor", "channels"]), st.sampled_from(_SPECIALS),
+       st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), st.integers(0, 99))
+def test_a_scale_or_shift_by_a_special_value_gives_eagers_zeros_infinities_and_nans(op, kind, form, special, dtype,
+                                                                                   seed):
+    """``op(x) * 0.0`` folded into the weights gave +inf for ``1 / out`` where eager gives -inf
+    (a signed zero lost) and a number where eager gives NaN (``inf * 0``). The rule: only a
+    finite, nonzero scale whose products with every weight and bias stay finite, and keep each
+    channel's largest weight a normal number, folds (in every dtype); a shift only when finite
+    and its sum with the bias stays finite. Every special value in every position: the folded
+    program's NaNs, infinities and zeros (with their signs) are eager's, the rest within a few
+    units of roundoff of the output's scale."""
+    value = _special(special, dtype)
+    model = SpecialScale(op, kind, form, value, dtype, seed).eval()
+    x = torch.randn((3, 6) if op == "linear" else (2, 3, 5, 5), generator=_g(seed + 1)).to(dtype)
+    x[0] = x[0] * 1e3 if dtype is not torch.float16 else x[0] * 50  # large outputs: an overflow shows
+    ep = _export(model, x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    _assert_same_specials(result.program.module()(x), ep.module()(x), _RTOL[dtype])
+
+
+def test_a_linear_times_zero_keeps_eagers_signed_zeros_and_nans():
+    """The review's case: ``1 / (linear(x) * 0.0)`` is -inf where the linear is negative, and
+    ``linear(x) * 0.0`` is NaN where the linear overflows to inf."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 3)
+            with torch.no_grad():
+                self.l.weight.copy_(torch.randn(3, 4, generator=_g(29)).abs() + 0.5)
+
+        def forward(self, x):
+            y = self.l(x) * 0.0
+            return 1 / y, y
+
+    x = torch.randn(5, 4, generator=_g(30))
+    x[0] = 3e38
+    ep = _export(M(), x)
+    result = fold_constants(ep)
+    for got, want in zip(result.program.module()(x), ep.module()(x)):
+        assert want.isneginf().any() or want.isnan().any()
+        _assert_same_specials(got, want, 1e-6)
+    rows = _row(result, "aten.mul")
+    assert [r.reason for r in rows] == [Reason.NOT_FUSED], rows
+
+
+class SpecialNorm(nn.Module):
+    """A conv in `dtype`, then an eval batch norm (in `dtype`, or in fp32: mixed precision)
+    whose channel 1 holds a special value at `position` (``eps`` is the node's eps, with that
+    channel's var 0)."""
+
+    def __init__(self, position: str, value: float, dtype: torch.dtype, mixed: bool, lone: bool, seed: int):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1).to(dtype)
+        self.lone = lone
+        s = _stats(4, seed, 1e-3)
+        self.bn = nn.BatchNorm2d(4, eps=value if position == "eps" else 1e-3)
+        with torch.no_grad():
+            for k, t in (("running_mean", s["mean"]), ("running_var", s["var"]), ("weight", s["gamma"]),
+                         ("bias", s["beta"])):
+                getattr(self.bn, k).copy_(t)
+            if position == "eps":
+                self.bn.running_var[1] = 0.0
+            else:
+                target = {"gamma": self.bn.weight, "beta": self.bn.bias, "mean": self.bn.running_mean,
+                          "var": self.bn.running_var}[position]
+                target[1] = value
+        self.bn.to(torch.float32 if mixed else dtype).eval()
+
+    def forward(self, x):
+        return self.bn(x if self.lone else self.conv(x))
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.sampled_from(["gamma", "beta", "mean", "var", "eps"]), st.sampled_from(_SPECIALS),
+       st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), st.booleans(), st.booleans(),
+       st.integers(0, 99))
+def test_a_batch_norm_with_a_special_statistic_gives_eagers_values(position, special, dtype, mixed, lone, seed):
+    """Special values in every batch-norm position (gamma, beta, mean, var, eps), fused into a
+    conv or rewritten alone, in fp32, fp16 and bf16, with statistics in the activations' dtype
+    or in fp32 (mixed precision): NaNs, infinities and zeros where eager has them, the rest
+    within a few units of roundoff of the output's scale."""
+    value = _special(special, torch.float32 if mixed else dtype)
+    if position == "eps" and not (value >= 0 and math.isfinite(value)):
+        value = 0.0  # the batch norm refuses a negative or non-finite eps at construction
+    model = SpecialNorm(position, value, dtype, mixed and dtype is not torch.float32, lone, seed)
+    x = torch.randn(2, 3 if not lone else 4, 4, 4, generator=_g(seed + 2)).to(dtype)
+    ep = _export(model, x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    _assert_same_specials(result.program.module()(x), ep.module()(x), _RTOL[dtype])
+
+
+class MixedPrecisionNorm(nn.Module):
+    """fp16/bf16 activations, a batch norm kept in fp32 (the usual mixed-precision set-up) with
+    quiet channels whose fp32 mean is no fp16/bf16 value; alone (`lone`) or after a conv."""
+
+    def __init__(self, dtype: torch.dtype, lone: bool):
+        super().__init__()
+        self.lone, self.conv = lone, nn.Conv2d(4, 4, 1, bias=False)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.eye(4).view(4, 4, 1, 1))
+        self.conv.to(dtype)
+        self.bn = nn.BatchNorm2d(4)
+        with torch.no_grad():
+            self.bn.running_mean.copy_(torch.tensor([50.3, -1.7, 1000.1, 0.3]))
+            self.bn.running_var.copy_(torch.tensor([1e-4, 1.0, 1e-3, 2.0]))
+            self.bn.weight.uniform_(0.5, 2, generator=_g(31))
+            self.bn.bias.uniform_(-1, 1, generator=_g(32))
+        self.bn.eval()
+
+    def forward(self, x):
+        return self.bn(x if self.lone else self.conv(x))
+
+
+@pytest.mark.parametrize("lone", [True, False], ids=["alone", "after_conv"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_batch_norm_with_fp32_statistics_is_within_eagers_rounding(dtype, lone):
+    """Eager's batch norm of fp16/bf16 activations with fp32 statistics computes in fp32 and
+    rounds once. A rewrite that rounds the fp32 mean to fp16 first is off by
+    ``|mean - fp16(mean)| * s`` (19 at an output scale of 7, where eager is 0.0007 off): the
+    rewrite computes in the wider dtype and rounds once, or leaves the batch norm."""
+    x = (torch.tensor([50.3, -1.7, 1000.1, 0.3]).view(1, 4, 1, 1)
+         + torch.randn(2, 4, 6, 6, generator=_g(33)) * torch.tensor([1e-2, 1.0, 3e-2, 1.4]).view(1, 4, 1, 1)).to(dtype)
+    model = MixedPrecisionNorm(dtype, lone)
+    ep = _export(model, x)
+    result = fold_constants(ep)
+    assert_fold_invariants(ep, result)
+    want, got = ep.module()(x).float(), result.program.module()(x).float()
+    u, scale = torch.finfo(dtype).eps / 2, want.abs().max().item()
+    assert (got - want).abs().max().item() <= 4 * u * scale, (got - want).abs().max()
