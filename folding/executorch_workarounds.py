@@ -1,27 +1,14 @@
 """Lowering a program, folded or not, to a `.pte` that returns the right numbers with
-executorch 1.5.1: the workaround for an executorch fault, as objects to pass to its own
-lowering functions. (An XNNPACK fault's workaround, `folding.xnnpack_partitioner`, is the
-leaf module `folding.xnnpack`: nothing the fold or its report runs imports it.)
-
-    from executorch.exir import to_edge_transform_and_lower
-    import folding
+executorch 1.5.1: the workaround for an executorch fault, as objects for its own lowering.
 
     folded = folding.fold_constants(ep).program
     pte = to_edge_transform_and_lower(folded).to_executorch(folding.executorch_backend_config())
 
-executorch issue 21490 (open in 1.5.1; PRs 21494 and 21818 fix it upstream): the emitter
-hands the outputs of a ``cond``/``map``/``scan`` body to the caller with a ``MoveCall``, a
-pointer move, so they stay in the memory arena that every control-flow body shares, and the
-next control-flow call overwrites them. The `.pte` returns wrong numbers without an error,
-folded or not; which programs hit it depends on the memory plan, so a fold can move a
-program from right by luck to wrong. `CopyControlFlowOutputs` copies each such output into
-the caller's memory right after the call; `executorch_backend_config` puts it in the
-``ExecutorchBackendConfig`` of ``to_executorch``, `copy_control_flow_outputs` applies it to
-an ``EdgeProgramManager`` that is already lowered (for wrappers that hand the manager to
-their caller).
-
-It can go once executorch is fixed: `tests/test_executorch_upstream.py` pins the fault with
-strict xfails, which start passing (and so fail) on the release that fixes it.
+executorch issue 21490 (open in 1.5.1; fixed upstream by PRs 21494 and 21818): the emitter
+hands the outputs of a ``cond``/``map``/``scan`` body to the caller by pointer (``MoveCall``),
+so they stay in the memory arena all control-flow bodies share and the next control-flow call
+overwrites them: wrong numbers without an error, folded or not. The strict xfails of
+`tests/test_executorch_upstream.py` fail once a release fixes it; this module can then go.
 """
 
 from __future__ import annotations
@@ -39,47 +26,26 @@ from .hops import bodies
 
 logger = logging.getLogger(__name__)
 
-# The higher-order ops executorch 1.5.1's emitter lowers into jumps over a body arena shared by
-# all of them, handing their outputs back by pointer (exir/emit/_emitter.py, ``_emit_cond``,
-# ``_emit_map``, ``_emit_scan``: ``MoveCall``). ``while_loop`` is not emitted by 1.5.1.
+# What executorch 1.5.1's emitter hands back by pointer from the body arena (exir/emit/_emitter.py
+# ``_emit_cond``, ``_emit_map``, ``_emit_scan``); it does not emit ``while_loop``.
 COPIED_TARGETS = (torch.ops.higher_order.cond, torch.ops.higher_order.map_impl, torch.ops.higher_order.scan)
 
 
-def _is_copy_of(node: torch.fx.Node, item: torch.fx.Node) -> bool:
-    """`node` copies `item` into the caller's memory and reads nothing else: a ``clone`` in any
-    dialect (ATen, Edge, Edge dim-order), so it can move to right after `item`."""
-    return (node.op == "call_function" and "clone" in getattr(node.target, "__name__", str(node.target))
-            and node.all_input_nodes == [item])
-
-
 class CopyControlFlowOutputs(PassBase):
-    """Copy every output of a ``cond``/``map_impl``/``scan`` (`COPIED_TARGETS`) into the
-    caller's memory right after the call, in the top-level graph and in every control-flow body.
+    """Copy every output of a `COPIED_TARGETS` call into the caller's memory right after the
+    call, in the top-level graph and in every control-flow body: the copy (``clone_op`` of the
+    ``getitem``) is memory-planned in the caller's graph, so no later call overwrites it. Values
+    are unchanged; each copy costs one tensor copy per call and the tensor's planned bytes.
 
-    The copy (``clone_op`` of the ``getitem``) is memory-planned in the caller's graph, so a
-    later control-flow call, whose body writes the shared arena, cannot overwrite it: the
-    workaround for executorch issue 21490 (fixed upstream by PRs 21494 and 21818, open at
-    executorch 1.5.1); it can go once executorch ships the fix (the strict xfail
-    ``test_executorch_keeps_a_cond_output_alive_across_the_next_cond`` in
-    `tests/test_executorch_upstream.py` then passes, and so fails). Values are unchanged; each
-    copy costs one tensor copy per call and the tensor's bytes of planned memory.
-
-    Each ``getitem`` first moves to right after its call: delegating a partition can leave a
-    ``getitem`` after the next ``cond`` (fuzz case 26000182, XNNPACK), and the copy must run
-    before that ``cond`` does. A ``getitem`` read only by a ``clone`` already is not copied
-    again, so applying the pass twice (an Edge transform, then `executorch_backend_config`)
-    adds nothing; an unused ``getitem`` is not copied.
+    Each ``getitem`` first moves to right after its call (delegating a partition can leave one
+    after the next ``cond``). A ``getitem`` read only by clones is not copied again, so applying
+    the pass twice adds nothing; an unused one is not copied.
 
     Args:
         clone_op: the copy's op. Default: Edge ``aten.clone``, right for
-            ``ExecutorchBackendConfig.passes``, which run after the Edge verifier. Applied as an
-            Edge transform, the verifier of a program lowered with executorch's default
-            ``EdgeCompileConfig`` (dim order on) refuses ``aten.clone``: pass
-            ``dim_order_ops._clone_dim_order`` there, or use `copy_control_flow_outputs`,
-            which picks the op from the program.
-
-    Works on a ``torch.fx.GraphModule`` (a ``PassBase``): as one of
-    ``ExecutorchBackendConfig(passes=[...])`` or of ``EdgeProgramManager.transform([...])``.
+            ``ExecutorchBackendConfig.passes``. As an Edge transform under executorch's default
+            ``EdgeCompileConfig`` (dim order on) the verifier refuses it: pass
+            ``dim_order_ops._clone_dim_order``, or use `copy_control_flow_outputs`.
     """
 
     def __init__(self, clone_op: Optional[Any] = None) -> None:
@@ -87,18 +53,22 @@ class CopyControlFlowOutputs(PassBase):
         self.clone_op = clone_op
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        clone_op = self.clone_op
-        if clone_op is None:
-            clone_op = edge_ops().edge.aten.clone.default
+        clone_op = self.clone_op if self.clone_op is not None else edge_ops().edge.aten.clone.default
         copies = _copy_outputs(graph_module, clone_op)
         logger.debug("copied %d control-flow outputs out of the shared body arena", copies)
         return PassResult(graph_module, copies > 0)
 
 
+def _is_copy_of(node: torch.fx.Node, item: torch.fx.Node) -> bool:
+    """`node` is a ``clone`` (any dialect) of `item` alone."""
+    return (node.op == "call_function" and "clone" in getattr(node.target, "__name__", str(node.target))
+            and node.all_input_nodes == [item])
+
+
 def _copy_outputs(gm: torch.fx.GraphModule, clone_op) -> int:
-    """Copy the outputs of the copied targets in `gm` and, recursively, in every body of its
-    control flow (bodies reached through the calls, not ``gm.modules()``: a lowered delegate's
-    own graphs are not the runtime's to plan). Returns how many copies were inserted."""
+    """Copy the outputs of `COPIED_TARGETS` calls in `gm` and, recursively, in the bodies its
+    calls reach (not ``gm.modules()``: a delegate's own graphs are not the runtime's to plan).
+    Returns how many copies were inserted."""
     copies = 0
     moved = False
     for node in list(gm.graph.nodes):
@@ -132,32 +102,20 @@ def _copy_outputs(gm: torch.fx.GraphModule, clone_op) -> int:
 
 def executorch_backend_config(mutated_buffers: Sequence[str] = (), *, copy_control_flow_outputs: bool = True,
                               passes: Sequence = (), **config):
-    """The ``executorch.exir.ExecutorchBackendConfig`` to pass to ``to_executorch`` so the
+    """The ``executorch.exir.ExecutorchBackendConfig`` for ``to_executorch`` under which the
     `.pte` returns what the program computes, folded or not, with executorch 1.5.1.
 
     Args:
-        mutated_buffers: fully qualified names of buffers the program writes (``"counter"``,
-            ``"layer.running_mean"``) whose initial values the `.pte` must hold: ExecuTorch
-            leaves mutable buffers uninitialised unless ``InitializedMutableBufferPass``
-            (executorch/exir/passes/init_mutable_pass.py) names them, so the first call would
-            read garbage where eager reads the registered value.
-        copy_control_flow_outputs: add `CopyControlFlowOutputs` (executorch issue 21490; PRs
-            21494 and 21818). Turn it off only to see the fault, or once executorch ships the fix.
-        passes: your own ``ExecutorchBackendConfig.passes``; they run first, then the copy (so
-            no pass of yours moves a control-flow output back into the shared arena).
-        config: any other ``ExecutorchBackendConfig`` field (``memory_planning_pass``,
-            ``extract_delegate_segments`` …), passed unchanged.
-
-    Returns:
-        an ``ExecutorchBackendConfig``.
+        mutated_buffers: fully qualified names of buffers the program writes (``"counter"``)
+            whose initial values the `.pte` must hold: ExecuTorch leaves mutable buffers
+            uninitialised unless ``InitializedMutableBufferPass``
+            (exir/passes/init_mutable_pass.py) names them.
+        copy_control_flow_outputs: add `CopyControlFlowOutputs` (off only to see the fault).
+        passes: your own ``ExecutorchBackendConfig.passes``; they run before the copy.
+        config: any other ``ExecutorchBackendConfig`` field, passed unchanged.
 
     Raises:
-        TypeError: a keyword that is not an ``ExecutorchBackendConfig`` field (from the
-            dataclass).
-
-    Remove once executorch fixes issue 21490: `tests/test_executorch_upstream.py`'s strict
-    xfails then fail and say so; ``ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(
-    mutated_buffers)])`` is then all that is left.
+        TypeError: a keyword that is not an ``ExecutorchBackendConfig`` field.
     """
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
@@ -171,31 +129,21 @@ def executorch_backend_config(mutated_buffers: Sequence[str] = (), *, copy_contr
 
 
 def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
-    """`CopyControlFlowOutputs` applied to every program of an ``EdgeProgramManager`` that is
-    already partitioned and lowered (after ``to_edge_transform_and_lower``), so that a plain
-    ``to_executorch()`` of the result needs no config for executorch issue 21490 (PRs 21494,
-    21818). For a wrapper that returns the manager to its caller; a caller who calls
-    ``to_executorch`` itself passes `executorch_backend_config()` instead (or as well: copies
-    are not doubled).
-
-    Apply it after partitioning, not as a ``transform_passes`` entry: a partitioner may take the
-    copy into a delegate and drop it there (XNNPACK removes clones,
-    ``XNNPACKRemoveCloneOpsTransform``, executorch PR 15884). The copy op is the one the
-    program's Edge verifier accepts (``_clone_dim_order`` with dim order on, the default;
-    ``aten.clone`` with ``EdgeCompileConfig(_skip_dim_order=True)``).
+    """`CopyControlFlowOutputs` applied to every program of an ``EdgeProgramManager`` already
+    partitioned and lowered, so a plain ``to_executorch()`` of the result needs no config (for
+    a wrapper that returns the manager; copies are not doubled by `executorch_backend_config`).
+    Not a ``transform_passes`` entry: a partitioner may take the copy into a delegate and drop
+    it (``XNNPACKRemoveCloneOpsTransform``). The copy op is the one the program's Edge verifier
+    accepts (``_clone_dim_order`` with dim order on, else ``aten.clone``).
 
     Args:
         edge_manager: an ``executorch.exir.EdgeProgramManager``.
-        inplace: rewrite `edge_manager`'s own programs and return it (attributes a wrapper set
-            on the manager stay); the copy op is the one its verifier accepts, so it is not
-            verified again.
+        inplace: rewrite `edge_manager`'s own programs and return it, not verified again.
 
     Returns:
         with `inplace`, `edge_manager`; else a new ``EdgeProgramManager``
-        (``EdgeProgramManager.transform`` copies; `edge_manager` is unchanged, and attributes
-        set on it are not carried over), its programs re-verified by executorch's Edge verifier.
-
-    Remove once executorch fixes issue 21490 (`tests/test_executorch_upstream.py` says when).
+        (``EdgeProgramManager.transform``: re-verified; attributes set on `edge_manager` are
+        not carried over).
     """
     from .dialect import dialect_op
 
@@ -209,9 +157,8 @@ def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
 
 
 def control_flow_calls(program: ExportedProgram) -> list[str]:
-    """Names of the calls of `COPIED_TARGETS` in `program`, its bodies included (a body's by
-    path: ``true_graph_0/cond_1``), in graph order: the calls whose outputs executorch 1.5.1 can
-    overwrite (issue 21490)."""
+    """Names of the `COPIED_TARGETS` calls in `program`, in its bodies by path
+    (``true_graph_0/cond_1``), in graph order."""
     out: list[str] = []
 
     def visit(gm: torch.fx.GraphModule, prefix: str) -> None:
@@ -226,9 +173,8 @@ def control_flow_calls(program: ExportedProgram) -> list[str]:
 
 
 def lowering_note(program: ExportedProgram) -> Optional[str]:
-    """The note `FoldReport.notes` carries when `program` (the folded program) has a
-    ``cond``/``map``/``scan``: which config to pass to ``to_executorch``, and why. None without
-    such calls."""
+    """The `FoldReport.notes` line for a folded `program` with a `COPIED_TARGETS` call (which
+    config to pass to ``to_executorch``, and why); None without one."""
     calls = control_flow_calls(program)
     if not calls:
         return None

@@ -1,10 +1,8 @@
-"""Lowering a folded program to XNNPACK with executorch 1.5.1: the workaround for an XNNPACK
-fault, as the partitioner to pass to executorch's lowering.
+"""The XNNPACK partitioner to lower a folded program with executorch 1.5.1:
 
     to_edge_transform_and_lower(folded, partitioner=[folding.xnnpack_partitioner()])
 
-A leaf of the package: no other `folding` module imports it (``tests/test_architecture.py``),
-so the fold and its report never depend on XNNPACK.
+A leaf: no other `folding` module imports it (``tests/test_architecture.py``).
 """
 
 from __future__ import annotations
@@ -14,23 +12,16 @@ def xnnpack_partitioner(**kwargs):
     """executorch's ``XnnpackPartitioner`` without its clone configs (``CloneConfig``,
     ``CloneDimOrderConfig``): clones run on portable kernels.
 
-    Works around an XNNPACK fault of executorch 1.5.1: a value returned both as itself and as a
-    clone (``return c, c.clone()``), or as two clones, fails to lower.
-    ``XNNPACKRemoveCloneOpsTransform`` (added by executorch PR 15884) removes the clones inside
-    the delegate, so the delegate returns ``c`` twice, and
-    ``xnnpack_preprocess.generate_node_to_external_map`` rejects the repeated output ("Output
-    node ... is already in the inputs"). Folding a ``cond`` whose predicate is constant brings
-    such clones out of a branch, where XNNPACK never saw them, to the top level. Can go once
-    XNNPACK lowers that program: the strict xfail
-    ``test_xnnpack_lowers_a_value_returned_twice_through_clones`` in
-    `tests/test_executorch_upstream.py` then passes, and so fails.
+    executorch 1.5.1 fails to lower a value returned as itself and as a clone
+    (``return c, c.clone()``), or as two clones: ``XNNPACKRemoveCloneOpsTransform`` makes the
+    delegate return ``c`` twice, which ``generate_node_to_external_map`` rejects ("Output node
+    ... is already in the inputs"). Inlining a ``cond`` brings such clones to the top level.
+    The strict xfail ``test_xnnpack_lowers_a_value_returned_twice_through_clones`` in
+    `tests/test_executorch_upstream.py` fails once XNNPACK lowers it.
 
     Args:
-        kwargs: ``XnnpackPartitioner`` arguments (``config_precisions``, ``per_op_mode`` …);
-            ``configs`` defaults to all of XNNPACK's, and clone configs are dropped from it.
-
-    Returns:
-        an ``executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner``.
+        kwargs: ``XnnpackPartitioner`` arguments; ``configs`` defaults to all of XNNPACK's, less
+            the clone configs.
     """
     from executorch.backends.xnnpack.partition.config import (
         ALL_PARTITIONER_CONFIGS, CloneConfig, CloneDimOrderConfig)
