@@ -1,8 +1,4 @@
-"""Errors raised by the folding stage.
-
-Every error names the node (or program part) and the reason, so a failure in a
-long lowering pipeline points at the graph, not at this package.
-"""
+"""Errors raised by the folding stage: each names the node (or program part) and the reason."""
 
 
 class FoldingError(Exception):
@@ -22,5 +18,4 @@ class PolicyError(FoldingError, ValueError):
 
 
 class FoldInternalError(FoldingError):
-    """An unexpected exception inside the folding stage (a bug here): the message names the
-    stage and the original exception, which is chained as ``__cause__``."""
+    """An unexpected exception inside the stage (a bug here), chained as ``__cause__``."""

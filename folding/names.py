@@ -11,40 +11,29 @@ from torch.export.graph_signature import ExportGraphSignature, OutputKind
 
 from .torch_internals import reserve_names, set_exact_name
 
-# torch.export's prefix for lifted tensor constants (torch/_export/utils.py placeholder_prefixes).
-# `to_edge` renames a CONSTANT_TENSOR placeholder not named "c_" + target; QNN's to-edge passes
-# bound to the ATen program then miss it, so new constants follow the convention exactly.
+# torch.export's prefix for lifted tensor constants (torch/_export/utils.py placeholder_prefixes):
+# `to_edge` renames a placeholder not named "c_" + target, which QNN's to-edge passes then miss.
 CONSTANT_PREFIX = "c_"
 
 
 def program_names(program) -> set[str]:
-    """The names in use in `program`: its top-level node names, ``state_dict`` and ``constants``
-    keys (read only). New constants' names avoid them; `lift` reserves them in the folded
-    program's graph, so that no node created afterwards takes one."""
+    """The names in use in `program`: its top-level node names, ``state_dict`` and ``constants`` keys."""
     return set(program.state_dict) | set(program.constants) | {n.name for n in program.graph.nodes}
 
 
 def reserve_node_names(graph_module: torch.fx.GraphModule) -> None:
-    """Record every node name, in every nested GraphModule, in its graph's namespace.
-
-    torch.export assigns placeholder names (``p_weight``, ``t_1`` …) by setting ``node.name``
-    without recording them, so a pass that later creates a node may be handed a name already
-    in use and the graph fails with ``Node redefined name t_1!``. After this call,
-    `Graph.create_node` never returns an existing name. Idempotent; O(number of nodes).
-    """
+    """Record every node name, in every nested GraphModule, in its graph's namespace, so that
+    `Graph.create_node` never returns an existing name: torch.export sets placeholder names
+    without recording them, and a new node may then fail with ``Node redefined name t_1!``."""
     for module in graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
             reserve_names(module.graph, (node.name for node in module.graph.nodes))
 
 
 def keep_name(node: torch.fx.Node, name: str) -> torch.fx.Node:
-    """Give `node` exactly `name` and record it in its graph's namespace.
-
-    fx's namespace renames a name that shadows a Python builtin or keyword (``input`` becomes
-    ``input_1``) or is already used; torch.export keeps such names (``nn.Sequential``'s
-    argument is ``input``) and its signature refers to them, so a rebuilt graph sets them back
-    the way torch.export itself does (torch/export/_trace.py ``_rename_constants_nodes``).
-    """
+    """Give `node` exactly `name`, recorded in its graph's namespace: fx would rename a builtin's
+    name (``input`` -> ``input_1``), which torch.export keeps and its signature names
+    (torch/export/_trace.py ``_rename_constants_nodes`` sets them back the same way)."""
     if node.name != name:
         set_exact_name(node, name)
     return node
@@ -57,8 +46,7 @@ def copy_keeping_name(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform)
 
 def with_renamed_outputs(signature: ExportGraphSignature, renamed: dict[str, str]) -> ExportGraphSignature:
     """`signature` with each user OutputSpec that names a key of `renamed` naming its value
-    instead: a rewrite that gives the graph output a new node keeps the specs naming it (torch's
-    verifier reads them by position and name). `signature` itself when `renamed` is empty."""
+    instead (a rewrite gave that output a new node); `signature` itself when `renamed` is empty."""
     if not renamed:
         return signature
     specs = [dataclasses.replace(s, arg=dataclasses.replace(s.arg, name=renamed[s.arg.name]))
@@ -89,10 +77,7 @@ class _EitherName:
 
 
 def lifted_constant_target(node_name: str, taken: Container[str]) -> str:
-    """A deterministic, unique ``constants`` key for the folded value of `node_name`.
-
-    ``mul_3`` gives ``folded_mul_3``; the placeholder is then ``c_folded_mul_3``, exactly the
-    name torch.export's naming pass (and so `to_edge`) gives that target. `taken` holds both
-    the used targets and the used node names; suffixes ``_1``, ``_2`` … resolve clashes.
-    """
+    """A unique ``constants`` key for the folded value of `node_name`: ``mul_3`` gives
+    ``folded_mul_3`` (placeholder ``c_folded_mul_3``, the name `to_edge` gives it), unless it or
+    its placeholder name is in `taken` (used targets and node names)."""
     return unique_name("folded_" + re.sub(r"[^a-zA-Z0-9]", "_", node_name).lower(), _EitherName(taken))

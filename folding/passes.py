@@ -14,17 +14,13 @@ from .report import FoldReport
 
 
 class FoldConstantsPass(ExportedProgramPassBase):
-    """Runs `fold_constants` inside an ``ExportedProgramPassManager`` or as one of
+    """Runs `fold_constants` in an ``ExportedProgramPassManager`` or as one of
     ``to_edge_transform_and_lower(..., transform_passes=[...])``; ATen or Edge dialect.
 
-    ``ExportedProgramPassManager`` hands the pass a shallow copy that shares the caller's graph
-    module, so the pass never folds in place: it returns a new program, which the manager
-    uses. ``self.report`` holds the last run's `FoldReport`.
-
-    ``call`` checks the folded program (`checks.check_folded`: graph lint and torch's signature
-    verifier), so a broken rewrite fails here, not stages later. ``ensures`` is not overridden:
-    ``ExportedProgramPassBase.__call__`` hands it the pass's input program
-    (executorch/exir/pass_base.py), which this pass leaves as it was, stale specs included.
+    Never folds in place (the manager hands over a shallow copy sharing the caller's graph
+    module): it returns a new program. ``self.report`` holds the last run's `FoldReport`.
+    ``call`` checks the folded program (`checks.check_folded`); ``ensures`` is not overridden,
+    as ``ExportedProgramPassBase.__call__`` hands it the pass's input (exir/pass_base.py).
 
     Raises:
         FoldInvariantError: the folded program fails those checks.
