@@ -7,9 +7,9 @@ the report as Markdown.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -18,14 +18,15 @@ from .errors import FoldingError, PolicyError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m folding", description=__doc__.splitlines()[0], epilog="To lower, run and judge a saved program on portable, XNNPACK and QNN/HTP: python -m benchmarks --program IN.pt2 (README, \"Your own model\").")
+    p = argparse.ArgumentParser(
+        prog="python -m folding", description=__doc__.splitlines()[0],
+        epilog="To lower, run and judge a saved program on portable, XNNPACK and QNN/HTP: "
+               "python -m benchmarks --program IN.pt2 (README, \"Your own model\").")
     p.add_argument("input", type=Path, help="program saved with torch.export.save (.pt2)")
     p.add_argument("-o", "--output", type=Path, required=True, help="where to save the folded program (.pt2)")
     p.add_argument("--report", type=Path, help="also write the report as JSON here")
-    p.add_argument(
-        "--skip", action="append", default=[], metavar="OP",
-        help="op never folded, by name (aten.full.default or aten.full); repeatable",
-    )
+    p.add_argument("--skip", action="append", default=[], metavar="OP",
+                   help="op never folded, by name (aten.full.default or aten.full); repeatable")
     p.add_argument("--max-tensor-bytes", metavar="SIZE", default="16MiB",
                    help="largest single stored tensor (e.g. 100kB, 16MiB; 'none' for no cap); default 16MiB")
     p.add_argument("--max-growth", metavar="SIZE|PCT", default="5%",
@@ -35,14 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="floor of the growth budget when --max-growth is a percentage; default 1MiB")
     p.add_argument("--unlimited", action="store_true", help="fold every constant-only value, no size limits")
     p.add_argument("--no-fuse-into-weights", dest="fuse_into_weights", action="store_false",
-                   help="leave eval-mode batch norms and constant scales and shifts after a conv or linear as "
-                        "they are (by default they are folded into its weight and bias: folding.weight_fusion)")
+                   help="leave batch norms and constant scales and shifts after a conv or linear as they are "
+                        "(by default folded into its weight and bias)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress")
     return p
 
 
 def policy_from_args(args: argparse.Namespace) -> "FoldPolicy":
-    """The `FoldPolicy` the size options describe.
+    """The `FoldPolicy` the options describe.
 
     Raises:
         PolicyError: for a size or percentage that does not parse.
@@ -50,27 +51,21 @@ def policy_from_args(args: argparse.Namespace) -> "FoldPolicy":
     from .policy import FoldPolicy
     from .sizes import parse_bytes
 
-    skip = frozenset(args.skip)
-    policy = _size_policy(args, skip, FoldPolicy, parse_bytes)
-    return dataclasses.replace(policy, fuse_into_weights=getattr(args, "fuse_into_weights", True))
-
-
-def _size_policy(args: argparse.Namespace, skip, FoldPolicy, parse_bytes) -> "FoldPolicy":
+    common = dict(skip_targets=frozenset(args.skip), fuse_into_weights=getattr(args, "fuse_into_weights", True))
     if args.unlimited:
-        return FoldPolicy.unlimited(skip_targets=skip)
+        return FoldPolicy.unlimited(**common)
     none = ("none", "off", "inf")
     cap = None if args.max_tensor_bytes.lower() in none else parse_bytes(args.max_tensor_bytes)
-    growth = args.max_growth.strip()
-    if growth.lower() in none:
-        return FoldPolicy(skip_targets=skip, max_tensor_bytes=cap, max_growth_bytes=None, max_growth_fraction=None)
+    growth, floor, fraction = args.max_growth.strip(), None, None
     if growth.endswith("%"):
         try:
             fraction = float(growth[:-1]) / 100
         except ValueError:
             raise PolicyError(f"not a percentage: {growth!r}") from None
         floor = parse_bytes(args.max_growth_bytes)
-        return FoldPolicy(skip_targets=skip, max_tensor_bytes=cap, max_growth_bytes=floor, max_growth_fraction=fraction)
-    return FoldPolicy(skip_targets=skip, max_tensor_bytes=cap, max_growth_bytes=parse_bytes(growth), max_growth_fraction=None)
+    elif growth.lower() not in none:
+        floor = parse_bytes(growth)
+    return FoldPolicy(max_tensor_bytes=cap, max_growth_bytes=floor, max_growth_fraction=fraction, **common)
 
 
 def check_paths(args: argparse.Namespace) -> None:
@@ -79,8 +74,6 @@ def check_paths(args: argparse.Namespace) -> None:
     Raises:
         PolicyError: naming the path and what is wrong with it.
     """
-    import os
-
     if not args.input.is_file():
         raise PolicyError(f"input {args.input} does not exist or is not a file")
     if not os.access(args.input, os.R_OK):
@@ -111,7 +104,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         program = torch.export.load(args.input)
     except Exception as e:  # a corrupt file: say which and why, no traceback
-        print(f"error: cannot load {args.input}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        print(f"error: cannot load {args.input}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr)
         return 2
     finally:
         export_log.setLevel(level)

@@ -32,8 +32,8 @@ class FoldPolicy:
             5 %; both None: no budget.
         fuse_into_weights: fold eval-mode batch norms and constant scales and shifts into the
             weight and bias of the conv or linear before them, and rewrite a batch norm with
-            nothing to fuse into as a per-channel multiply and add (`folding.weight_fusion`;
-            issue 54: QNN's BatchNorm builder ignores ``eps``). Default True.
+            nothing to fuse into as a per-channel multiply and add (`folding.weight_fusion`).
+            Default True.
 
     The defaults and the programs they were chosen on: docs/design.md, "Size limits".
 
@@ -94,14 +94,7 @@ class FoldPolicy:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable form (used by reports and the QNN compile spec)."""
-        return {
-            "skip_targets": sorted(self.skip_names()),
-            "fold_asserts": self.fold_asserts,
-            "max_tensor_bytes": self.max_tensor_bytes,
-            "max_growth_bytes": self.max_growth_bytes,
-            "max_growth_fraction": self.max_growth_fraction,
-            "fuse_into_weights": self.fuse_into_weights,
-        }
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "skip_targets": sorted(self.skip_names())}
 
     @classmethod
     def from_dict(cls, data: dict) -> "FoldPolicy":
