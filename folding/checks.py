@@ -1,12 +1,11 @@
-"""The checks `fold_constants` makes of its input before anything else: the graph signature
-matches the graph as torch's verifier requires (stale OutputSpec names, which torch accepts,
-are returned for repair), and every stored tensor it names exists and holds data."""
+"""The checks `fold_constants` makes of its input before anything else (the graph signature
+matches the graph as torch's verifier requires; every stored tensor it names exists and holds
+data), and of a folded program."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -20,29 +19,23 @@ from .torch_internals import is_fake, program_with, verify_signature
 
 def check_stored_tensors(program: ExportedProgram) -> None:
     """Every parameter, buffer and lifted constant the signature names is stored, as a tensor
-    with data (folding evaluates them) of its placeholder's shape and dtype (``meta["val"]``;
-    only static dims are compared). torch's verifier (``_verify_exported_program_signature``,
-    run only when asked) checks that each is present and a parameter an ``nn.Parameter``, not
-    a buffer's or constant's type, nor any shape or dtype: a program whose buffer is a float or
-    a tensor of another shape fails (or gives other numbers) only when run.
+    with data (folding evaluates them) of its placeholder's dtype and static dims
+    (``meta["val"]``). torch's verifier checks neither types (but a parameter's), nor shapes
+    or dtypes: such a program fails, or gives other numbers, only when run.
 
     Raises:
         InvalidProgramError: naming the placeholder, its target and what is wrong (missing,
             not a tensor, no data, or the expected and actual shape/dtype).
     """
-    placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}  # one pass, not one per spec
+    placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}
     for spec in program.graph_signature.input_specs:
         if spec.kind not in STORED_KINDS:
             continue
         in_state_dict = spec.kind is InputKind.PARAMETER or (spec.kind is InputKind.BUFFER and spec.persistent)
-        where = "state_dict" if in_state_dict else "constants"
         here = f"placeholder {spec.arg.name!r}: its {spec.kind.name.lower()} {spec.target!r}"
-        if spec.target in program.state_dict:
-            t = program.state_dict[spec.target]
-        elif spec.target in program.constants:
-            t = program.constants[spec.target]
-        else:
-            raise InvalidProgramError(f"{here} is not in the program's {where}")
+        if spec.target not in program.state_dict and spec.target not in program.constants:
+            raise InvalidProgramError(f"{here} is not in the program's {'state_dict' if in_state_dict else 'constants'}")
+        t = program.state_dict.get(spec.target, program.constants.get(spec.target))
         if not isinstance(t, torch.Tensor):
             raise InvalidProgramError(f"{here} is a {type(t).__name__}, not a tensor")
         for p in inner_tensors(t):
@@ -51,40 +44,28 @@ def check_stored_tensors(program: ExportedProgram) -> None:
                     f"placeholder {spec.arg.name!r}: {spec.target!r} is a {'fake' if is_fake(p) else 'meta'} tensor "
                     "without data; folding evaluates constants, so load real weights first"
                 )
-        _check_matches_placeholder(here, t, placeholders.get(spec.arg.name))
-
-
-def _check_matches_placeholder(here: str, t: torch.Tensor, node: Optional[torch.fx.Node]) -> None:
-    """`t` has the dtype and the static dims of placeholder `node`'s ``meta["val"]`` (a
-    symbolic dim matches any size; a placeholder without a tensor ``val`` is not checked)."""
-    val = node.meta.get("val") if node is not None else None
-    if not isinstance(val, torch.Tensor):
-        return
-    same_dims = len(val.shape) == len(t.shape) and all(
-        not isinstance(want, int) or want == got for want, got in zip(val.shape, t.shape)
-    )
-    if not same_dims or val.dtype != t.dtype:
-        raise InvalidProgramError(
-            f"{here} is a {tuple(t.shape)} {t.dtype} tensor; the placeholder expects {tuple(val.shape)} {val.dtype}"
-        )
+        node = placeholders.get(spec.arg.name)
+        val = node.meta.get("val") if node is not None else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        same_dims = len(val.shape) == len(t.shape) and all(  # a symbolic dim matches any size
+            not isinstance(want, int) or want == got for want, got in zip(val.shape, t.shape))
+        if not same_dims or val.dtype != t.dtype:
+            raise InvalidProgramError(
+                f"{here} is a {tuple(t.shape)} {t.dtype} tensor; the placeholder expects {tuple(val.shape)} {val.dtype}"
+            )
 
 
 def check_signature(program: ExportedProgram) -> tuple[OutputSpecRepair, ...]:
     """Placeholders match the InputSpecs by name, and outputs match the OutputSpecs in number;
     returns the OutputSpecs whose name is stale.
 
-    The rules are torch's own (``_verify_exported_program_signature`` in
-    torch/_export/verifier.py, which executorch's ``to_edge`` runs): an InputSpec must name its
-    placeholder, and the OutputSpecs must be as many as the outputs. The verifier does not
-    compare an OutputSpec's name with its output: specs apply by position. executorch 1.5.1's
-    QNN export passes (``transform_for_export_pipeline``) rely on that: they decompose an op
-    whose result is a graph output (``cdist`` -> ``sqrt``, ``expm1`` -> ``sub``, ``roll`` ->
-    ``cat``) and leave the spec naming the removed node. Such a name is unambiguous (the
-    position says which node the spec means), so the stage repairs it on its own copy
-    (`with_output_names`) rather than refusing a program executorch lowers.
-
-    Returns:
-        One `OutputSpecRepair` per OutputSpec whose name differs from its output node's.
+    The rules are torch's (``_verify_exported_program_signature`` in torch/_export/verifier.py,
+    which ``to_edge`` runs). It does not compare an OutputSpec's name with its output: specs
+    apply by position, and executorch 1.5.1's QNN export passes
+    (``transform_for_export_pipeline``) decompose an output op (``cdist`` -> ``sqrt``) and
+    leave the spec naming the removed node. The position says which node the spec means, so
+    the stage repairs it on its own copy (`with_output_names`).
 
     Raises:
         InvalidProgramError: a placeholder and its InputSpec differ (in number or by name), the
@@ -92,7 +73,11 @@ def check_signature(program: ExportedProgram) -> tuple[OutputSpecRepair, ...]:
             constant; the message names the first mismatch.
     """
     placeholders = [n.name for n in program.graph.nodes if n.op == "placeholder"]
-    _same_names("placeholder", placeholders, "InputSpec", program.graph_signature.input_specs)
+    spec_names = [getattr(s.arg, "name", None) for s in program.graph_signature.input_specs]
+    if placeholders != spec_names:
+        mismatch = next((f"placeholder {a!r} vs InputSpec {b!r}" for a, b in zip(placeholders, spec_names) if a != b),
+                        f"{len(placeholders)} placeholders vs {len(spec_names)} InputSpecs")
+        raise InvalidProgramError(f"graph signature does not match the graph's placeholders: {mismatch}")
     output = program.graph.output_node()
     flat = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     specs = program.graph_signature.output_specs
@@ -115,13 +100,7 @@ def check_signature(program: ExportedProgram) -> tuple[OutputSpecRepair, ...]:
 
 @dataclass(frozen=True)
 class OutputSpecRepair:
-    """An OutputSpec that named another node than the output at its position.
-
-    Attributes:
-        position: index of the output (and of its OutputSpec).
-        stale: the name the OutputSpec gave (often a node a pass removed).
-        node: the name of the output node at that position, which the repaired spec names.
-    """
+    """OutputSpec `position` named `stale`; the output node there is `node`."""
 
     position: int
     stale: str
@@ -132,9 +111,8 @@ class OutputSpecRepair:
 
 
 def with_output_names(program: ExportedProgram, repairs: tuple[OutputSpecRepair, ...]) -> ExportedProgram:
-    """`program` with the OutputSpecs `repairs` names renamed to their output nodes (kind and
-    target kept); a shallow copy that shares everything else, or `program` itself when there
-    is nothing to repair. The caller's program is not changed."""
+    """`program` with the OutputSpecs `repairs` names renamed to their output nodes: a shallow
+    copy, or `program` itself when there is nothing to repair."""
     if not repairs:
         return program
     specs = list(program.graph_signature.output_specs)
@@ -145,20 +123,9 @@ def with_output_names(program: ExportedProgram, repairs: tuple[OutputSpecRepair,
     return program_with(program, graph_signature=signature)
 
 
-def _same_names(kind: str, names: list, spec_kind: str, specs) -> None:
-    spec_names = [getattr(s.arg, "name", None) for s in specs]
-    if names != spec_names:
-        mismatch = next(
-            (f"{kind} {a!r} vs {spec_kind} {b!r}" for a, b in zip(names, spec_names) if a != b),
-            f"{len(names)} {kind}s vs {len(spec_names)} {spec_kind}s",
-        )
-        raise InvalidProgramError(f"graph signature does not match the graph's {kind}s: {mismatch}")
-
-
 def check_folded(program: ExportedProgram) -> None:
-    """Graph lint, torch's signature verifier (`verify_signature`: placeholders and outputs
-    against the graph signature, stored tensors present) and `check_body_arity` on a folded
-    program.
+    """Graph lint, torch's signature verifier (`verify_signature`) and `check_body_arity` on a
+    folded program.
 
     Raises:
         FoldInvariantError: the rewrite broke the program (a bug of this package); the message
@@ -177,11 +144,8 @@ def check_folded(program: ExportedProgram) -> None:
 
 def check_body_arity(gm: torch.fx.GraphModule, path: str = "") -> None:
     """Every control-flow call in `gm` (nested ones included) passes each of its bodies as
-    many operands as the body has placeholders (`hops.HopKind`: the varying operands, then
-    the invariant ones). A body rewritten for one call but called by another too fails here,
-    not when the program runs (``forward() missing 1 required positional argument``); a net
-    only: such a rewrite that keeps the count gives wrong numbers, which `bodies` rules out by
-    copying a shared body for each call.
+    many operands as the body has placeholders (`hops.HopKind`), so a body rewritten for one
+    call but called by another fails here, not when the program runs.
 
     Raises:
         ValueError: naming the call, the body and both counts.

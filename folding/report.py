@@ -48,13 +48,10 @@ class LiftedConstant:
         shape, dtype: of the stored tensor.
         nbytes: bytes of the stored tensor.
         reused: True when an identical tensor already stored in the program was reused.
-        nonfinite: the stored value holds a NaN or Inf the fold computed (a folded ``log(0)``,
-            ``x / 0`` …). A value that only rearranges stored data (a view, ``permute_copy``,
-            ``clone`` of a weight) is not scanned: its NaN was already in the weights
-            (`folding/nonfinite.py`).
-        moved: True when it holds only tensor attributes of control-flow bodies moved out of
-            them (a body reads its tensors as operands): stored bytes already, not a folded
-            value, so `FoldPolicy.max_tensor_bytes` does not apply to it.
+        nonfinite: the stored value holds a NaN or Inf the fold computed (``log(0)``, ``x / 0``);
+            a value that only rearranges stored data is not scanned (`folding/nonfinite.py`).
+        moved: it holds only tensor attributes moved out of control-flow bodies: stored bytes
+            already, not a folded value (`FoldPolicy.max_tensor_bytes` does not apply).
     """
 
     placeholder: str
@@ -64,7 +61,7 @@ class LiftedConstant:
     dtype: str
     nbytes: int
     reused: bool = False
-    nonfinite: bool = False  # holds NaN or Inf: usually a bug in the model
+    nonfinite: bool = False
     moved: bool = False
 
 
@@ -73,9 +70,9 @@ class FoldReport:
     """The decisions and totals of one `fold_constants` run.
 
     Byte totals are what the ExecuTorch serializer stores for the program's parameters,
-    buffers and lifted constants (``folding.sizes.stored_constant_bytes``: identical bytes
-    once, each buffer padded to 16 bytes), in bytes. ``timings`` holds seconds per phase
-    (`PHASES`, those that ran) and ``total``, the whole call; the phases add up to the total.
+    buffers and lifted constants, in bytes (``folding.sizes.stored_constant_bytes``).
+    ``timings`` holds seconds per phase (`PHASES`, those that ran) and ``total``, the whole
+    call; the phases add up to the total.
     """
 
     decisions: list[Decision] = field(default_factory=list)
@@ -86,9 +83,9 @@ class FoldReport:
     timings: dict[str, float] = field(default_factory=dict)
     peak_intermediate_bytes: int = 0
     evaluated_nodes: int = 0
-    rewrites: list[str] = field(default_factory=list)  # rewrites before folding (`transposed_gathers`, `returned_dequantizes`)
+    rewrites: list[str] = field(default_factory=list)  # rewrites before folding, a line each
     repairs: list[str] = field(default_factory=list)  # stale OutputSpec names renamed (`checks`)
-    notes: list[str] = field(default_factory=list)  # what lowering the folded program needs (`executorch_workarounds.lowering_note`)
+    notes: list[str] = field(default_factory=list)  # what lowering the folded program needs
 
     @property
     def folded(self) -> list[Decision]:
@@ -96,8 +93,7 @@ class FoldReport:
 
     @property
     def nonfinite(self) -> list[LiftedConstant]:
-        """Lifted constants that hold NaN or Inf (a mask of ``-inf`` is deliberate; a NaN
-        rarely is)."""
+        """Lifted constants that hold NaN or Inf."""
         return [c for c in self.lifted if c.nonfinite]
 
     @property
@@ -172,36 +168,19 @@ class FoldReport:
         return "\n".join(lines) + "\n"
 
 
-# The phases of a fold, in the order they first run; ``FoldReport.timings`` holds those that
-# ran and ``total``, and the phases add up to the total (work between phases is a few
-# statements).
-PHASES = (
-    "checks",  # the input program's signature and stored tensors
-    "bytes",  # byte accounting: what the serializer stores, before and after
-    "rewrites",  # readers of stored matrices rewritten to read their transpose (`transposed_gathers`); outputs given their own copy of a dequantize an op reads (`returned_dequantizes`)
-    "bodies",  # control-flow bodies: hoisting, merging operands, their decisions
-    "analysis",
-    "planning",
-    "evaluation",
-    "lift",  # the rebuilt program and its checks
-    "report",  # the decisions
-    "inlining",  # conds whose predicate became constant
-    "reruns",  # attempts discarded and redone with a new constraint, all phases
-)
+# The phases of a fold, in the order they first run; "reruns" holds every phase of the
+# attempts discarded and redone with a new constraint.
+PHASES = ("checks", "bytes", "rewrites", "bodies", "analysis", "planning", "evaluation", "lift", "report",
+          "inlining", "reruns")
 
 
 class PhaseTimer:
-    """Wall-clock seconds per phase of one fold (`PHASES`).
-
-    Work inside an `attempt` that is then discarded (a rerun with a new constraint: an
-    in-place class kept whole, an undeclared write, a tighter budget, a pinned body node, an
-    op kept at fold time)
-    counts as ``reruns``, so that no second run hides the first one's cost.
-    """
+    """Wall-clock seconds per phase of one fold (`PHASES`); the work of an `attempt` that is
+    then discarded counts as ``reruns``, so that no second run hides the first one's cost."""
 
     def __init__(self) -> None:
         self._start = time.perf_counter()
-        self._stack: list[dict[str, float]] = [{}]
+        self._stack: list[Counter] = [Counter()]
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -210,19 +189,18 @@ class PhaseTimer:
         try:
             yield
         finally:
-            top = self._stack[-1]
-            top[name] = top.get(name, 0.0) + time.perf_counter() - t0
+            self._stack[-1][name] += time.perf_counter() - t0
 
     @contextlib.contextmanager
     def attempt(self) -> Iterator["_Attempt"]:
         """Time the block's phases provisionally: kept unless ``discard()`` is called."""
-        self._stack.append({})
+        self._stack.append(Counter())
         outcome = _Attempt()
         try:
             yield outcome
         finally:
             spent = self._stack.pop()
-            _add(self._stack[-1], {"reruns": sum(spent.values())} if outcome.discarded else spent)
+            self._stack[-1].update({"reruns": sum(spent.values())} if outcome.discarded else spent)
 
     def timings(self) -> dict[str, float]:
         """The phases so far, in `PHASES` order, and ``total``: seconds since the timer started."""
@@ -238,11 +216,6 @@ class _Attempt:
 
     def discard(self) -> None:
         self.discarded = True
-
-
-def _add(into: dict[str, float], spent: dict[str, float]) -> None:
-    for k, v in spent.items():
-        into[k] = into.get(k, 0.0) + v
 
 
 def _cell(text: str, limit: int = 120) -> str:
