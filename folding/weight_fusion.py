@@ -4,47 +4,40 @@ or Edge), by three formulas (`weight_ops`) whose constant-only nodes the fold ev
 and stores like any other:
 
 1. ``bn(op(x, W, b))`` -> ``op(x, W * s, (b - mean) * r * gamma + beta)``, ``r = rsqrt(var +
-   eps)`` (the node's eps), ``s = gamma * r`` per output channel, in the order of operations of
-   torch.nn.utils.fusion.fuse_conv_bn_weights. ``op``: a conv (1d/2d/3d, grouped, depthwise,
-   transposed: per group), a ``linear``, Edge's ``addmm``/``mm`` (an ``mm`` given a bias
-   becomes an ``addmm``);
+   eps)``, ``s = gamma * r`` per output channel (torch.nn.utils.fusion.fuse_conv_bn_weights).
+   ``op``: a conv (1d/2d/3d, grouped, transposed), a ``linear``, Edge's ``addmm``/``mm`` (an
+   ``mm`` given a bias becomes an ``addmm``);
 2. ``op(x) * c``, ``/ c``, ``+ c``, ``- c``, ``c`` a number or a tensor along the output channels
    only -> ``W * c`` / ``W / c`` and ``b <op> c`` (Inductor's fx_passes/binary_folding.py);
 3. a lone batch norm -> ``(x - centre) * s + t`` by per-channel constants, which every backend
    computes right (QNN's BatchNorm builder ignores ``eps``: executorch 1.5.1
    backends/qualcomm/builders/op_batch_norm.py).
 
-Dtypes: a formula computes in the widest of its operands' dtypes, at least fp32, and rounds once
-(`weight_ops.compute_dtype`). In fp16/bf16, 3. is ``(x - mean) * s + beta``, which needs ``mean``
-and ``beta`` exact in the activations' dtype (fp32 statistics seldom are: the batch norm stays).
+A formula computes in the widest of its operands' dtypes, at least fp32, and rounds once
+(`weight_ops.compute_dtype`).
 
-Preconditions, each refusal a row (`Reason.NOT_FUSED`, or `Reason.SCALE_AND_SHIFT` saying why
-1. did not apply). Operands known before evaluation: numbers, stored tensors no op writes
-(`unchanging.unchanging_before_probes`), directly or through a view, cast or clone (Edge's
-``permute_copy`` of a weight); not runtime, computed or dequantized. An eval-mode batch norm,
-finite statistics with ``var + eps > 0``, no q/dq at it, static channels on dim 1. A float weight
-op only the batch norm or binary op reads, nothing between them writing in place or with side
-effects, channels on dim 1 for a batch norm, its weight within ``max_tensor_bytes``. No inserted
-op in ``skip_targets``; the growth budget kept (a dropped tensor counts only when nothing else
-reads it and no other stored tensor holds its bytes). And values that keep eager's results:
+Preconditions, each refusal a `Reason.NOT_FUSED` row (or `Reason.SCALE_AND_SHIFT` saying why 1.
+did not apply): operands known before evaluation (numbers; stored tensors no op writes
+(`unchanging.unchanging_before_probes`), directly or through a view, cast or clone); an
+eval-mode batch norm, finite statistics with ``var + eps > 0``, no q/dq at it, static channels
+on dim 1; a float weight op only the batch norm or binary op reads, nothing between them
+writing in place or with side effects, its weight within ``max_tensor_bytes``; no inserted op
+in ``skip_targets``; the growth budget kept. And values that keep eager's results:
 
 - a factor ``f`` (``c``, ``1 / c``, the batch norm's ``s``) finite and nonzero, the weight and
   bias finite: ``W * 0`` loses the sign of ``(W x) * 0`` and the NaN of ``inf * 0``;
 - ``W * f`` and the new bias finite in their dtype, each channel's largest ``|W * f|`` (and a
-  nonzero bias times ``f``) a normal number: below, rounding loses more than the unit roundoff
-  of the channel's scale, and at 0 the channel is lost;
+  nonzero bias times ``f``) a normal number;
 - ``|f| > 1`` makes the op's partial sums larger than eager's: refused in fp16/bf16 (ATen's CPU
-  kernels keep some in the low precision: ``conv_transpose2d(x, W) / 1e-4`` gave inf where eager
-  gives 54,912), elsewhere when ``K max|W * f| + |b'|`` (fan-in K) reaches ``sqrt(max)``;
-- a shift finite, ``b + c`` finite in the bias's dtype;
-- fp16/bf16: a fused batch-norm bias at most ``CANCELLATION_RATIO`` x ``|beta| + |gamma|``.
+  kernels keep some in the low precision), elsewhere when ``K max|W * f| + |b'|`` (fan-in K)
+  reaches ``sqrt(max)``;
+- a shift finite, ``b + c`` finite in the bias's dtype.
 
-Rounding in fp16/bf16 (u = 2^-11, 2^-8): eager rounds ``conv(x)``, then computes the batch norm
-in fp32 and rounds once; the fused conv also rounds ``b'``, which in a quiet channel (``|mean| >>
-sqrt(var + eps)``) cancels most of ``W' x`` (measured 2.4 off at an output scale of 8.9, eager
-0.002). The output is about ``|beta| + |gamma| z``, ``|z|`` a few, so ``|b'| <= 8 (|beta| +
-|gamma|)`` bounds the extra error by ``u (8 (|beta| + |gamma|) + |out|)``. ``(x - mean) * s +
-beta`` rounds three values of the output's size: within 1-4x of eager.
+Rounding in fp16/bf16 (unit roundoff u): the fused op rounds ``b'``, which in a quiet channel
+(``|mean| >> sqrt(var + eps)``) cancels most of ``W' x``. The output is about ``|beta| + |gamma|
+z``, ``|z|`` a few, so ``|b'| <= CANCELLATION_RATIO (|beta| + |gamma|)`` bounds the extra error
+by ``u (8 (|beta| + |gamma|) + |out|)``. Formula 3 is ``(x - mean) * s + beta`` there, which
+needs ``mean`` and ``beta`` exact in the activations' dtype.
 """
 
 from __future__ import annotations
@@ -69,7 +62,7 @@ from .signature import input_specs_by_name
 from .sizes import aligned, nbytes, stored_tensor
 from .torch_internals import program_with
 from .unchanging import unchanging_before_probes
-from .weight_ops import (BATCH_NORMS, BINARY, CONVS, FLOATS, LINEARS, OPS, TRAINING_BATCH_NORMS, Eager, NodeMaker,
+from .weight_ops import (BATCH_NORMS, BINARY, FLOATS, OPS, TRAINING_BATCH_NORMS, Eager, NodeMaker,
                          WeightOp, aten_op, batch_norm_output, binary_bias, bn_bias, bn_scale, compute_dtype,
                          scale_and_shift, scaled_weight, val, weight_op)
 
@@ -86,11 +79,9 @@ _LOOKED_THROUGH = frozenset({*_VIEWS, "aten.clone.default", "aten.alias.default"
 
 @dataclass(frozen=True)
 class FusionRows:
-    """The rewrite's report rows (`report_builder.with_rule_decisions`): `decisions`, a
-    `Decision` per batch norm (and its getitem) or binary op, `Reason.FUSED`,
-    `Reason.SCALE_AND_SHIFT` or `Reason.NOT_FUSED`, each replacing the fold's decision for its
-    name; `inserted`, the inserted nodes' names, whose fold decisions are dropped unless one was
-    kept although constant-only (invariant 3)."""
+    """The rewrite's report rows: `decisions` (`Reason.FUSED`, `SCALE_AND_SHIFT` or `NOT_FUSED`
+    per batch norm, its getitem, or binary op) replace the fold's for their names; the fold's
+    rows of the `inserted` nodes are dropped unless one was kept although constant-only."""
 
     decisions: tuple[Decision, ...] = ()
     inserted: frozenset = frozenset()
@@ -99,8 +90,8 @@ class FusionRows:
 @dataclass(frozen=True)
 class Fusion:
     """What `fuse_into_weights` did: the `program` (a rewritten copy, or the program itself),
-    `notes` (a line per rewrite, `FoldReport.rewrites`), `rows` and `replaced`, ``(old, new)``
-    node names in rewrite order: `new` computes the value of `old` (to check the rewrite alone)."""
+    `notes` (`FoldReport.rewrites`), `rows`, and `replaced`: ``(old, new)`` node names in rewrite
+    order, `new` computing the value of `old`."""
 
     program: ExportedProgram
     notes: tuple[str, ...] = ()
@@ -114,14 +105,14 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     caller's program storing `bytes_before` bytes, `spent` of it by earlier rounds).
 
     Returns a `Fusion` whose program is a copy (top-level graph copied, tensors and bodies
-    shared), or `program` itself when nothing was rewritten. Cost: fx's per-target node index
-    when there is no candidate; else a pass over the nodes, one for the unchanging stored
-    inputs, and one read of each rewritten weight (its largest magnitude per channel)."""
-    kinds = _kinds(program) if policy.fuse_into_weights else {}
+    shared), or `program` itself when nothing was rewritten."""
+    names = {**{n: "bn" for n in BATCH_NORMS}, **{n: "training" for n in TRAINING_BATCH_NORMS}, **BINARY}
+    kinds = {t: k for n, k in names.items() if (t := dialect_op(program, n)) is not None} \
+        if policy.fuse_into_weights else {}
     graph = program.graph
     if not any(k in ("bn", "training") or any(weight_op(a) or op_name(getattr(a, "target", "")) in _VIEWS
                                               and weight_op(a.args[0]) for a in n.args[:2])
-               for t, k in kinds.items() if k != "op" for n in graph.find_nodes(op="call_function", target=t)):
+               for t, k in kinds.items() for n in graph.find_nodes(op="call_function", target=t)):
         return Fusion(program)
     gm, _ = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
@@ -141,13 +132,6 @@ def fuse_into_weights(program: ExportedProgram, policy: FoldPolicy, bytes_before
     signature = with_renamed_outputs(program.graph_signature, rw.renamed)
     return Fusion(program_with(program, graph_module=gm, graph_signature=signature), tuple(rw.notes), rows,
                   tuple(rw.replaced))
-
-
-def _kinds(program: ExportedProgram) -> dict:
-    """{call target in `program`'s dialect: ``"bn"``, ``"training"``, ``"op"`` or a binary kind}."""
-    names = {**{n: "bn" for n in BATCH_NORMS}, **{n: "training" for n in TRAINING_BATCH_NORMS},
-             **{n: "op" for n in (*CONVS, *LINEARS)}, **BINARY}
-    return {t: k for n, k in names.items() if (t := dialect_op(program, n)) is not None}
 
 
 class _NotFused(Exception):
@@ -209,8 +193,8 @@ class _Rewrite:
             raise _NotFused(f"FoldPolicy.skip_targets holds {', '.join(self.skipped or [name])}")
 
     def fits(self, added: int, freed: list) -> bool:
-        """Whether storing `added` more bytes while dropping `freed` (``(operand, reader)``: the
-        reader stops reading the operand) keeps the growth budget; spends it when it does."""
+        """Whether storing `added` more bytes while dropping `freed` (``(operand, reader)``s)
+        keeps the growth budget; spends it when it does."""
         growth = added - sum(self._saved(v, reader) for v, reader in freed)
         if self.budget is not None and self.spent + growth > self.budget:
             return False
@@ -219,8 +203,7 @@ class _Rewrite:
 
     def _saved(self, v: Any, reader: torch.fx.Node) -> int:
         """Bytes dropping `v` saves: its stored tensor's when only `reader` reads it (through its
-        views) and no other stored tensor holds the same bytes (the `.pte` stores those once);
-        for a value the rewrite made, what storing it was counted."""
+        views) and no other stored tensor holds the same bytes (the `.pte` stores those once)."""
         while getattr(v, "op", None) == "call_function" and v not in self.make.created and set(v.users) == {reader}:
             reader, v = v, v.args[0]
         if not isinstance(v, torch.fx.Node) or set(v.users) != {reader}:
@@ -359,8 +342,7 @@ def _known_weight(rw: _Rewrite, op: Any) -> bool:
 
 
 def _fusible(rw: _Rewrite, x: Any, batch_norm: bool) -> WeightOp:
-    """`x` as a `WeightOp` that can take a batch norm (or a binary op) into its weight and
-    bias, else `_NotFused`."""
+    """`x` as a `WeightOp` that can take a batch norm (or a binary op), else `_NotFused`."""
     w_op = weight_op(x)
     if w_op is None:
         what = op_name(x.target) if getattr(x, "op", None) == "call_function" else getattr(x, "op", type(x).__name__)
@@ -396,8 +378,7 @@ def _movable(op: torch.fx.Node, reader: torch.fx.Node) -> None:
 
 def _products(rw: _Rewrite, w_op: WeightOp, f: torch.Tensor, b_new, b_old, what: str) -> None:
     """`_NotFused` unless scaling `w_op`'s weight by `f` (float64, per channel) and making its
-    bias `b_new` (``b_old * f`` for a scale) keeps eager's values (module docstring,
-    "Preconditions"). Reads the weight once: its largest |W| per channel."""
+    bias `b_new` (``b_old * f`` for a scale) keeps eager's values (module docstring)."""
     name, dtype = w_op.node.name, val(w_op.weight).dtype
     fi = torch.finfo(dtype)
     if not bool(f.isfinite().all()) or bool((f == 0).any()):

@@ -120,10 +120,8 @@ def batch_norm_output(bn: torch.fx.Node, tuple_result: bool) -> Optional[torch.f
     """`bn`'s normalised tensor: `bn`, or its only reader ``getitem(bn, 0)``; None when its saved
     statistics are read too."""
     users = list(bn.users)
-    if not tuple_result:
-        return bn
     ok = len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0
-    return users[0] if ok else None
+    return bn if not tuple_result else users[0] if ok else None
 
 
 class Eager:
@@ -147,9 +145,8 @@ class NodeMaker:
         self.mode = detect_fake_mode([val(n) for n in graph.find_nodes(op="placeholder")])
 
     def op(self, name: str, *args, **kwargs) -> torch.fx.Node:
-        """A constant-only node. The formulas cast every operand to one dtype and shapes are
-        static, so its value's metadata is inferred, not dispatched (fake dispatch costs more
-        than evaluating the op)."""
+        """A constant-only node whose ``val`` is inferred, not dispatched (the formulas cast every
+        operand to one dtype and shapes are static; fake dispatch costs more than the op)."""
         node = self.node(self.ops[name], args, kwargs, f"{self.prefix}{name}", None, infer=False)
         vals = [val(a) if isinstance(a, torch.fx.Node) else a for a in args]
         shape = list(args[0] if name == "full" else args[1]) if name in ("full", "view", "expand") else \
@@ -185,7 +182,7 @@ class NodeMaker:
         return node
 
     def inserted_names(self) -> frozenset:
-        """Names of the inserted nodes still in the graph (one pass over its nodes)."""
+        """Names of the inserted nodes still in the graph."""
         alive = set(self.graph.nodes)
         return frozenset(n.name for n in self.created if n in alive)
 
