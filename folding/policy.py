@@ -70,9 +70,8 @@ class FoldPolicy:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise PolicyError(f"FoldPolicy.{name} must be a non-negative int of bytes or None, got {value!r}")
         fraction = self.max_growth_fraction
-        if fraction is not None and (
-            isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < float("inf")
-        ):
+        if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                     or not 0.0 <= fraction < float("inf")):
             raise PolicyError(f"FoldPolicy.max_growth_fraction must be a finite number >= 0 or None, got {fraction!r}")
         for name in ("fold_asserts", "fuse_into_weights"):
             if not isinstance(getattr(self, name), bool):
@@ -98,10 +97,8 @@ class FoldPolicy:
 
     @classmethod
     def from_dict(cls, data: dict) -> "FoldPolicy":
-        """Inverse of `to_dict` (skip targets come back as names): ``from_dict(p.to_dict()) == p``
-        up to skip targets given as ops. A missing key takes its field's default, so a partial
-        dict (``{"fold_asserts": True}``) is the default policy with those fields replaced; a
-        key given as None means None (no cap, no budget), as `to_dict` writes it.
+        """Inverse of `to_dict` (skip targets come back as names). A missing key takes its
+        field's default; a key given as None means None (no cap, no budget).
 
         Raises:
             PolicyError: `data` is not a dict, has a key that names no field (naming those

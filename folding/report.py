@@ -129,24 +129,18 @@ class FoldReport:
         """A human summary: totals, counts per reason, kept constant-only nodes, lifted constants."""
         delta = self.constant_bytes_after - self.constant_bytes_before
         lines = [
-            "## Constant folding report",
-            "",
+            "## Constant folding report", "",
             f"- constant bytes: {self.constant_bytes_before:,} -> {self.constant_bytes_after:,} ({delta:+,})",
             f"- folded nodes: {len(self.folded)}; lifted constants: {len(self.lifted)}"
             f" ({sum(1 for c in self.lifted if c.reused)} reused); removed placeholders: {len(self.removed_placeholders)}",
             f"- constant-only nodes kept: {len(self.kept_constant_only)}",
-            *(
-                [f"- warning: {len(self.nonfinite)} lifted constants hold NaN or Inf: "
-                 + ", ".join(c.placeholder for c in self.nonfinite[:10])]
-                if self.nonfinite else []
-            ),
+            *([f"- warning: {len(self.nonfinite)} lifted constants hold NaN or Inf: "
+               + ", ".join(c.placeholder for c in self.nonfinite[:10])] if self.nonfinite else []),
             *[f"- rewritten: {line}" for line in self.rewrites],
             *[f"- repaired: {line}" for line in self.repairs],
             *[f"- note: {line}" for line in self.notes],
             "- time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()),
-            "",
-            "| reason | nodes |",
-            "|---|---|",
+            "", "| reason | nodes |", "|---|---|",
         ]
         lines += [f"| {name} | {n} |" for name, n in self.counts().items()]
         kept = self.kept_constant_only
