@@ -51,7 +51,7 @@ def policy_from_args(args: argparse.Namespace) -> "FoldPolicy":
     from .policy import FoldPolicy
     from .sizes import parse_bytes
 
-    common = dict(skip_targets=frozenset(args.skip), fuse_into_weights=getattr(args, "fuse_into_weights", True))
+    common = dict(skip_targets=frozenset(args.skip), fuse_into_weights=args.fuse_into_weights)
     if args.unlimited:
         return FoldPolicy.unlimited(**common)
     none = ("none", "off", "inf")

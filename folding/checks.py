@@ -20,8 +20,8 @@ from .torch_internals import is_fake, program_with, verify_signature
 def check_stored_tensors(program: ExportedProgram) -> None:
     """Every parameter, buffer and lifted constant the signature names is stored, as a tensor
     with data (folding evaluates them) of its placeholder's dtype and static dims
-    (``meta["val"]``). torch's verifier checks neither types (but a parameter's), nor shapes
-    or dtypes: such a program fails, or gives other numbers, only when run.
+    (``meta["val"]``). torch's verifier checks only that each is present (and a parameter an
+    ``nn.Parameter``): a wrong one fails, or gives other numbers, only when run.
 
     Raises:
         InvalidProgramError: naming the placeholder, its target and what is wrong (missing,
@@ -57,15 +57,11 @@ def check_stored_tensors(program: ExportedProgram) -> None:
 
 
 def check_signature(program: ExportedProgram) -> tuple[OutputSpecRepair, ...]:
-    """Placeholders match the InputSpecs by name, and outputs match the OutputSpecs in number;
-    returns the OutputSpecs whose name is stale.
-
-    The rules are torch's (``_verify_exported_program_signature`` in torch/_export/verifier.py,
-    which ``to_edge`` runs). It does not compare an OutputSpec's name with its output: specs
-    apply by position, and executorch 1.5.1's QNN export passes
-    (``transform_for_export_pipeline``) decompose an output op (``cdist`` -> ``sqrt``) and
-    leave the spec naming the removed node. The position says which node the spec means, so
-    the stage repairs it on its own copy (`with_output_names`).
+    """Placeholders match the InputSpecs by name, and outputs match the OutputSpecs in number
+    (torch/_export/verifier.py ``_verify_exported_program_signature``, which ``to_edge`` runs);
+    returns the OutputSpecs whose name is stale. torch applies specs by position, and
+    executorch 1.5.1's QNN export passes (``transform_for_export_pipeline``) leave a spec naming
+    the output op they decomposed (``cdist`` -> ``sqrt``): `with_output_names` repairs those.
 
     Raises:
         InvalidProgramError: a placeholder and its InputSpec differ (in number or by name), the

@@ -81,10 +81,8 @@ def _copy_outputs(gm: torch.fx.GraphModule, clone_op) -> int:
             anchor.append(item)  # right after the call: a later node may be another cond
             anchor = item
             moved = True
-            if not item.users:
-                continue
-            if all(_is_copy_of(u, item) for u in item.users):
-                for u in item.users:  # already copied: keep the copies before the next call
+            if all(_is_copy_of(u, item) for u in item.users):  # unused, or copied already
+                for u in item.users:  # keep the copies before the next call
                     anchor.append(u)
                     anchor = u
                 continue
@@ -106,13 +104,12 @@ def executorch_backend_config(mutated_buffers: Sequence[str] = (), *, copy_contr
     `.pte` returns what the program computes, folded or not, with executorch 1.5.1.
 
     Args:
-        mutated_buffers: fully qualified names of buffers the program writes (``"counter"``)
-            whose initial values the `.pte` must hold: ExecuTorch leaves mutable buffers
-            uninitialised unless ``InitializedMutableBufferPass``
-            (exir/passes/init_mutable_pass.py) names them.
+        mutated_buffers: fully qualified names of buffers the program writes, whose initial
+            values the `.pte` must hold (ExecuTorch leaves them uninitialised unless
+            exir/passes/init_mutable_pass.py's ``InitializedMutableBufferPass`` names them).
         copy_control_flow_outputs: add `CopyControlFlowOutputs` (off only to see the fault).
-        passes: your own ``ExecutorchBackendConfig.passes``; they run before the copy.
-        config: any other ``ExecutorchBackendConfig`` field, passed unchanged.
+        passes: your own ``ExecutorchBackendConfig.passes``, run before the copy.
+        config: any other ``ExecutorchBackendConfig`` field.
 
     Raises:
         TypeError: a keyword that is not an ``ExecutorchBackendConfig`` field.
@@ -130,20 +127,12 @@ def executorch_backend_config(mutated_buffers: Sequence[str] = (), *, copy_contr
 
 def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
     """`CopyControlFlowOutputs` applied to every program of an ``EdgeProgramManager`` already
-    partitioned and lowered, so a plain ``to_executorch()`` of the result needs no config (for
-    a wrapper that returns the manager; copies are not doubled by `executorch_backend_config`).
-    Not a ``transform_passes`` entry: a partitioner may take the copy into a delegate and drop
-    it (``XNNPACKRemoveCloneOpsTransform``). The copy op is the one the program's Edge verifier
-    accepts (``_clone_dim_order`` with dim order on, else ``aten.clone``).
-
-    Args:
-        edge_manager: an ``executorch.exir.EdgeProgramManager``.
-        inplace: rewrite `edge_manager`'s own programs and return it, not verified again.
+    partitioned and lowered (a partitioner may drop a copy it takes into a delegate), so that
+    ``to_executorch()`` needs no config; with the copy op the program's Edge verifier accepts.
 
     Returns:
-        with `inplace`, `edge_manager`; else a new ``EdgeProgramManager``
-        (``EdgeProgramManager.transform``: re-verified; attributes set on `edge_manager` are
-        not carried over).
+        with `inplace`, `edge_manager`, its programs rewritten; else a new, re-verified
+        ``EdgeProgramManager`` (``EdgeProgramManager.transform``; `edge_manager` is unchanged).
     """
     from .dialect import dialect_op
 
