@@ -11,13 +11,15 @@ from typing import Iterator, Optional
 
 import torch
 import torch.fx
+from torch import _lazy_clone as lazy_clone  # noqa: F401 (a copy-on-write clone)
+from torch._C import _is_cow_tensor as is_cow_tensor  # noqa: F401 (a lazy clone still shares its storage)
 from torch._export.verifier import _verify_exported_program_signature as verify_signature  # noqa: F401
 from torch._guards import detect_fake_mode  # noqa: F401 (the fake mode of some values)
 from torch._prims_common import make_contiguous_strides_for  # noqa: F401 (the strides torch.empty gives)
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401
 from torch.export import ExportedProgram
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.fx.graph_module import _copy_attr
+from torch.fx.graph_module import _copy_attr as copy_attribute  # noqa: F401 (source's attribute set on target)
 from torch.fx.node import _side_effectful_functions as side_effectful_functions  # noqa: F401 (fx's impure targets)
 
 
@@ -46,12 +48,6 @@ def empty_fake(mode: FakeTensorMode, shape, dtype: torch.dtype) -> torch.Tensor:
 def set_signature(program: ExportedProgram, graph_signature) -> None:
     """Replace `program`'s signature in place (``ExportedProgram.graph_signature`` has no setter)."""
     program._graph_signature = graph_signature
-
-
-def copy_attribute(source: torch.nn.Module, target: torch.nn.Module, qualified_name: str) -> None:
-    """Make `target.<qualified_name>` the same object as `source`'s, creating empty parent
-    modules on the way (torch/fx/graph_module.py ``_copy_attr``)."""
-    _copy_attr(source, target, qualified_name)
 
 
 def lazy_graph_module(root, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
@@ -116,16 +112,6 @@ def copy_codegen(source: torch.fx.Graph, target: torch.fx.Graph) -> None:
     """Give `target` a copy of `source`'s ``Graph._codegen`` (how an exported program's pytree
     in/out specs are rendered; no setter)."""
     target._codegen = copy.deepcopy(source._codegen)
-
-
-def lazy_clone(t: torch.Tensor) -> torch.Tensor:
-    """A copy-on-write clone of `t` (``torch._lazy_clone``)."""
-    return torch._lazy_clone(t)
-
-
-def is_cow_tensor(t: torch.Tensor) -> bool:
-    """True while `t` (a `lazy_clone`) still shares its storage (``torch._C._is_cow_tensor``)."""
-    return torch._C._is_cow_tensor(t)
 
 
 def registered_effect(overload: torch._ops.OpOverload):
