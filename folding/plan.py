@@ -34,7 +34,7 @@ import torch
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
-from .ops import OpKind, is_probed, may_call_probed, op_facts, structural_key
+from .ops import OpKind, is_probed, may_call_probed, op_facts
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -137,7 +137,7 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
         and (cap is None or sizes[n] <= cap or n.name in cap_exempt)
     }  # a scalar "stored" costs 0 bytes: it is inlined into its readers
     runtime = choose_cuts(
-        regions, sizes, placeholder_bytes, _identical_values(folded), policy.max_tensor_bytes, budget, storable
+        regions, sizes, placeholder_bytes, {}, policy.max_tensor_bytes, budget, storable
     )
     plan.runtime.update(runtime)
 
@@ -162,17 +162,6 @@ def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget, cap_exempt
             return False
         total += size
     return budget is None or total <= budget
-
-
-def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
-    """Map each node to the first node computing the same op on the same inputs (hash-consing):
-    their values are equal, and the lift stores them once, so the planner counts them once."""
-    canon: dict[torch.fx.Node, torch.fx.Node] = {}
-    seen: dict[tuple, torch.fx.Node] = {}
-    for n in nodes:
-        key = structural_key(n, canon)
-        canon[n] = n if key is None else seen.setdefault(key, n)
-    return canon
 
 
 def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
