@@ -1,10 +1,8 @@
 """What one attempt of a fold teaches the next: the state of the fold's fixpoint loop.
 
-An attempt runs analysis, planning, evaluation and lift on the same program
-(`working.Working`, which `lift` only reads: the next attempt folds it again; when a pin makes
-the program be prepared again, the constraints follow their nodes by name,
-`Constraints.rebound`). Four things only a later
-step can see send it back to the start, each as data:
+An attempt runs analysis, planning, evaluation and lift on one program (`working.Working`,
+which `lift` only reads: the next attempt folds it again). Four things only a later step can
+see send it back to the start, each as data:
 
 - an op of an in-place alias class had to stay (`KeepAliasClass`): the class is
   kept whole (``forced``);
@@ -19,13 +17,9 @@ step can see send it back to the start, each as data:
   reveals): the budget is tightened by the excess, and after a second miss the plan adds no
   bytes at all (``budget_cut``).
 
-A fifth, a node moved out of a control-flow body that the attempt keeps at runtime, is pinned
-in its body (`fold._fold_once`'s ``pins``) and the program prepared again.
-
 Each attempt that does not end the loop adds a forced node (of a class or kept by
-evaluation), one write, one pin, or one cut; a forced node is never evaluated again, and there
-are at most two cuts, so a fold of a graph with N nodes, whose bodies hold B, makes at most
-2N + B + 3 attempts.
+evaluation), one write, or one cut; a forced node is never evaluated again, and there are at
+most two cuts, so a fold of a graph with N nodes makes at most 2N + 3 attempts.
 """
 
 from __future__ import annotations
@@ -35,7 +29,6 @@ from typing import Mapping, Optional, Union
 
 import torch.fx
 
-from .ops import OpKind, op_facts
 from .reasons import Reason
 
 
@@ -110,30 +103,6 @@ class Constraints:
         new = {n: why for n, why in kept.items() if why[0] is not Reason.DEPENDS_ON_KEPT and n not in self.forced}
         self.forced.update(new)
         return bool(new)
-
-    def rebound(self, graph: torch.fx.Graph) -> None:
-        """Point the learnt constraints at the nodes of the same names in `graph` (the program
-        the constraints were learnt on, prepared again: names are unique and kept)."""
-        if not (self.forced or self.writes):
-            return
-        by_name = {n.name: n for n in graph.nodes}
-        # a forced node that is gone was moved out of a body and is pinned there now: kept anyway
-        self.forced = {by_name[n.name]: why for n, why in self.forced.items() if n.name in by_name}
-        writes: dict[torch.fx.Node, set[torch.fx.Node]] = {}
-        for n, ws in self.writes.items():
-            written = {by_name[w.name] for w in ws if w.name in by_name}
-            writer = by_name.get(n.name)
-            if writer is not None:
-                writes.setdefault(writer, set()).update(written)
-                continue
-            # the writer was moved out of a body and is pinned back in it: the control-flow
-            # calls that pass a written tensor to their bodies write it at runtime
-            for call in graph.nodes:
-                if call.op == "call_function" and op_facts(call.target).kind is OpKind.CONTROL_FLOW:
-                    passed = written.intersection(call.all_input_nodes)
-                    if passed:
-                        writes.setdefault(call, set()).update(passed)
-        self.writes = writes
 
     def fits(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
         """Whether a lifted program storing `bytes_after` bytes is within the growth budget

@@ -16,6 +16,7 @@ from .analysis import analyze
 from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
+from .bodies import sink_kept_code
 from .hops import recompile_shallow, unprobed_writes
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
@@ -24,16 +25,15 @@ from .evaluate import evaluate
 from .dialect import dialect_op
 from .lift import lift
 from .nonfinite import NonfiniteScan
-from .outcome import folded_and_kept, hoisted_and_kept
+from .outcome import folded_and_kept
 from .placement import place
 from .plan import make_plan
 from .policy import FoldPolicy
-from .report import FoldReport, PhaseTimer, Reason
+from .report import FoldReport, PhaseTimer
 from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
 from .sizes import stored_constant_bytes, stored_tensor
 from .torch_internals import replace_contents, reserve_names
-from .working import Preparation, Working
-from .work_counts import count
+from .working import Working, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -111,21 +111,22 @@ def fold_constants(
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
     """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
     bodies included (`bodies`: constant code moves out of its bodies and folds at the top
-    level); a ``cond`` whose predicate became a stored constant is then inlined (`inline`) and
-    the result folded again; a round that inlines nothing is the last."""
+    level; what stays at runtime goes back); a ``cond`` whose predicate became a stored constant
+    is then inlined (`inline`) and the result folded again; a round that inlines nothing is the
+    last."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("bodies"):
         clone_op = dialect_op(program, "aten.clone.default")
-    pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer, analyze)
+    working = prepare(program, policy, clone_op, bytes_before, timer, analyze)
     while True:  # bound: each round removes a cond
-        once = _fold_once(prepare, policy, bytes_before, timer, pins)
+        once = _fold_once(working, policy, bytes_before, timer)
         folded = once.program
         with timer.phase("bodies"):
-            if merge_duplicate_operands(folded.graph_module, once.working.owned_bodies):
+            sunk = sink_kept_code(folded.graph_module)
+            if merge_duplicate_operands(folded.graph_module, working.owned_bodies) or sunk:
                 recompile_shallow(folded.graph_module)
         steps.append(once.report)
         with timer.phase("inlining"):
@@ -133,13 +134,14 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
         if not inlined:
             break
         steps.append(inlined)
-        prepare = prepare.after_inlining(folded, once.working, once.report.constant_bytes_after)
+        working = prepare(folded, policy, clone_op, bytes_before, timer, analyze, working,
+                          once.report.constant_bytes_after - bytes_before)
     reserve_names(folded.graph, reserved)  # invariant 6: a rewrite may have removed some of them
     with timer.phase("report"):
         report = merged(steps, folded)
-        report.rewrites = list(once.working.notes)
-        report.decisions.extend(body_decisions(folded, once.working.body_decisions))
-        report.decisions = with_rule_decisions(report.decisions, once.working.fusions)
+        report.rewrites = list(working.notes)
+        report.decisions.extend(body_decisions(folded, working.body_decisions))
+        report.decisions = with_rule_decisions(report.decisions, working.fusions)
     report.timings = timer.timings()
     logger.info(
         "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
@@ -150,33 +152,26 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
 
 @dataclass(frozen=True)
 class _Round:
-    """One fold of the top-level graph: the folded program, its report, and the working program
-    it folded (`working.Working`)."""
+    """One fold of the top-level graph: the folded program and its report."""
 
     program: ExportedProgram
     report: FoldReport
-    working: Working
 
 
-def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer,
-               pins: dict[str, tuple[Reason, str]]) -> _Round:
-    """One fold of the top-level graph of the program `prepare` makes. `bytes_before`: the
-    stored constant bytes of the caller's program (the growth budget's reference). An
-    attempt that learns a new constraint (an in-place class kept whole, an undeclared write,
-    a node moved out of a body but kept at runtime, which is then pinned in its body: `pins`,
-    an op the plan folded but evaluation kept, a tighter budget) is discarded and redone; its
-    time counts as ``reruns``."""
+def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer) -> _Round:
+    """One fold of the top-level graph of `working.program`. `bytes_before`: the stored
+    constant bytes of the caller's program (the growth budget's reference). An attempt that
+    learns a new constraint (an in-place class kept whole, an undeclared write, an op the plan
+    folded but evaluation kept, a tighter budget) is discarded and redone on the same program;
+    its time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
-    working = None
-    # a fixpoint: each repeat adds a constraint or a pin (bound: `folding/constraints.py`)
-    while True:
+    program, gm = working.program, working.program.graph_module
+    with timer.phase("bytes"):
+        placeholder_bytes = placeholder_savings(gm.graph, program)
+    assumed = unprobed_writes(gm.graph, in_body=False)
+    while True:  # a fixpoint: each repeat adds a constraint (bound: `folding/constraints.py`)
         with timer.attempt() as attempt:
-            count("attempts")
-            if working is None:  # the first attempt, or a node was pinned in its body
-                working, placeholder_bytes = _prepared(prepare, constraints, timer)
-                program, gm = working.program, working.program.graph_module
-                assumed = unprobed_writes(gm.graph, in_body=False)  # once per working program
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced,
                                    _merged_writes(constraints.writes, assumed))
@@ -190,16 +185,8 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 constraints.learn(evaluation.learnt, analysis.alias_root)
                 attempt.discard()
                 continue
-            considered = [n for n in gm.graph.nodes if n.op == "call_function"]
-            kept = hoisted_and_kept(considered, analysis, plan, evaluation)
-            # an op the plan folded that evaluation kept: the plan must count what it keeps
-            redo = constraints.keep_failed(evaluation.kept)
-            if kept.keys() - pins.keys():  # back into their bodies: the program to fold changes
-                pins.update(kept)
-                working = None
-                redo = True
-            if redo:
-                logger.info("kept at fold time or pinned in a body: %s; folding again", ", ".join(sorted(kept) or [n.name for n in evaluation.kept]))
+            if constraints.keep_failed(evaluation.kept):  # the plan must count what evaluation keeps
+                logger.info("kept at fold time: %s; folding again", ", ".join(n.name for n in evaluation.kept))
                 attempt.discard()
                 continue
             with timer.phase("lift"):
@@ -213,18 +200,10 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 break
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
             attempt.discard()
+    considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
-    return _Round(new_program, report, working)
-
-
-def _prepared(prepare: Preparation, constraints: Constraints, timer: PhaseTimer) -> tuple[Working, dict]:
-    """A new working program, the constraints rebound to its nodes, and what dropping each of
-    its constant placeholders saves (`dedup.placeholder_savings`)."""
-    working = prepare()
-    constraints.rebound(working.program.graph)
-    with timer.phase("bytes"):
-        return working, placeholder_savings(working.program.graph, working.program)
+    return _Round(new_program, report)
 
 
 def _merged_writes(learnt: dict, assumed: dict) -> dict:

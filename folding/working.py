@@ -14,8 +14,8 @@ discarded after `lift` (over the growth budget) is redone on the same one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from torch.export import ExportedProgram
 
@@ -49,66 +49,37 @@ class Working:
     fusions: FusionRows = FusionRows()
 
 
-@dataclass(frozen=True)
-class Preparation:
-    """Makes the `Working` program of an attempt from `base`: called for the first attempt and
-    whenever the next attempt needs a new one (a node was pinned in its body); an attempt redone
-    for a constraint (learnt by evaluation, or a tighter growth budget) reuses the same `Working`.
+def prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: int, timer: PhaseTimer, analyze: Callable,
+            last: Optional[Working] = None, spent: int = 0) -> Working:
+    """The `Working` program of a round, made from `base`, the program it folds (never edited).
 
-    Attributes:
-        base: the program being folded; never edited.
-        pins: body paths of nodes that stay in their body (`hoist_body_constants`); the
-            driver's dict, read at each call.
+    Args:
+        clone_op: the program dialect's copy op (`hoist_body_constants`).
         bytes_before: stored constant bytes of the caller's program (the growth budget's
             reference).
-        rewrite_readers: run `read_through_transposes` (the first round only: after a
-            ``cond`` is inlined the program is the fold's own output, rewritten already).
-            `fuse_into_weights` runs every round: inlining a ``cond`` brings its taken body's
-            batch norms and scales to the top level (the first round's rows stay, a later
-            round's replace them by node name; the growth the earlier rounds spent counts).
-        transposes, notes, fusions: what the earlier rounds' rewrites found (used when they do
-            not run; `fusions` merged with a later round's).
-        spent: bytes of the growth budget the earlier rounds spent (`base` stores
-            ``bytes_before + spent``), in bytes.
         analyze: `analysis.analyze`, for the hoisting's analyses of bodies (the driver passes
             it: a stage never imports another).
+        last: the working program of the round before, when `base` is that round's result with
+            a ``cond`` inlined since. `read_through_transposes` then does not run (`base` is
+            rewritten already; its transposes and notes carry over); `fuse_into_weights` runs
+            every round, on what the inlined body brought to the top level (the earlier rows
+            stay, a later round's replace them by node name).
+        spent: bytes of the growth budget the earlier rounds spent (`base` stores
+            ``bytes_before + spent``).
     """
-
-    base: ExportedProgram
-    policy: FoldPolicy
-    clone_op: object
-    pins: Mapping[str, object]
-    bytes_before: int
-    timer: PhaseTimer
-    analyze: Callable
-    rewrite_readers: bool = True
-    transposes: frozenset = frozenset()
-    notes: tuple[str, ...] = ()
-    fusions: FusionRows = FusionRows()
-    spent: int = 0
-
-    def __call__(self) -> Working:
-        with self.timer.phase("rewrites"):
-            if self.rewrite_readers:
-                fusion = fuse_into_weights(self.base, self.policy, self.bytes_before)
-                rewrite = read_through_transposes(fusion.program, self.policy, self.bytes_before)
-                rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
-            else:  # batch norms and scales a ``cond``'s inlining brought to the top level
-                fusion = _merged(self.fusions, fuse_into_weights(self.base, self.policy, self.bytes_before, self.spent))
-                rewrite = Rewrite(fusion.program, self.notes + fusion.notes, self.transposes)
-            program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not self.base)
-        with self.timer.phase("bodies"):  # edits the graph in place only when a rewrite copied it
-            hoisting = hoist_body_constants(program, self.policy, self.clone_op, self.pins,
-                                            analyze=self.analyze, inplace=program is not self.base)
-        return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
-                       hoisting.decisions, fusions=fusion.rows)
-
-    def after_inlining(self, folded: ExportedProgram, last: Working, bytes_after: int) -> "Preparation":
-        """The preparation of the next round, which folds `folded` (the result of the round
-        whose working program was `last`, with a ``cond`` inlined since; it stores
-        `bytes_after` constant bytes)."""
-        return replace(self, base=folded, rewrite_readers=False, transposes=last.transposes, notes=last.notes,
-                       fusions=last.fusions, spent=bytes_after - self.bytes_before)
+    with timer.phase("rewrites"):
+        if last is None:
+            fusion = fuse_into_weights(base, policy, bytes_before)
+            rewrite = read_through_transposes(fusion.program, policy, bytes_before)
+            rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
+        else:
+            fusion = _merged(last.fusions, fuse_into_weights(base, policy, bytes_before, spent))
+            rewrite = Rewrite(fusion.program, last.notes + fusion.notes, last.transposes)
+        program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not base)
+    with timer.phase("bodies"):  # edits the graph in place only when a rewrite copied it
+        hoisting = hoist_body_constants(program, policy, clone_op, analyze=analyze, inplace=program is not base)
+    return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
+                   hoisting.decisions, fusions=fusion.rows)
 
 
 def _merged(earlier: FusionRows, fusion: Fusion) -> Fusion:

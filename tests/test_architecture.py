@@ -73,7 +73,7 @@ def test_no_function_over_60_lines_and_no_class_over_120(package):
 
 # Stage entry points, by (module, function), and the step each stands for.
 _ENTRY_POINTS = {
-    ("working", "__call__"): "prepare", ("analysis", "analyze"): "analyze", ("plan", "make_plan"): "plan",
+    ("working", "prepare"): "prepare", ("analysis", "analyze"): "analyze", ("plan", "make_plan"): "plan",
     ("evaluate", "evaluate"): "evaluate", ("placement", "place"): "place", ("lift", "lift"): "apply",
     ("sizes", "stored_constant_bytes"): "measure", ("report_builder", "fold_report"): "report",
     ("operands", "merge_duplicate_operands"): "operands", ("inline", "inline_constant_conds"): "inline",
