@@ -202,12 +202,12 @@ class _Hoist:
                 with gm.graph.inserting_before(hop):
                     move = _wrap_hoisted if kind.wraps else _copy_hoisted
                     value_of.update(zip(sinks, move(gm, hop, body, hoisted, sinks, sources, path)))
-            moved.append((body, sinks))
+            moved.append((body, hoisted, sinks))
         if not value_of:
             return
         new_operands = list(value_of.values())
-        for body, sinks in moved:
-            _replace_with_operands(body, sinks, new_operands, value_of, self.clone_op)
+        for body, hoisted, sinks in moved:
+            _replace_with_operands(body, hoisted, sinks, new_operands, value_of, self.clone_op)
         hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
         _drop_unused_operands(hop)
 
@@ -263,9 +263,9 @@ def _placeholder(graph: torch.fx.Graph, name: str, val) -> torch.fx.Node:
     return p
 
 
-def _replace_with_operands(body, sinks, new_operands, value_of, clone_op) -> None:
+def _replace_with_operands(body, hoisted, sinks, new_operands, value_of, clone_op) -> None:
     """Give `body` one new placeholder per new operand (all bodies of a HOP take the same
-    operands), read its own sinks from them, and delete the moved nodes."""
+    operands), read its own sinks from them, and delete the `hoisted` nodes."""
     graph = body.graph
     own = {value_of[s]: s for s in sinks}
     # After the existing placeholders; a body may have none (a region or branch whose code
@@ -276,7 +276,7 @@ def _replace_with_operands(body, sinks, new_operands, value_of, clone_op) -> Non
     placeholder_of = dict(zip(new_operands, placeholders))
     for s in sinks:
         s.replace_all_uses_with(placeholder_of[value_of[s]])
-    for n in reversed(_moved_nodes(graph, sinks)):
+    for n in reversed(hoisted):  # in graph order: readers go first
         graph.erase_node(n)
     _copy_returned_operands(graph, set(placeholders), clone_op)
 
@@ -315,20 +315,6 @@ def _drop_unused_operands(hop: torch.fx.Node) -> None:
     hop.args = kind.with_operands(hop, [o for i, o in enumerate(operands) if i not in unused])
 
 
-def _moved_nodes(graph: torch.fx.Graph, sinks: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    """The nodes left without users after the sinks' readers were redirected: the sinks and
-    what only they read, in graph order (deleted last to first)."""
-    dead: set[torch.fx.Node] = set()
-    work = list(sinks)
-    while work:
-        n = work.pop()
-        if n in dead or n.op == "placeholder" or any(u not in dead for u in n.users):
-            continue
-        dead.add(n)
-        work.extend(n.all_input_nodes)
-    return [n for n in graph.nodes if n in dead]
-
-
 def sink_kept_code(gm: torch.fx.GraphModule, prefix: str = "") -> bool:
     """Put the code that `hoist_body_constants` moved out of a ``cond``, ``while_loop``,
     ``map_impl`` or ``scan`` body, and that the fold then kept at runtime (a size limit, a kept
@@ -357,24 +343,30 @@ def sink_kept_code(gm: torch.fx.GraphModule, prefix: str = "") -> bool:
 
 def _hoisted_code(operands: list[torch.fx.Node], came_from) -> list[torch.fx.Node]:
     """The call_function nodes hoisted from a body path `came_from` accepts that compute
-    `operands` (with what they read of them), and the get_attrs of the regions among them, in
-    graph order."""
+    `operands`, with what they read of such nodes and the get_attrs of the regions among them,
+    in graph order."""
     def moved(n: torch.fx.Node) -> bool:
         if n.op != "call_function":
-            return False
+            return n.op == "get_attr"
         if n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node):
             n = n.args[0]  # a region's output
         paths = n.meta.get(HOISTED_FROM, ())
         return any(came_from(p) for p in (paths if isinstance(paths, tuple) else (paths,)))
 
-    code: set[torch.fx.Node] = set()
-    work = [o for o in operands if moved(o)]
+    code = _read([o for o in operands if o.op == "call_function" and moved(o)], moved)
+    return [n for n in next(iter(code)).graph.nodes if n in code] if code else []
+
+
+def _read(nodes: list[torch.fx.Node], within) -> set[torch.fx.Node]:
+    """`nodes` and the inputs they read, transitively, for which `within` is true."""
+    out: set[torch.fx.Node] = set()
+    work = list(nodes)
     while work:
         n = work.pop()
-        if n not in code:
-            code.add(n)
-            work.extend(i for i in n.all_input_nodes if moved(i) or i.op == "get_attr")
-    return [n for n in next(iter(code)).graph.nodes if n in code] if code else []
+        if n not in out:
+            out.add(n)
+            work.extend(i for i in n.all_input_nodes if within(i))
+    return out
 
 
 def _sink(gm: torch.fx.GraphModule, hop: torch.fx.Node, code: list[torch.fx.Node]) -> None:
@@ -388,7 +380,7 @@ def _sink(gm: torch.fx.GraphModule, hop: torch.fx.Node, code: list[torch.fx.Node
         graph = body.graph
         placeholder_of = dict(zip(operands, [n for n in graph.nodes if n.op == "placeholder"][kind.varying(hop):]))
         sunk = {o: placeholder_of[o] for o in operands if o in code}
-        needed = _ancestors([o for o, p in sunk.items() if p.users], set(code))
+        needed = _read([o for o, p in sunk.items() if p.users], set(code).__contains__)
         with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
             env = {i: placeholder_of.get(i) or _placeholder(graph, i.name, i.meta.get("val")) for i in inputs}
             for n in code:
@@ -403,16 +395,4 @@ def _sink(gm: torch.fx.GraphModule, hop: torch.fx.Node, code: list[torch.fx.Node
     for n in reversed(code):
         if not n.users:
             gm.graph.erase_node(n)
-
-
-def _ancestors(nodes: list[torch.fx.Node], within: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    """`nodes` and what they read of `within`, transitively."""
-    out: set[torch.fx.Node] = set()
-    work = list(nodes)
-    while work:
-        n = work.pop()
-        if n not in out:
-            out.add(n)
-            work.extend(i for i in n.all_input_nodes if i in within)
-    return out
 

@@ -1,6 +1,6 @@
 """What one attempt of a fold teaches the next: the state of the fold's fixpoint loop.
 
-An attempt runs analysis, planning, evaluation and lift on one program (`working.Working`,
+An attempt runs analysis, planning, evaluation and lift on one program (`fold.Working`,
 which `lift` only reads: the next attempt folds it again). Four things only a later step can
 see send it back to the start, each as data:
 

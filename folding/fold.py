@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.fx
@@ -16,7 +17,7 @@ from .analysis import analyze
 from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
-from .bodies import sink_kept_code
+from .bodies import hoist_body_constants, sink_kept_code
 from .hops import recompile_shallow, unprobed_writes
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
@@ -33,7 +34,9 @@ from .report import FoldReport, PhaseTimer
 from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
 from .sizes import stored_constant_bytes, stored_tensor
 from .torch_internals import replace_contents, reserve_names
-from .working import Working, prepare
+from .returned_dequantizes import split_returned_dequantizes
+from .transposed_gathers import Rewrite, read_through_transposes
+from .weight_fusion import Fusion, FusionRows, fuse_into_weights
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +111,75 @@ def fold_constants(
     return result
 
 
+@dataclass(frozen=True)
+class Working:
+    """Attributes:
+        program: what the attempt folds, read only from here on: a copy the rewrites made, or
+            the program being folded itself when none applied.
+        owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
+        transposes: names of the transposes that replace their matrix when folded
+            (`transposed_gathers.Rewrite.transposes`).
+        notes: one line per rewritten gather and per dequantize copied for the output
+            (`FoldReport.rewrites`).
+        body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
+        fusions: the report rows of `weight_fusion.fuse_into_weights` (`Fusion.rows`).
+    """
+
+    program: ExportedProgram
+    owned_bodies: frozenset
+    transposes: frozenset
+    notes: tuple[str, ...]
+    body_decisions: tuple = ()
+    fusions: FusionRows = FusionRows()
+
+
+def _prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: int, timer: PhaseTimer,
+             last: Optional[Working] = None, spent: int = 0) -> Working:
+    """Prepare: the `Working` program of a round, made from `base`, the program it folds (never
+    edited), by the rewrites that come before analysis. The first of them that applies copies
+    the top-level graph (`hops.copy_uncompiled`: tensors and bodies shared) and the ones after it
+    edit that copy; when none applies, the working program is `base` itself, which analysis,
+    planning, evaluation and placement only read, and from which `lift` builds the folded graph
+    anew. So the working program outlives its attempts: a discarded attempt is redone on it.
+
+    Args:
+        clone_op: the program dialect's copy op (`hoist_body_constants`).
+        bytes_before: stored constant bytes of the caller's program (the growth budget's
+            reference).
+        last: the working program of the round before, when `base` is that round's result with
+            a ``cond`` inlined since. `read_through_transposes` then does not run (`base` is
+            rewritten already; its transposes and notes carry over); `fuse_into_weights` runs
+            every round, on what the inlined body brought to the top level (the earlier rows
+            stay, a later round's replace them by node name).
+        spent: bytes of the growth budget the earlier rounds spent (`base` stores
+            ``bytes_before + spent``).
+    """
+    with timer.phase("rewrites"):
+        if last is None:
+            fusion = fuse_into_weights(base, policy, bytes_before)
+            rewrite = read_through_transposes(fusion.program, policy, bytes_before)
+            rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
+        else:
+            fusion = _merged_rows(last.fusions, fuse_into_weights(base, policy, bytes_before, spent))
+            rewrite = Rewrite(fusion.program, last.notes + fusion.notes, last.transposes)
+        program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not base)
+    with timer.phase("bodies"):  # edits the graph in place only when a rewrite copied it
+        hoisting = hoist_body_constants(program, policy, clone_op, analyze=analyze, inplace=program is not base)
+    return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
+                   hoisting.decisions, fusions=fusion.rows)
+
+
+def _merged_rows(earlier: FusionRows, fusion: Fusion) -> Fusion:
+    """`fusion` (a later round's) with the rows of the rounds before it: a later row replaces an
+    earlier one of the same node name; rows for nodes an earlier round inserted (its runtime
+    multiply and add, read again by the candidate search) are dropped."""
+    later = [d for d in fusion.rows.decisions if d.node not in earlier.inserted]
+    names = {d.node for d in later}
+    rows = FusionRows(tuple(d for d in earlier.decisions if d.node not in names) + tuple(later),
+                      earlier.inserted | fusion.rows.inserted)
+    return Fusion(fusion.program, fusion.notes, rows, fusion.replaced)
+
+
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
     """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
     bodies included (`bodies`: constant code moves out of its bodies and folds at the top
@@ -120,7 +192,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
         clone_op = dialect_op(program, "aten.clone.default")
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    working = prepare(program, policy, clone_op, bytes_before, timer, analyze)
+    working = _prepare(program, policy, clone_op, bytes_before, timer)
     while True:  # bound: each round removes a cond
         once = _fold_once(working, policy, bytes_before, timer)
         folded = once.program
@@ -134,8 +206,8 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
         if not inlined:
             break
         steps.append(inlined)
-        working = prepare(folded, policy, clone_op, bytes_before, timer, analyze, working,
-                          once.report.constant_bytes_after - bytes_before)
+        working = _prepare(folded, policy, clone_op, bytes_before, timer, working,
+                           once.report.constant_bytes_after - bytes_before)
     reserve_names(folded.graph, reserved)  # invariant 6: a rewrite may have removed some of them
     with timer.phase("report"):
         report = merged(steps, folded)
