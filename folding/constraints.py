@@ -1,15 +1,14 @@
 """What one attempt of a fold teaches the next: the state of the fold's fixpoint loop.
 
 An attempt runs analysis, planning, evaluation and lift on one program (`fold.Working`,
-which `lift` only reads: the next attempt folds it again). Four things only a later step can
+which `lift` only reads: the next attempt folds it again). Three things only a later step can
 see send it back to the start, each as data:
 
-- an op of an in-place alias class had to stay (`KeepAliasClass`): the class is
-  kept whole (``forced``);
 - an op the plan folded had to stay (it raised when evaluated, or its result is not a tensor:
   `Evaluation.kept`): it is kept from then on (``forced``, `Constraints.keep_failed`), so that
   the plan's size limits and layout rules see its folded inputs stored and the placeholders
-  they read kept (evaluation stores them in its place, which the plan did not count);
+  they read kept (evaluation stores them in its place, which the plan did not count), and an
+  in-place alias class it belongs to stays whole (`plan`);
 - an op wrote to an input its schema does not declare (`UndeclaredWrite`): the write
   is known from then on (``writes``);
 - the stored bytes measured after lift exceed the growth budget (the planner counts bytes
@@ -17,32 +16,19 @@ see send it back to the start, each as data:
   reveals): the budget is tightened by the excess, and after a second miss the plan adds no
   bytes at all (``budget_cut``).
 
-Each attempt that does not end the loop adds a forced node (of a class or kept by
-evaluation), one write, or one cut; a forced node is never evaluated again, and there are at
-most two cuts, so a fold of a graph with N nodes makes at most 2N + 3 attempts.
+Each attempt that does not end the loop adds a forced node, one write, or one cut; a forced
+node is never evaluated again, and there are at most two cuts, so a fold of a graph with N
+nodes makes at most 2N + 3 attempts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional
 
 import torch.fx
 
 from .reasons import Reason
-
-
-@dataclass(frozen=True)
-class KeepAliasClass:
-    """An op of an in-place alias class (`Analysis.alias_root`) had to stay: the class can only
-    fold whole, so it is kept at runtime and the attempt redone (`Constraints`)."""
-
-    root: torch.fx.Node
-    reason: Reason
-    detail: str
-
-    def __str__(self) -> str:
-        return f"keeping in-place alias class of {self.root.name}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -62,14 +48,12 @@ class UndeclaredWrite:
         return f"{self.node.name} {how} {self.written.name}, which its schema does not declare"
 
 
-Learnt = Union[KeepAliasClass, UndeclaredWrite]
-
 
 @dataclass
 class Constraints:
     """Attributes:
-    forced: nodes the analysis must keep at runtime, with reason and detail (every node of an
-        alias class that failed; a node that raised or gave no tensor when evaluated).
+    forced: nodes the analysis must keep at runtime, with reason and detail (a node that
+        raised or gave no tensor when evaluated).
     writes: for an op, the inputs it was seen writing although its schema does not say so.
     budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
     budget_misses: how often the measured growth exceeded the planned budget.
@@ -80,17 +64,9 @@ class Constraints:
     budget_cut: int = 0
     budget_misses: int = 0
 
-    def learn(self, learnt: Learnt, alias_root: dict[torch.fx.Node, torch.fx.Node]) -> None:
-        """Record what a stopped evaluation learnt (`Evaluation.learnt`); `alias_root`: the
-        attempt's `Analysis.alias_root`, to keep a failed class whole."""
-        if isinstance(learnt, KeepAliasClass):
-            why = (learnt.reason, learnt.detail)
-            self.forced.update((n, why) for n, root in alias_root.items() if root is learnt.root)
-            self.forced[learnt.root] = why
-        elif isinstance(learnt, UndeclaredWrite):
-            self.writes.setdefault(learnt.node, set()).add(learnt.written)
-        else:
-            raise TypeError(f"not a constraint: {learnt!r}")
+    def learn(self, write: UndeclaredWrite) -> None:
+        """Record the write a stopped evaluation found (`Evaluation.learnt`)."""
+        self.writes.setdefault(write.node, set()).add(write.written)
 
     def keep_failed(self, kept: Mapping[torch.fx.Node, tuple[Reason, str]]) -> bool:
         """Keep at runtime, from the next attempt on, the nodes an evaluation kept for a reason

@@ -233,8 +233,8 @@ class _Round:
 def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer) -> _Round:
     """One fold of the top-level graph of `working.program`. `bytes_before`: the stored
     constant bytes of the caller's program (the growth budget's reference). An attempt that
-    learns a new constraint (an in-place class kept whole, an undeclared write, an op the plan
-    folded but evaluation kept, a tighter budget) is discarded and redone on the same program;
+    learns a new constraint (an undeclared write, an op the plan folded but evaluation kept, a
+    tighter budget) is discarded and redone on the same program;
     its time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
     constraints = Constraints()
@@ -254,7 +254,7 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int, timer: P
                 evaluation = evaluate(plan, analysis, gm, _stored_value(program, analysis))
             if evaluation.learnt is not None:
                 logger.info("%s; folding again", evaluation.learnt)
-                constraints.learn(evaluation.learnt, analysis.alias_root)
+                constraints.learn(evaluation.learnt)
                 attempt.discard()
                 continue
             if constraints.keep_failed(evaluation.kept):  # the plan must count what evaluation keeps

@@ -1,6 +1,6 @@
 """What one attempt teaches the next (`folding.constraints`): the growth budget tightened by
-the measured excess and cut to nothing after a second miss, learnt alias classes kept whole and
-undeclared writes, and attempts redone on a working copy that lift reads.
+the measured excess and cut to nothing after a second miss, ops kept by evaluation forced once,
+undeclared writes learnt, and attempts redone on a working copy that lift reads.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from folding import FoldPolicy, fold_constants
-from folding.constraints import Constraints, KeepAliasClass, UndeclaredWrite
+from folding.constraints import Constraints, UndeclaredWrite
 from folding.reasons import Reason
 from tests.fold_checks import assert_fold_invariants, decision
 from tests.invariants import assert_same_outputs
@@ -57,17 +57,12 @@ def _graph(names):
     return g, {name: g.placeholder(name) for name in names}
 
 
-def test_learnt_constraints_keep_an_alias_class_whole():
-    g, n = _graph(["root", "view", "add_", "other", "w", "op"])
-    alias_root = {n["view"]: n["root"], n["add_"]: n["root"], n["other"]: n["other"]}
+def test_a_learnt_write_is_recorded_per_op():
+    g, n = _graph(["op", "w", "v"])
     c = Constraints()
-    c.learn(KeepAliasClass(n["root"], Reason.EVALUATION_ERROR, "boom"), alias_root)
-    c.learn(UndeclaredWrite(n["op"], n["w"]), alias_root)
-    assert set(c.forced) == {n["root"], n["view"], n["add_"]}  # the class, not its neighbour
-    assert all(why == (Reason.EVALUATION_ERROR, "boom") for why in c.forced.values())
-    assert c.writes == {n["op"]: {n["w"]}}
-    with pytest.raises(TypeError, match="not a constraint"):
-        c.learn("a write", alias_root)
+    c.learn(UndeclaredWrite(n["op"], n["w"]))
+    c.learn(UndeclaredWrite(n["op"], n["v"], aliased=True))
+    assert c.writes == {n["op"]: {n["w"], n["v"]}} and not c.forced
 
 
 class WriterBudgetAndBranches(nn.Module):
