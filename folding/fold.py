@@ -194,20 +194,19 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
     working = _prepare(program, policy, clone_op, bytes_before, timer)
     while True:  # bound: each round removes a cond
-        once = _fold_once(working, policy, bytes_before, timer)
-        folded = once.program
+        folded, report = _fold_once(working, policy, bytes_before, timer)
         with timer.phase("bodies"):
             sunk = sink_kept_code(folded.graph_module)
             if merge_duplicate_operands(folded.graph_module, working.owned_bodies) or sunk:
                 recompile_shallow(folded.graph_module)
-        steps.append(once.report)
+        steps.append(report)
         with timer.phase("inlining"):
             inlined = inline_constant_conds(folded, clone_op, reserved)
         if not inlined:
             break
         steps.append(inlined)
         working = _prepare(folded, policy, clone_op, bytes_before, timer, working,
-                           once.report.constant_bytes_after - bytes_before)
+                           report.constant_bytes_after - bytes_before)
     reserve_names(folded.graph, reserved)  # invariant 6: a rewrite may have removed some of them
     with timer.phase("report"):
         report = merged(steps, folded)
@@ -222,31 +221,23 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     return FoldResult(folded, report)
 
 
-@dataclass(frozen=True)
-class _Round:
-    """One fold of the top-level graph: the folded program and its report."""
-
-    program: ExportedProgram
-    report: FoldReport
-
-
-def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer) -> _Round:
-    """One fold of the top-level graph of `working.program`. `bytes_before`: the stored
-    constant bytes of the caller's program (the growth budget's reference). An attempt that
-    learns a new constraint (an undeclared write, an op the plan folded but evaluation kept, a
-    tighter budget) is discarded and redone on the same program;
+def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
+               timer: PhaseTimer) -> tuple[ExportedProgram, FoldReport]:
+    """One fold of the top-level graph of `working.program`: the folded program and its report.
+    `bytes_before`: the stored constant bytes of the caller's program (the growth budget's
+    reference). An attempt that learns a new constraint (an undeclared write, an op the plan
+    folded but evaluation kept, a tighter budget) is discarded and redone on the same program;
     its time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
-    constraints = Constraints()
     program, gm = working.program, working.program.graph_module
+    # the writes the fold assumes (`hops.unprobed_writes`), and those evaluation will learn
+    constraints = Constraints(writes={n: set(ws) for n, ws in unprobed_writes(gm.graph, in_body=False).items()})
     with timer.phase("bytes"):
         placeholder_bytes = placeholder_savings(gm.graph, program)
-    assumed = unprobed_writes(gm.graph, in_body=False)
     while True:  # a fixpoint: each repeat adds a constraint (bound: `folding/constraints.py`)
         with timer.attempt() as attempt:
             with timer.phase("analysis"):
-                analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced,
-                                   _merged_writes(constraints.writes, assumed))
+                analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
             with timer.phase("planning"):
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
@@ -275,17 +266,7 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int, timer: P
     considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
-    return _Round(new_program, report)
-
-
-def _merged_writes(learnt: dict, assumed: dict) -> dict:
-    """The writes evaluation learnt and those the fold assumes (`hops.unprobed_writes`), per op."""
-    if not assumed:
-        return learnt
-    out = {n: set(ws) for n, ws in learnt.items()}
-    for n, ws in assumed.items():
-        out.setdefault(n, set()).update(ws)
-    return out
+    return new_program, report
 
 
 def _stored_value(program: ExportedProgram, analysis):
