@@ -4,8 +4,8 @@ folds there (`folding/bodies.py`, `Hoisting`).
 A ``cond`` branch, a ``no_grad`` or autocast region, or a region nested in a branch, folds its
 constant code even when it reads no operand; the code moves out of a copy of the caller's body,
 whose own region is never rewritten (invariant 7); a tensor attribute of a body moved out as an
-operand is reported as moved, not as a folded value; and a region kept at runtime for a pin and
-folded again reports each decision under its nodes' paths. Every program goes through
+operand is reported as moved, not as a folded value; and a region kept at runtime
+reports each decision under its nodes' paths. Every program goes through
 `control_flow_checks.fold_and_compare` (caller unchanged, refold, no dead leftovers, eager and
 .pte against the unfolded program on inputs taking each branch). Found by issue 21 (fault 2)
 and the control-flow fuzzer."""
@@ -127,9 +127,9 @@ def assert_close(a, b):
 
 class RegionWrittenByAnInlinedBranch(nn.Module):
     """A constant-only region whose output a runtime value from a constant-predicate cond then
-    writes in place (fuzz case 27000333, shrunk): the region is kept at runtime, pinned, and
-    folded again; the new region call stood for a glue getitem with no report name (a
-    ``Decision`` named None, AttributeError while merging reports)."""
+    writes in place (fuzz case 27000333, shrunk): the region is kept at runtime and folded
+    again; the new region call stood for a glue getitem with no report name (a ``Decision``
+    named None, AttributeError while merging reports)."""
 
     def __init__(self, region: str, returned: bool):
         super().__init__()
@@ -149,7 +149,7 @@ class RegionWrittenByAnInlinedBranch(nn.Module):
 
 @pytest.mark.parametrize("returned", [False, True], ids=["dead", "returned"])
 @pytest.mark.parametrize("region", ["autocast", "no_grad"])
-def test_a_region_folded_again_after_a_pin_reports_under_its_nodes_paths(region, returned):
+def test_a_region_kept_at_runtime_reports_under_its_nodes_paths(region, returned):
     g = torch.Generator().manual_seed(2)
     _, result = fold_and_compare(RegionWrittenByAnInlinedBranch(region, returned).eval(),
                                  [(torch.randn(1, 2, 5, 2, generator=g),)], pte=returned)
@@ -199,7 +199,7 @@ def test_branches_differing_only_in_what_python_calls_equal_keep_their_values(a,
 # A body shared by two control-flow slots (the second fresh review of issue 52, fault 5).
 # torch.export gives each call its own bodies, but a pass that deduplicates submodules may not,
 # and executorch's `to_edge` accepts such a program (it traces each call anew). The fold copies
-# a shared body for each call that rewrites it (`bodies._Hoist.unshare`); before, the second
+# every body slot gets a body of its own (`bodies._Hoist.own_bodies`); before, the second
 # call kept its old operands and the folded program raised ``forward() missing 1 required
 # positional argument``, or, where the count of operands stayed the same (``two_regions``),
 # read the first call's moved constant: wrong numbers.
