@@ -3,7 +3,7 @@ each value after its last use.
 
 What evaluation learns that the analysis missed (an undeclared write) it returns as data,
 ``Evaluation.learnt``, and the ops it kept, ``Evaluation.kept``; the driver (`fold._fold_once`)
-records it in `constraints.Constraints` and redoes the attempt."""
+records it in `fold.Constraints` and redoes the attempt."""
 
 from __future__ import annotations
 
@@ -21,12 +21,28 @@ from .reasons import Reason
 from .layout import owned_canonical, raw_bytes
 from .sizes import storage_pointers
 from .symbols import bindings, concrete_ints, hinted_ints
-from .constraints import UndeclaredWrite
 from .values import holds_tensors, tensors_in
 
 if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (`fold.py` does)
     from .analysis import Analysis
     from .plan import Plan
+
+
+@dataclass(frozen=True)
+class UndeclaredWrite:
+    """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
+    materialised), or a probed custom op returned a view of a constant input its schema does
+    not declare (`aliased`: whatever updates the result in place writes the input, so the
+    op is taken to write it): the write counts as an in-place update from then on, and the
+    attempt is redone with it known (`Analysis.writes`)."""
+
+    node: torch.fx.Node
+    written: torch.fx.Node
+    aliased: bool = False
+
+    def __str__(self) -> str:
+        how = "returns a view of" if self.aliased else "writes to"
+        return f"{self.node.name} {how} {self.written.name}, which its schema does not declare"
 
 
 class _Stop(Exception):

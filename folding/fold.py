@@ -6,8 +6,8 @@ function the driver hands it; docs/design.md, "Pipeline inside `fold_constants`"
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
 
 import torch
 import torch.fx
@@ -21,8 +21,7 @@ from .bodies import hoist_body_constants, sink_kept_code
 from .hops import recompile_shallow, unprobed_writes
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
-from .constraints import Constraints
-from .evaluate import evaluate
+from .evaluate import UndeclaredWrite, evaluate
 from .dialect import dialect_op
 from .lift import lift
 from .nonfinite import NonfiniteScan
@@ -30,6 +29,7 @@ from .outcome import folded_and_kept
 from .placement import place
 from .plan import make_plan
 from .policy import FoldPolicy
+from .reasons import Reason
 from .report import FoldReport, PhaseTimer
 from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
 from .sizes import stored_constant_bytes, stored_tensor
@@ -234,7 +234,7 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
     constraints = Constraints(writes={n: set(ws) for n, ws in unprobed_writes(gm.graph, in_body=False).items()})
     with timer.phase("bytes"):
         placeholder_bytes = placeholder_savings(gm.graph, program)
-    while True:  # a fixpoint: each repeat adds a constraint (bound: `folding/constraints.py`)
+    while True:  # a fixpoint: each repeat adds a constraint (bound: `Constraints`)
         with timer.attempt() as attempt:
             with timer.phase("analysis"):
                 analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
@@ -267,6 +267,65 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
     return new_program, report
+
+
+@dataclass
+class Constraints:
+    """What one attempt teaches the next: the state of `_fold_once`'s fixpoint loop. Three
+    things only a later step can see send an attempt back to the start, each as data: an op
+    the plan folded had to stay (it raised when evaluated, or gave no tensor: `keep_failed`),
+    an op wrote to an input its schema does not declare (`learn`), the stored bytes measured
+    after lift exceed the growth budget (`tighten_if_over_budget`). Each repeat adds a forced
+    node, which is never evaluated again, one write, or one of at most two cuts, so a fold of
+    a graph with N nodes makes at most 2N + 3 attempts.
+
+    Attributes:
+    forced: nodes the analysis must keep at runtime, with reason and detail (a node that
+        raised or gave no tensor when evaluated).
+    writes: for an op, the inputs it was seen writing although its schema does not say so.
+    budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
+    budget_misses: how often the measured growth exceeded the planned budget.
+    """
+
+    forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
+    writes: dict[torch.fx.Node, set[torch.fx.Node]] = field(default_factory=dict)
+    budget_cut: int = 0
+    budget_misses: int = 0
+
+    def learn(self, write: UndeclaredWrite) -> None:
+        """Record the write a stopped evaluation found (`Evaluation.learnt`)."""
+        self.writes.setdefault(write.node, set()).add(write.written)
+
+    def keep_failed(self, kept: Mapping[torch.fx.Node, tuple[Reason, str]]) -> bool:
+        """Keep at runtime, from the next attempt on, the nodes an evaluation kept for a reason
+        of their own (`kept`: `Evaluation.kept`; an op that raised, a result that is not a
+        tensor); their readers then stay by the analysis (`Reason.DEPENDS_ON_KEPT`), as the
+        evaluation kept them. Returns whether one was new: the attempt must then be redone,
+        since its plan counted those nodes' folded inputs as released and the placeholders
+        only they read as dropped, so the bytes it stores were never held to the size limits
+        (docs/design.md, "One attempt, one loop")."""
+        new = {n: why for n, why in kept.items() if why[0] is not Reason.DEPENDS_ON_KEPT and n not in self.forced}
+        self.forced.update(new)
+        return bool(new)
+
+    def fits(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
+        """Whether a lifted program storing `bytes_after` bytes is within the growth budget
+        planning had (`budget` less ``budget_cut``; None: no limit; a plan with no budget left
+        at all is final, so it fits)."""
+        if budget is None or budget - self.budget_cut < 0:
+            return True
+        return bytes_after - bytes_before - (budget - self.budget_cut) <= 0
+
+    def tighten_if_over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
+        """When the lifted program's stored bytes exceed what planning was allowed (`budget`,
+        None: no limit, less ``budget_cut``), raise ``budget_cut`` by the excess and return True
+        (the attempt is redone); else False. A plan with no budget left at all is final."""
+        if self.fits(budget, bytes_before, bytes_after):
+            return False
+        excess = bytes_after - bytes_before - (budget - self.budget_cut)
+        self.budget_misses += 1
+        self.budget_cut = self.budget_cut + excess if self.budget_misses < 2 else budget + 1
+        return True
 
 
 def _stored_value(program: ExportedProgram, analysis):

@@ -1,4 +1,4 @@
-"""What one attempt teaches the next (`folding.constraints`): the growth budget tightened by
+"""What one attempt teaches the next (`folding.fold.Constraints`): the growth budget tightened by
 the measured excess and cut to nothing after a second miss, ops kept by evaluation forced once,
 undeclared writes learnt, and attempts redone on a working copy that lift reads.
 """
@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from folding import FoldPolicy, fold_constants
-from folding.constraints import Constraints, UndeclaredWrite
+from folding.evaluate import UndeclaredWrite
+from folding.fold import Constraints
 from folding.reasons import Reason
 from tests.fold_checks import assert_fold_invariants, decision
 from tests.invariants import assert_same_outputs

@@ -345,7 +345,7 @@ def _fold_ignoring_evaluation_keeps(ep, policy, inplace=False):
     """The fold as it was before `Constraints.keep_failed` (issue 52, fuzz case 52052156200):
     an op that raised at fold time was kept and its folded inputs stored without the plan's
     size limits. The fuzzer must report it."""
-    from folding.constraints import Constraints
+    from folding.fold import Constraints
 
     keep_failed = Constraints.keep_failed
     Constraints.keep_failed = lambda self, kept: False
