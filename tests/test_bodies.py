@@ -469,3 +469,36 @@ def test_tensors_written_in_place_are_never_merged(where):
             want = outputs(ep, x)
             for _ in range(3):
                 assert_close_all(want, run_pte(buffer, x), 1e-5, 0.0, relative=True)
+
+
+class RaisesInALoopThatDoesNotRun(nn.Module):
+    """A ``while_loop`` body whose constant code raises when evaluated (an index out of range):
+    it moves out, raises at fold time, is kept, and goes back into the loop body
+    (`bodies.sink_kept_code`), so a call whose loop runs no iteration does not raise; a
+    constant op beside it still folds."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("bad", torch.tensor([9]))
+
+    def forward(self, x, n):
+        def body(i, acc):
+            return i + 1, acc + self.w.exp() + self.w.index_select(0, self.bad).sum()
+
+        return while_loop(lambda i, acc: i < n.sum(), body, (torch.zeros((), dtype=torch.int64), x))[1]
+
+
+def test_an_op_that_raises_in_a_loop_body_goes_back_into_it():
+    from folding import Reason
+    from tests.fold_checks import decision
+
+    x, none = torch.randn(4), torch.zeros(1, dtype=torch.int64)
+    ep = torch.export.export(RaisesInALoopThatDoesNotRun(), (x, none))
+    result = fold_checked(ep)
+    assert decision(result.report, "while_loop.while_loop_body_graph_0/index_select").reason is Reason.EVALUATION_ERROR
+    assert decision(result.report, "while_loop.while_loop_body_graph_0/exp").folded
+    assert "aten.index_select.default" in body_targets(result.program)
+    assert_close(ep.module()(x, none), result.program.module()(x, none))
+    with pytest.raises(Exception):  # a loop that runs raises, folded as unfolded
+        result.program.module()(x, torch.ones(1, dtype=torch.int64))
