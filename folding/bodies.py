@@ -1,21 +1,23 @@
-"""Constant code inside control-flow bodies: move it to the graph that calls the body.
+"""Constant code inside control-flow bodies: moved to the graph that calls the body, and what
+the fold keeps of it put back.
 
 A body of ``cond``, ``while_loop``, ``map_impl``, ``scan`` or a ``wrap_with_*`` region sees
 its operands as placeholders. A placeholder fed by the same constant at every call (a weight
 passed to a branch, a loop's additional inputs; never the carry or a mapped slice) is a
 constant source inside the body, and the body code that reads only such sources is loop- and
-branch-invariant. `hoist_body_constants` moves that code out, into the graph that calls the
-body (loop-invariant code motion), and passes each value the body still reads back in as a
-new operand of the HOP. The top-level fold then folds the moved code like any other constant
-code: size limits, kept dequantizes and deduplication apply unchanged, and the value becomes
-a lifted constant fed to the HOP.
+branch-invariant. `hoist_body_constants` moves that code out, node by node, into the graph that
+calls the body (loop-invariant code motion), and passes each value the body still reads back in
+as a new operand of the HOP. The top-level fold then folds the moved code like any other
+constant code: size limits, kept dequantizes and deduplication apply unchanged, and the value
+becomes a lifted constant fed to the HOP. What the fold keeps at runtime goes back into its body
+(`sink_kept_code`): a kept op runs where it ran before, so one that raises in a branch not taken
+never runs.
 
 Nested bodies are processed innermost first, so constant code climbs every level whose
 operands are constant. Code from an autocast region is moved into a region of its own (same
-device, dtype and flags) so that it computes exactly what it did. Nodes named in `pins` stay
-in their body: the fold keeps them at runtime (size limit, kept encoding, an op that raises),
-and a kept op belongs where it ran before (an op that raises in an untaken branch must not
-run unconditionally).
+device, dtype and flags) so that it computes exactly what it did. Nothing is merged: two nodes
+of one op on the same inputs move as two values, since a write may reach either (torch.fx's
+``cse_pass`` merges only in functional graphs).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 import torch.fx
@@ -34,14 +35,11 @@ from .torch_internals import program_with
 from .hops import (bodies, copy_uncompiled, drop_unused_attributes, free_attribute, graph_module, hop_kind, hop_nodes,
                    move_attribute, recompile_shallow, unprobed_writes)
 from .names import copy_keeping_name, reserve_node_names
-from .node_meta import GLUE, body_path, mark_glue, mark_hoisted, pin_name, report_names
-from .ops import OpKind, op_name, structural_key
+from .node_meta import HOISTED_FROM, body_path, mark_glue, mark_hoisted, report_names
+from .ops import OpKind, op_name
 from .policy import FoldPolicy
 from .reasons import Reason
 from .report import Decision
-
-def has_bodies(gm: torch.fx.GraphModule) -> bool:
-    return bool(hop_nodes(gm.graph))
 
 
 @dataclass(frozen=True)
@@ -50,11 +48,10 @@ class Hoisting:
 
     Attributes:
         program: the program with the constant code of its bodies moved out (a copy, or the
-            program given when it was its to edit or nothing applied).
-        owned: the GraphModules this call made (copies of the caller's bodies, new regions,
-            the top-level copy): the stages after it may edit them in place.
-        decisions: the decisions of the nodes left in the bodies (`BodySplit.decisions`), every
-            body, nested ones included.
+            program given when it was its to edit or it calls no control flow).
+        owned: the GraphModules this call made (a copy of every body, new regions, the
+            top-level copy): the stages after it may edit them in place.
+        decisions: why each call_function node left in a body stays, under its body path.
     """
 
     program: ExportedProgram
@@ -62,40 +59,33 @@ class Hoisting:
     decisions: tuple[Decision, ...] = ()
 
 
-def hoist_body_constants(
-    program: ExportedProgram, policy: FoldPolicy, clone_op, pins: Mapping[str, tuple[Reason, str]] = {}, *,
-    analyze, inplace: bool = False
-) -> Hoisting:
-    """`program` with the constant code of every body moved to its caller: a copy (the graphs
-    it edits copied; tensors, signature, dicts and untouched bodies shared), or `program`
-    itself when it has no control-flow body. The copy's graphs compile on first use
-    (`copy_uncompiled`): a body when it runs (evaluated whole, or at runtime); the top-level
-    copy is never called (`lift` reads it and builds the folded graph anew,
-    `folding/working.py`).
+def hoist_body_constants(program: ExportedProgram, policy: FoldPolicy, clone_op, *, analyze,
+                         inplace: bool = False) -> Hoisting:
+    """`program` with the constant code of every body moved to its caller: a copy (its graphs
+    copied, every body slot given a body of its own; tensors, signature and dicts shared), or
+    `program` itself when it calls no control flow. The copies compile on first use
+    (`copy_uncompiled`).
 
     Args:
         clone_op: the program dialect's copy op, inserted where a body returns a value that
             is now one of its operands (a body output must not alias its input).
-        pins: body paths (``cond.true_graph_0/linear``) of nodes that stay in their body, with
-            the reason and detail the fold kept them for.
         analyze: `analysis.analyze` (the driver passes it: a stage never imports another).
         inplace: `program`'s top-level graph module is the caller's own copy (`copy_uncompiled`
-            of a program it must not change): edit it instead of copying it again. Its bodies
-            are still copied on first edit.
+            of a program it must not change): edit it instead of copying it again.
     """
-    if not has_bodies(program.graph_module):
+    if not hop_nodes(program.graph):
         return Hoisting(program, frozenset())
     gm = program.graph_module if inplace else copy_uncompiled(program.graph_module)[0]
     reserve_node_names(gm)
-    hoist = _Hoist(policy, clone_op, pins, gm, analyze)
-    hoist.unshare(gm)  # before the analysis: it may add get_attr nodes to `gm`
+    hoist = _Hoist(policy, clone_op, analyze, gm)
+    hoist.own_bodies(gm)  # before the analysis: it may add get_attr nodes to `gm`
     top = analyze(gm.graph, program.graph_signature, policy, extra_writes=unprobed_writes(gm.graph, in_body=False))
     hoist.graph(gm, top.is_constant, "")
-    for module in hoist.changed:  # copies this pass made: what they no longer read goes
+    for module in hoist.owned:  # what they no longer read goes
         drop_unused_attributes(module)
         recompile_shallow(module)  # the code is stale: compiled on first use
     result = program if inplace else program_with(program, graph_module=gm)
-    return Hoisting(result, frozenset(hoist.changed), tuple(hoist.decisions))
+    return Hoisting(result, frozenset(hoist.owned), tuple(hoist.decisions))
 
 
 def body_signature(placeholders: list[torch.fx.Node], constant: set[torch.fx.Node]) -> ExportGraphSignature:
@@ -110,223 +100,131 @@ def body_signature(placeholders: list[torch.fx.Node], constant: set[torch.fx.Nod
     return ExportGraphSignature(input_specs=specs, output_specs=[])
 
 
-def constant_placeholders(hop: torch.fx.Node, body: torch.fx.GraphModule, is_constant) -> dict[torch.fx.Node, torch.fx.Node]:
+def _constant_placeholders(hop: torch.fx.Node, body: torch.fx.GraphModule, is_constant) -> dict:
     """Body placeholder -> the caller's operand, for the placeholders fed by the same constant
     at every call of the body."""
     kind = hop_kind(hop)
-    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-    operands = kind.invariant_operands(hop)
-    return {
-        p: o
-        for p, o in zip(placeholders[kind.varying(hop):], operands)
-        if isinstance(o, torch.fx.Node) and is_constant(o)
-    }
-
-
-@dataclass(frozen=True)
-class BodySplit:
-    """Which nodes of a body move to its caller (`split_body`); the body is not changed.
-
-    Attributes:
-        sources: the body's placeholders fed by a constant operand -> that operand.
-        hoisted: the nodes that move, in graph order.
-        sinks: the hoisted nodes that something left in the body reads (it reads them as new
-            operands after the move).
-        decisions: one per call_function node that stays, under its report names: why it stays
-            (a runtime operand, the loop carry or a mapped slice; a pin; a check).
-    """
-
-    sources: dict[torch.fx.Node, torch.fx.Node]
-    hoisted: dict[torch.fx.Node, None]
-    sinks: list[torch.fx.Node]
-    decisions: tuple[Decision, ...] = ()
-
-
-def split_body(body: torch.fx.GraphModule, sources: dict[torch.fx.Node, torch.fx.Node], policy: FoldPolicy,
-               pins: Mapping[str, tuple[Reason, str]], path: str, analyze) -> BodySplit:
-    """The constant nodes of `body` that move out: in order, those whose inputs are constant
-    operands (`sources`) or nodes moved before them; checks, pinned nodes (`pins`, by body
-    path) and what reads them stay, and so does a nested body (get_attr) that a HOP left in
-    the body calls. A tensor attribute moves out whatever reads it: it becomes an operand,
-    then a lifted constant. Pure: `body` is only read (its node names are reserved).
-    `analyze`: `analysis.analyze`, which the driver passes in."""
-    analysis = _analyze_body(body, sources, policy, analyze)
-    excluded: set[torch.fx.Node] = set()
-    while True:
-        out: dict[torch.fx.Node, None] = {}
-        for n in body.graph.nodes:
-            if n.op not in ("call_function", "get_attr") or not analysis.is_constant(n) or n in excluded:
-                continue
-            if analysis.kind.get(n) is OpKind.ASSERTION or pin_name(n, path) in pins:
-                continue
-            if all(i in out or i in sources for i in n.all_input_nodes):
-                out[n] = None
-        stay = {n for n in out if n.op == "get_attr" and any(u not in out for u in n.users)
-                and isinstance(getattr(body, n.target, None), torch.nn.Module)}
-        if not stay:
-            break
-        excluded |= stay
-    sinks = [n for n in out if any(u not in out for u in n.users)]
-    return BodySplit(sources, out, sinks, _staying(body, out, analysis, pins, path))
-
-
-def _staying(body, hoisted, analysis, pins, path) -> tuple[Decision, ...]:
-    """The decisions of the call_function nodes of `body` that stay (not `hoisted`)."""
-    out = []
-    for n in body.graph.nodes:
-        if n.op != "call_function" or n in hoisted:
-            continue
-        for name in report_names(n, path + n.name):  # none for glue
-            reason, detail = analysis.reason[n], analysis.detail.get(n, "")
-            if reason is None:
-                reason, detail = pins.get(name) or (Reason.CONTROL_FLOW, "a check on constants runs where its body runs")
-            elif reason is Reason.RUNTIME_INPUT:
-                detail = "reads a runtime operand, the loop carry or a mapped slice"
-            out.append(Decision(name, op_name(n.target), reason, detail))
-    return tuple(out)
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"][kind.varying(hop):]
+    return {p: o for p, o in zip(placeholders, kind.invariant_operands(hop))
+            if isinstance(o, torch.fx.Node) and is_constant(o)}
 
 
 def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy, analyze):
     """`analyze` of a body whose `sources` placeholders are constant (the others runtime)."""
     placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-    reserve_node_names(body)
     return analyze(body.graph, body_signature(placeholders, set(sources)), policy,
                    extra_writes=unprobed_writes(body.graph, in_body=True))
 
 
+def _is_body(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    return node.op == "get_attr" and isinstance(getattr(gm, node.target, None), torch.nn.Module)
+
+
+def split_body(body: torch.fx.GraphModule, sources: dict, policy: FoldPolicy, path: str, analyze):
+    """The nodes of `body` that move out, in graph order: the constant call_function nodes
+    whose inputs are constant operands (`sources`), nodes moved before them or nested bodies
+    (a nested body moves with the HOP that calls it); checks and what reads them stay. A
+    tensor attribute moves out whatever reads it: it becomes an operand, then a lifted
+    constant. Returns (moved nodes, those of them something left in the body reads, the
+    decisions of the call_function nodes that stay). `body` is only read."""
+    analysis = _analyze_body(body, sources, policy, analyze)
+    hoisted: set[torch.fx.Node] = set()
+    for n in body.graph.nodes:
+        if (n.op == "call_function" and analysis.is_constant(n) and analysis.kind.get(n) is not OpKind.ASSERTION
+                and all(i in hoisted or i in sources or _is_body(body, i) for i in n.all_input_nodes)):
+            hoisted.add(n)
+    moved = {n: None for n in body.graph.nodes if n in hoisted or n.op == "get_attr" and (
+        all(u in hoisted for u in n.users) if _is_body(body, n) else analysis.is_constant(n))}
+    sinks = [n for n in moved if any(u not in moved for u in n.users)]
+    decisions = []
+    for n in body.graph.nodes:
+        if n.op != "call_function" or n in moved:
+            continue
+        reason, detail = analysis.reason[n], analysis.detail.get(n, "")
+        if reason is None:
+            reason, detail = Reason.CONTROL_FLOW, "a check on constants runs where its body runs"
+        elif reason is Reason.RUNTIME_INPUT:
+            detail = "reads a runtime operand, the loop carry or a mapped slice"
+        decisions.extend(Decision(name, op_name(n.target), reason, detail) for name in report_names(n, path + n.name))
+    return moved, sinks, decisions
+
+
 class _Hoist:
-    """Rewrites what `split_body` decided, on copies: a body two calls share is first copied
-    for each (`unshare`); a body the caller's program holds is copied on its first edit
-    (`_own`); the moved nodes go before the HOP (`_copy_hoisted`) or
-    into a new autocast region around them (`_wrap_hoisted`, autocast only: code moved out of a
-    ``no_grad`` region needs none, folding computes no gradients); the body then
-    reads them as new operands (`_replace_with_operands`)."""
+    """Rewrites what `split_body` decided, on copies: every body slot gets a copy of its own
+    (`own_bodies`); the moved nodes go before the HOP (`_copy_hoisted`) or into a new autocast
+    region around them (`_wrap_hoisted`, autocast only: code moved out of a ``no_grad`` region
+    needs none, folding computes no gradients); the body then reads them as new operands
+    (`_replace_with_operands`)."""
 
-    def __init__(self, policy: FoldPolicy, clone_op, pins: Mapping[str, tuple[Reason, str]],
-                 top: torch.fx.GraphModule, analyze) -> None:
-        self.policy, self.clone_op, self.pins, self.analyze = policy, clone_op, pins, analyze
+    def __init__(self, policy: FoldPolicy, clone_op, analyze, top: torch.fx.GraphModule) -> None:
+        self.policy, self.clone_op, self.analyze = policy, clone_op, analyze
         self.decisions: list[Decision] = []  # of the nodes left in the bodies
-        # Graphs this pass owns (copies; the caller's bodies are copied on first edit), each
-        # recompiled once at the end.
-        self.changed: dict[torch.fx.GraphModule, None] = {top: None}
+        self.owned: dict[torch.fx.GraphModule, None] = {top: None}  # each recompiled once at the end
 
-    def unshare(self, gm: torch.fx.GraphModule) -> None:
-        """Give every body slot of `gm`'s HOPs (nested ones included) an attribute of its own:
-        a body that a second slot calls (two ``cond`` nodes, a ``cond`` and a ``map_impl``,
-        both branches of one ``cond``) is copied for that slot, under a free name. Each call
-        then gets its own rewrite (new operands, code moved out): editing a shared body for
-        one call would break the other (``forward() missing 1 required positional
-        argument``). torch.export never shares a body, but ``to_edge`` accepts a program that
-        does (it traces each call anew). `gm` must be this pass's own copy; a body with a
-        shared body inside is copied before it is edited."""
-        seen: dict[str, torch.fx.GraphModule] = {}  # target -> the body it named first
+    def own_bodies(self, gm: torch.fx.GraphModule) -> None:
+        """Give every body slot of `gm`'s HOPs, nested ones included, a copy of its body under
+        an attribute of its own: the caller's bodies are never edited (invariant 7), and a body
+        that two slots call (two ``cond`` nodes, both branches of one ``cond``: torch.export
+        never makes one, ``to_edge`` accepts it) is rewritten for each call separately."""
+        taken: set[str] = set()
         for hop in hop_nodes(gm.graph):
             args = list(hop.args)
             for position in hop_kind(hop).bodies:
                 a = args[position]
-                body = getattr(gm, a.target, None) if isinstance(a, torch.fx.Node) and a.op == "get_attr" else None
-                if not isinstance(body, torch.fx.GraphModule):
+                if not (isinstance(a, torch.fx.Node) and _is_body(gm, a)):
                     continue
-                if a.target in seen:  # a second slot: a copy of the first body (not of an
-                    body = self._copy(seen[a.target])  # owned copy: its bodies are owned)
-                    name = free_attribute(gm, a.target)
-                    setattr(gm, name, body)
+                body, _ = copy_uncompiled(getattr(gm, a.target))
+                self.owned[body] = None
+                if a.target in taken:
                     with gm.graph.inserting_before(hop):
-                        args[position] = gm.graph.create_node("get_attr", name)
+                        args[position] = gm.graph.create_node("get_attr", free_attribute(gm, a.target))
                     args[position].meta = copy.copy(a.meta)
-                else:
-                    seen[a.target] = body
-                if _shares_bodies(body):
-                    if body not in self.changed:
-                        body = self._copy(body)
-                        setattr(gm, args[position].target, body)
-                    self.unshare(body)
+                taken.add(args[position].target)
+                setattr(gm, args[position].target, body)
+                self.own_bodies(body)
             hop.args = tuple(args)
 
-    def _copy(self, body: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        copied, _ = copy_uncompiled(body)
-        self.changed[copied] = None
-        return copied
-
-    def _own(self, gm, attr: str, body):
-        """`body`, copied into `gm` under `attr` unless it is a copy already; and the map from
-        the original's nodes (None when `body` was already owned)."""
-        if body in self.changed:
-            return body, None
-        copied, env = copy_uncompiled(body)  # `unshare` made `attr` this call's own
-        setattr(gm, attr, copied)
-        self.changed[copied] = None
-        return copied, env
-
-    def graph(self, gm: torch.fx.GraphModule, is_constant: Callable[[torch.fx.Node], bool], prefix: str) -> None:
+    def graph(self, gm: torch.fx.GraphModule, is_constant, prefix: str) -> None:
         for hop in hop_nodes(gm.graph):
             self.hop(gm, hop, is_constant, prefix)
 
     def hop(self, gm, hop, is_constant, prefix) -> None:
         kind = hop_kind(hop)
-        plans = []
+        moved, value_of = [], {}  # value_of: sink -> the caller's node for it
         for attr, body in bodies(hop):
             path = body_path(prefix, hop, attr)
-            if has_bodies(body):  # nested control flow: its bodies are edited first
-                body, _ = self._own(gm, attr, body)
-                analysis = _analyze_body(body, constant_placeholders(hop, body, is_constant), self.policy, self.analyze)
-                self.graph(body, analysis.is_constant, path)
-            split = split_body(body, constant_placeholders(hop, body, is_constant), self.policy, self.pins, path,
-                               self.analyze)
-            self.decisions.extend(split.decisions)
-            plans.append((attr, body, split, path))
-        if not any(split.hoisted for _, _, split, _ in plans):
-            return  # the bodies stay the caller's, untouched
-        moved: list[tuple[torch.fx.GraphModule, list[torch.fx.Node]]] = []
-        value_of: dict[torch.fx.Node, torch.fx.Node] = {}  # sink -> the caller's node for it
-        memo: dict[tuple, torch.fx.Node] = {}  # the same op on the same inputs, moved once
-        for attr, body, split, path in plans:
-            body, env = self._own(gm, attr, body)
-            sources, hoisted, sinks = split.sources, split.hoisted, split.sinks
-            if env is not None:  # the split was made on the caller's body: map it to the copy
-                sources = {env[p]: o for p, o in sources.items()}
-                hoisted = {env[n]: None for n in hoisted}
-                sinks = [env[n] for n in sinks]
+            sources = _constant_placeholders(hop, body, is_constant)
+            if hop_nodes(body.graph):  # nested control flow: its bodies are edited first
+                self.graph(body, _analyze_body(body, sources, self.policy, self.analyze).is_constant, path)
+            hoisted, sinks, decisions = split_body(body, sources, self.policy, path, self.analyze)
+            self.decisions.extend(decisions)
             if hoisted:
                 with gm.graph.inserting_before(hop):
-                    if kind.wraps:
-                        values = _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path)
-                    else:
-                        values = _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo)
-                value_of.update(zip(sinks, values))
-            moved.append((body, sinks))
-        new_operands = list(dict.fromkeys(value_of.values()))  # identical values passed once
-        for body, sinks in moved:
-            _replace_with_operands(body, sinks, new_operands, value_of, self.clone_op)
+                    move = _wrap_hoisted if kind.wraps else _copy_hoisted
+                    value_of.update(zip(sinks, move(gm, hop, body, hoisted, sinks, sources, path)))
+            moved.append((body, hoisted, sinks))
+        if not value_of:
+            return
+        new_operands = list(value_of.values())
+        for body, hoisted, sinks in moved:
+            _replace_with_operands(body, hoisted, sinks, new_operands, value_of, self.clone_op)
         hop.args = kind.with_operands(hop, kind.invariant_operands(hop) + new_operands)
         _drop_unused_operands(hop)
 
 
-def _shares_bodies(gm: torch.fx.GraphModule) -> bool:
-    """True when two body slots of `gm`'s HOPs, or of its bodies' HOPs, name one attribute."""
-    targets = [attr for hop in hop_nodes(gm.graph) for attr, _ in bodies(hop)]
-    return len(targets) != len(set(targets)) or any(_shares_bodies(getattr(gm, t)) for t in set(targets))
-
-
-def _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo) -> list[torch.fx.Node]:
-    """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`.
-    A node computing the same op on the same inputs as one already moved for this HOP
-    (the other branch's ``linear(w, w)``) reuses it (`memo`)."""
+def _copy_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
+    """Copy the hoisted nodes into `gm` (before the HOP), one copy each; returns the copies of
+    `sinks`."""
     env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
     for n in hoisted:
         if n.op == "get_attr":
             env[n] = move_attribute(gm, body, n.target)
             env[n].meta = copy.copy(n.meta)
         else:
-            key = structural_key(n, env)
-            if key is not None and key in memo:
-                env[n] = memo[key]
-                continue
             env[n] = gm.graph.node_copy(n, env.__getitem__)
-            if key is not None:
-                memo[key] = env[n]
         mark_hoisted(env[n], path + n.name)
     return [env[s] for s in sinks]
+
 
 def _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
     """Move the hoisted nodes into a new region of the same HOP (same flags) called from
@@ -340,16 +238,15 @@ def _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx
     for n in hoisted:  # a get_attr resolves in the region: GraphModule copies it from `body`
         env[n] = copy_keeping_name(region, n, env.__getitem__)
     region.output(tuple(env[s] for s in sinks))
-    region_gm = graph_module(body, region, body.__class__.__name__)
     name = free_attribute(gm, "submod_folded")
-    setattr(gm, name, region_gm)
+    setattr(gm, name, graph_module(body, region, body.__class__.__name__))
     attr = gm.graph.get_attr(name)
     call = gm.graph.call_function(
         hop.target, tuple(hop.args[: kind.bodies[0]]) + (attr,) + tuple(sources[p] for p in used)
     )
     call.meta["val"] = tuple(s.meta.get("val") for s in sinks)
     # The region stands for every node moved into it; its getitems are glue (no decision).
-    mark_hoisted(call, _hoisted_paths(hoisted, path))
+    mark_hoisted(call, tuple(p for n in hoisted if n.op == "call_function" for p in report_names(n, path + n.name)))
     out = []
     for i, s in enumerate(sinks):
         g = gm.graph.call_function(operator.getitem, (call, i))
@@ -358,27 +255,31 @@ def _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx
         out.append(g)
     return out
 
-def _replace_with_operands(body, sinks, new_operands, value_of, clone_op) -> None:
+
+def _placeholder(graph: torch.fx.Graph, name: str, val) -> torch.fx.Node:
+    p = graph.create_node("placeholder", name, name=name)
+    p.target = p.name
+    p.meta = {"val": val}
+    return p
+
+
+def _replace_with_operands(body, hoisted, sinks, new_operands, value_of, clone_op) -> None:
     """Give `body` one new placeholder per new operand (all bodies of a HOP take the same
-    operands), read its own sinks from them, and delete the moved nodes."""
+    operands), read its own sinks from them, and delete the `hoisted` nodes."""
     graph = body.graph
     own = {value_of[s]: s for s in sinks}
-    placeholders = []
-    # After the existing placeholders; a body may have none (a region or branch whose
-    # code reads no operand), so insert before the first other node.
+    # After the existing placeholders; a body may have none (a region or branch whose code
+    # reads no operand), so insert before the first other node.
     with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
-        for value in new_operands:
-            name = own[value].name if value in own else value.name
-            p = graph.create_node("placeholder", name, name=name)
-            p.target = p.name
-            p.meta = {"val": value.meta.get("val")}
-            placeholders.append(p)
+        placeholders = [_placeholder(graph, own[v].name if v in own else v.name, v.meta.get("val"))
+                        for v in new_operands]
     placeholder_of = dict(zip(new_operands, placeholders))
     for s in sinks:
         s.replace_all_uses_with(placeholder_of[value_of[s]])
-    for n in reversed(_moved_nodes(graph, sinks)):
+    for n in reversed(hoisted):  # in graph order: readers go first
         graph.erase_node(n)
     _copy_returned_operands(graph, set(placeholders), clone_op)
+
 
 def _copy_returned_operands(graph: torch.fx.Graph, new: set[torch.fx.Node], clone_op) -> None:
     """A body may return neither one of its inputs nor one value twice: torch's HOP
@@ -406,39 +307,92 @@ def _drop_unused_operands(hop: torch.fx.Node) -> None:
     moved out), with their placeholders, so the caller stops passing (and storing) them."""
     kind = hop_kind(hop)
     operands = kind.invariant_operands(hop)
-    per_body = []
-    for _, body in bodies(hop):
-        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-        per_body.append((body, placeholders[kind.varying(hop):]))
-    unused = [i for i in range(len(operands)) if all(not phs[i].users for _, phs in per_body)]
-    if not unused:
-        return
-    for body, phs in per_body:
+    per_body = [[n for n in body.graph.nodes if n.op == "placeholder"][kind.varying(hop):] for _, body in bodies(hop)]
+    unused = [i for i in range(len(operands)) if all(not phs[i].users for phs in per_body)]
+    for (_, body), phs in zip(bodies(hop), per_body):
         for i in unused:
             body.graph.erase_node(phs[i])
     hop.args = kind.with_operands(hop, [o for i, o in enumerate(operands) if i not in unused])
 
 
-def _moved_nodes(graph: torch.fx.Graph, sinks: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    """The nodes left without users after the sinks' readers were redirected: the sinks and
-    what only they read, in graph order (deleted last to first)."""
-    dead: set[torch.fx.Node] = set()
-    work = list(sinks)
+def sink_kept_code(gm: torch.fx.GraphModule, prefix: str = "") -> bool:
+    """Put the code that `hoist_body_constants` moved out of a ``cond``, ``while_loop``,
+    ``map_impl`` or ``scan`` body, and that the fold then kept at runtime (a size limit, a kept
+    encoding, an op that raised at fold time), back into that body, reading its folded inputs
+    as operands: a kept op runs where it ran before, so one that raises in a branch not taken,
+    or in a loop that does not run, never runs. Code out of a region that runs once
+    (``no_grad``, autocast) stays before it, unless it came from a body nested in the region.
+    `gm`: the folded program's graph module (its bodies are the hoisting's copies), edited in
+    place; nested bodies included. Returns whether it changed `gm`."""
+    changed = False
+    reserve_node_names(gm)
+    for hop in hop_nodes(gm.graph):
+        kind = hop_kind(hop)
+        paths = tuple(body_path(prefix, hop, attr) for attr, _ in bodies(hop))
+        runs_once = kind.invariant_arg is None  # a region: only code of a body nested in it goes back
+        operands = [o for o in kind.invariant_operands(hop) if isinstance(o, torch.fx.Node)]
+        code = _hoisted_code(operands, lambda p: p.startswith(paths) and not (runs_once and "/" not in p[len(paths[0]):]))
+        if code:
+            changed = True
+            _sink(gm, hop, code)
+        for path, (_, body) in zip(paths, bodies(hop)):
+            if sink_kept_code(body, path):
+                recompile_shallow(body)
+    return changed
+
+
+def _hoisted_code(operands: list[torch.fx.Node], came_from) -> list[torch.fx.Node]:
+    """The call_function nodes hoisted from a body path `came_from` accepts that compute
+    `operands`, with what they read of such nodes and the get_attrs of the regions among them,
+    in graph order."""
+    def moved(n: torch.fx.Node) -> bool:
+        if n.op != "call_function":
+            return n.op == "get_attr"
+        if n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node):
+            n = n.args[0]  # a region's output
+        paths = n.meta.get(HOISTED_FROM, ())
+        return any(came_from(p) for p in (paths if isinstance(paths, tuple) else (paths,)))
+
+    code = _read([o for o in operands if o.op == "call_function" and moved(o)], moved)
+    return [n for n in next(iter(code)).graph.nodes if n in code] if code else []
+
+
+def _read(nodes: list[torch.fx.Node], within) -> set[torch.fx.Node]:
+    """`nodes` and the inputs they read, transitively, for which `within` is true."""
+    out: set[torch.fx.Node] = set()
+    work = list(nodes)
     while work:
         n = work.pop()
-        if n in dead or n.op == "placeholder" or any(u not in dead for u in n.users):
-            continue
-        dead.add(n)
-        work.extend(n.all_input_nodes)
-    return [n for n in graph.nodes if n in dead]
+        if n not in out:
+            out.add(n)
+            work.extend(i for i in n.all_input_nodes if within(i))
+    return out
 
 
-def _hoisted_paths(nodes, path: str) -> tuple[str, ...]:
-    """The body paths a region call made of `nodes` stands for: each op's own path, or the
-    paths it was hoisted from (a region inside a region); none for glue."""
-    out: list[str] = []
-    for n in nodes:
-        if n.op == "call_function" and not n.meta.get(GLUE):
-            p = pin_name(n, path)
-            out.extend(p if isinstance(p, tuple) else (p,))
-    return tuple(out)
+def _sink(gm: torch.fx.GraphModule, hop: torch.fx.Node, code: list[torch.fx.Node]) -> None:
+    """Copy `code` into each body of `hop` that reads one of its values; the body reads what
+    `code` reads (stored constants, operands) as operands, and `code` leaves `gm`."""
+    kind = hop_kind(hop)
+    operands = kind.invariant_operands(hop)
+    inputs = list(dict.fromkeys(i for n in code for i in n.all_input_nodes if i not in code))
+    kept = [o for o in operands if o not in code]
+    for _, body in bodies(hop):
+        graph = body.graph
+        placeholder_of = dict(zip(operands, [n for n in graph.nodes if n.op == "placeholder"][kind.varying(hop):]))
+        sunk = {o: placeholder_of[o] for o in operands if o in code}
+        needed = _read([o for o, p in sunk.items() if p.users], set(code).__contains__)
+        with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
+            env = {i: placeholder_of.get(i) or _placeholder(graph, i.name, i.meta.get("val")) for i in inputs}
+            for n in code:
+                if n in needed:
+                    env[n] = (move_attribute(body, gm, n.target, graph) if n.op == "get_attr" else graph.node_copy(n, env.__getitem__))
+        for o, p in sunk.items():
+            if p.users:
+                p.replace_all_uses_with(env[o])
+            graph.erase_node(p)
+        recompile_shallow(body)
+    hop.args = kind.with_operands(hop, kept + [i for i in inputs if i not in kept])
+    for n in reversed(code):
+        if not n.users:
+            gm.graph.erase_node(n)
+

@@ -1,9 +1,9 @@
 """Eager evaluation of the nodes a plan evaluates (`Plan.evaluated`), one op at a time, freeing
 each value after its last use.
 
-What evaluation learns that the analysis missed (an in-place alias class that must stay whole,
-an undeclared write) it returns as data, ``Evaluation.learnt``; the driver (`fold._fold_once`)
-records it in `constraints.Constraints` and redoes the attempt."""
+What evaluation learns that the analysis missed (an undeclared write) it returns as data,
+``Evaluation.learnt``, and the ops it kept, ``Evaluation.kept``; the driver (`fold._fold_once`)
+records it in `fold.Constraints` and redoes the attempt."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from .reasons import Reason
 from .layout import owned_canonical, raw_bytes
 from .sizes import storage_pointers
 from .symbols import bindings, concrete_ints, hinted_ints
-from .constraints import KeepAliasClass, Learnt, UndeclaredWrite
 from .values import holds_tensors, tensors_in
 
 if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (`fold.py` does)
@@ -29,11 +28,28 @@ if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (
     from .plan import Plan
 
 
+@dataclass(frozen=True)
+class UndeclaredWrite:
+    """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
+    materialised), or a probed custom op returned a view of a constant input its schema does
+    not declare (`aliased`: whatever updates the result in place writes the input, so the
+    op is taken to write it): the write counts as an in-place update from then on, and the
+    attempt is redone with it known (`Analysis.writes`)."""
+
+    node: torch.fx.Node
+    written: torch.fx.Node
+    aliased: bool = False
+
+    def __str__(self) -> str:
+        how = "returns a view of" if self.aliased else "writes to"
+        return f"{self.node.name} {how} {self.written.name}, which its schema does not declare"
+
+
 class _Stop(Exception):
     """Ends `_Evaluator.run` early; never leaves this module (`evaluate` returns what
     it carries as ``Evaluation.learnt``)."""
 
-    def __init__(self, learnt: Learnt) -> None:
+    def __init__(self, learnt: UndeclaredWrite) -> None:
         super().__init__(str(learnt))
         self.learnt = learnt
 
@@ -49,9 +65,8 @@ class Evaluation:
     evaluated: number of ops run.
     peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
     symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2), see `symbols`.
-    learnt: set when evaluation stopped early because the analysis missed a constraint (a
-        `KeepAliasClass` or an `UndeclaredWrite`): the rest is then incomplete, and the fold
-        redoes the attempt with it.
+    learnt: set when evaluation stopped early because the analysis missed a write (an
+        `UndeclaredWrite`): the rest is then incomplete, and the fold redoes the attempt with it.
     """
 
     values: dict[torch.fx.Node, torch.Tensor] = field(default_factory=dict)
@@ -59,7 +74,7 @@ class Evaluation:
     evaluated: int = 0
     peak_intermediate_bytes: int = 0
     symbols: dict = field(default_factory=dict)
-    learnt: Optional[Learnt] = None
+    learnt: Optional[UndeclaredWrite] = None
 
 
 def evaluate(
@@ -79,8 +94,8 @@ def evaluate(
         placeholder_value: the stored tensor of a constant placeholder (read, never written).
 
     Returns:
-        The `Evaluation`; its ``learnt`` is set when an op of an in-place alias class had to
-        stay or an op wrote to an input undeclared (the attempt must be redone).
+        The `Evaluation`; its ``learnt`` is set when an op wrote to an input undeclared (the
+        attempt must be redone).
     """
     evaluator = _Evaluator(module, plan, analysis, placeholder_value)
     try:
@@ -191,10 +206,7 @@ class _Evaluator:
         self._released = position
 
     def _keep(self, node: torch.fx.Node, reason: Reason, detail: str) -> object:
-        root = self.analysis.class_of(node)
-        if root is not None:
-            raise _Stop(KeepAliasClass(root, reason, f"{node.name}: {detail}"))
-        self.out.kept[node] = (reason, detail)
+        self.out.kept[node] = (reason, detail)  # a member of an in-place class: the plan keeps the class whole
         self._materialise.discard(node)
         for i in node.all_input_nodes:
             if self.plan.folded(i) and i not in self.out.kept:

@@ -6,7 +6,8 @@ function the driver hands it; docs/design.md, "Pipeline inside `fold_constants`"
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
 
 import torch
 import torch.fx
@@ -16,24 +17,26 @@ from .analysis import analyze
 from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
 from .dedup import fold_scope, placeholder_savings
+from .bodies import hoist_body_constants, sink_kept_code
 from .hops import recompile_shallow, unprobed_writes
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
-from .constraints import Constraints
-from .evaluate import evaluate
+from .evaluate import UndeclaredWrite, evaluate
 from .dialect import dialect_op
 from .lift import lift
 from .nonfinite import NonfiniteScan
-from .outcome import folded_and_kept, hoisted_and_kept
+from .outcome import folded_and_kept
 from .placement import place
 from .plan import make_plan
 from .policy import FoldPolicy
-from .report import FoldReport, PhaseTimer, Reason
+from .reasons import Reason
+from .report import FoldReport, PhaseTimer
 from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
 from .sizes import stored_constant_bytes, stored_tensor
 from .torch_internals import replace_contents, reserve_names
-from .working import Preparation, Working
-from .work_counts import count
+from .returned_dequantizes import split_returned_dequantizes
+from .transposed_gathers import Rewrite, read_through_transposes
+from .weight_fusion import Fusion, FusionRows, fuse_into_weights
 
 logger = logging.getLogger(__name__)
 
@@ -108,38 +111,108 @@ def fold_constants(
     return result
 
 
+@dataclass(frozen=True)
+class Working:
+    """Attributes:
+        program: what the attempt folds, read only from here on: a copy the rewrites made, or
+            the program being folded itself when none applied.
+        owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
+        transposes: names of the transposes that replace their matrix when folded
+            (`transposed_gathers.Rewrite.transposes`).
+        notes: one line per rewritten gather and per dequantize copied for the output
+            (`FoldReport.rewrites`).
+        body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
+        fusions: the report rows of `weight_fusion.fuse_into_weights` (`Fusion.rows`).
+    """
+
+    program: ExportedProgram
+    owned_bodies: frozenset
+    transposes: frozenset
+    notes: tuple[str, ...]
+    body_decisions: tuple = ()
+    fusions: FusionRows = FusionRows()
+
+
+def _prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: int, timer: PhaseTimer,
+             last: Optional[Working] = None, spent: int = 0) -> Working:
+    """Prepare: the `Working` program of a round, made from `base`, the program it folds (never
+    edited), by the rewrites that come before analysis. The first of them that applies copies
+    the top-level graph (`hops.copy_uncompiled`: tensors and bodies shared) and the ones after it
+    edit that copy; when none applies, the working program is `base` itself, which analysis,
+    planning, evaluation and placement only read, and from which `lift` builds the folded graph
+    anew. So the working program outlives its attempts: a discarded attempt is redone on it.
+
+    Args:
+        clone_op: the program dialect's copy op (`hoist_body_constants`).
+        bytes_before: stored constant bytes of the caller's program (the growth budget's
+            reference).
+        last: the working program of the round before, when `base` is that round's result with
+            a ``cond`` inlined since. `read_through_transposes` then does not run (`base` is
+            rewritten already; its transposes and notes carry over); `fuse_into_weights` runs
+            every round, on what the inlined body brought to the top level (the earlier rows
+            stay, a later round's replace them by node name).
+        spent: bytes of the growth budget the earlier rounds spent (`base` stores
+            ``bytes_before + spent``).
+    """
+    with timer.phase("rewrites"):
+        if last is None:
+            fusion = fuse_into_weights(base, policy, bytes_before)
+            rewrite = read_through_transposes(fusion.program, policy, bytes_before)
+            rewrite = Rewrite(rewrite.program, fusion.notes + rewrite.notes, rewrite.transposes)
+        else:
+            fusion = _merged_rows(last.fusions, fuse_into_weights(base, policy, bytes_before, spent))
+            rewrite = Rewrite(fusion.program, last.notes + fusion.notes, last.transposes)
+        program, split = split_returned_dequantizes(rewrite.program, inplace=rewrite.program is not base)
+    with timer.phase("bodies"):  # edits the graph in place only when a rewrite copied it
+        hoisting = hoist_body_constants(program, policy, clone_op, analyze=analyze, inplace=program is not base)
+    return Working(hoisting.program, hoisting.owned, rewrite.transposes, rewrite.notes + split,
+                   hoisting.decisions, fusions=fusion.rows)
+
+
+def _merged_rows(earlier: FusionRows, fusion: Fusion) -> Fusion:
+    """`fusion` (a later round's) with the rows of the rounds before it: a later row replaces an
+    earlier one of the same node name; rows for nodes an earlier round inserted (its runtime
+    multiply and add, read again by the candidate search) are dropped."""
+    later = [d for d in fusion.rows.decisions if d.node not in earlier.inserted]
+    names = {d.node for d in later}
+    rows = FusionRows(tuple(d for d in earlier.decisions if d.node not in names) + tuple(later),
+                      earlier.inserted | fusion.rows.inserted)
+    return Fusion(fusion.program, fusion.notes, rows, fusion.replaced)
+
+
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
     """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
     bodies included (`bodies`: constant code moves out of its bodies and folds at the top
-    level); a ``cond`` whose predicate became a stored constant is then inlined (`inline`) and
-    the result folded again; a round that inlines nothing is the last."""
+    level; what stays at runtime goes back); a ``cond`` whose predicate became a stored constant
+    is then inlined (`inline`) and the result folded again; a round that inlines nothing is the
+    last."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("bodies"):
         clone_op = dialect_op(program, "aten.clone.default")
-    pins: dict[str, tuple[Reason, str]] = {}
     steps: list[FoldReport | Inlining] = []  # folds, and the inlining between them
     reserved = {n.name for n in program.graph.nodes}  # the report's names (invariant 6)
-    prepare = Preparation(program, policy, clone_op, pins, bytes_before, timer, analyze)
+    working = _prepare(program, policy, clone_op, bytes_before, timer)
     while True:  # bound: each round removes a cond
-        once = _fold_once(prepare, policy, bytes_before, timer, pins)
-        folded = once.program
+        folded, report = _fold_once(working, policy, bytes_before, timer)
         with timer.phase("bodies"):
-            if merge_duplicate_operands(folded.graph_module, once.working.owned_bodies):
+            sunk = sink_kept_code(folded.graph_module)
+            if merge_duplicate_operands(folded.graph_module, working.owned_bodies) or sunk:
                 recompile_shallow(folded.graph_module)
-        steps.append(once.report)
+        steps.append(report)
         with timer.phase("inlining"):
             inlined = inline_constant_conds(folded, clone_op, reserved)
         if not inlined:
             break
         steps.append(inlined)
-        prepare = prepare.after_inlining(folded, once.working, once.report.constant_bytes_after)
+        working = _prepare(folded, policy, clone_op, bytes_before, timer, working,
+                           report.constant_bytes_after - bytes_before)
     reserve_names(folded.graph, reserved)  # invariant 6: a rewrite may have removed some of them
     with timer.phase("report"):
         report = merged(steps, folded)
-        report.rewrites = list(once.working.notes)
-        report.decisions.extend(body_decisions(folded, once.working.body_decisions))
-        report.decisions = with_rule_decisions(report.decisions, once.working.fusions)
+        report.rewrites = list(working.notes)
+        report.decisions.extend(body_decisions(folded, working.body_decisions))
+        report.decisions = with_rule_decisions(report.decisions, working.fusions)
     report.timings = timer.timings()
     logger.info(
         "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
@@ -148,38 +221,23 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     return FoldResult(folded, report)
 
 
-@dataclass(frozen=True)
-class _Round:
-    """One fold of the top-level graph: the folded program, its report, and the working program
-    it folded (`working.Working`)."""
-
-    program: ExportedProgram
-    report: FoldReport
-    working: Working
-
-
-def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, timer: PhaseTimer,
-               pins: dict[str, tuple[Reason, str]]) -> _Round:
-    """One fold of the top-level graph of the program `prepare` makes. `bytes_before`: the
-    stored constant bytes of the caller's program (the growth budget's reference). An
-    attempt that learns a new constraint (an in-place class kept whole, an undeclared write,
-    a node moved out of a body but kept at runtime, which is then pinned in its body: `pins`,
-    an op the plan folded but evaluation kept, a tighter budget) is discarded and redone; its
-    time counts as ``reruns``."""
+def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
+               timer: PhaseTimer) -> tuple[ExportedProgram, FoldReport]:
+    """One fold of the top-level graph of `working.program`: the folded program and its report.
+    `bytes_before`: the stored constant bytes of the caller's program (the growth budget's
+    reference). An attempt that learns a new constraint (an undeclared write, an op the plan
+    folded but evaluation kept, a tighter budget) is discarded and redone on the same program;
+    its time counts as ``reruns``."""
     budget = policy.growth_budget(bytes_before)
-    constraints = Constraints()
-    working = None
-    # a fixpoint: each repeat adds a constraint or a pin (bound: `folding/constraints.py`)
-    while True:
+    program, gm = working.program, working.program.graph_module
+    # the writes the fold assumes (`hops.unprobed_writes`), and those evaluation will learn
+    constraints = Constraints(writes={n: set(ws) for n, ws in unprobed_writes(gm.graph, in_body=False).items()})
+    with timer.phase("bytes"):
+        placeholder_bytes = placeholder_savings(gm.graph, program)
+    while True:  # a fixpoint: each repeat adds a constraint (bound: `Constraints`)
         with timer.attempt() as attempt:
-            count("attempts")
-            if working is None:  # the first attempt, or a node was pinned in its body
-                working, placeholder_bytes = _prepared(prepare, constraints, timer)
-                program, gm = working.program, working.program.graph_module
-                assumed = unprobed_writes(gm.graph, in_body=False)  # once per working program
             with timer.phase("analysis"):
-                analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced,
-                                   _merged_writes(constraints.writes, assumed))
+                analysis = analyze(gm.graph, program.graph_signature, policy, constraints.forced, constraints.writes)
             with timer.phase("planning"):
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
@@ -187,19 +245,11 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 evaluation = evaluate(plan, analysis, gm, _stored_value(program, analysis))
             if evaluation.learnt is not None:
                 logger.info("%s; folding again", evaluation.learnt)
-                constraints.learn(evaluation.learnt, analysis.alias_root)
+                constraints.learn(evaluation.learnt)
                 attempt.discard()
                 continue
-            considered = [n for n in gm.graph.nodes if n.op == "call_function"]
-            kept = hoisted_and_kept(considered, analysis, plan, evaluation)
-            # an op the plan folded that evaluation kept: the plan must count what it keeps
-            redo = constraints.keep_failed(evaluation.kept)
-            if kept.keys() - pins.keys():  # back into their bodies: the program to fold changes
-                pins.update(kept)
-                working = None
-                redo = True
-            if redo:
-                logger.info("kept at fold time or pinned in a body: %s; folding again", ", ".join(sorted(kept) or [n.name for n in evaluation.kept]))
+            if constraints.keep_failed(evaluation.kept):  # the plan must count what evaluation keeps
+                logger.info("kept at fold time: %s; folding again", ", ".join(n.name for n in evaluation.kept))
                 attempt.discard()
                 continue
             with timer.phase("lift"):
@@ -213,28 +263,69 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
                 break
             logger.info("measured growth exceeds the budget; replanning with %d bytes less", constraints.budget_cut)
             attempt.discard()
+    considered = [n for n in gm.graph.nodes if n.op == "call_function"]
     with timer.phase("report"):
         report = fold_report(considered, analysis, plan, evaluation, lifting, bytes_before, bytes_after)
-    return _Round(new_program, report, working)
+    return new_program, report
 
 
-def _prepared(prepare: Preparation, constraints: Constraints, timer: PhaseTimer) -> tuple[Working, dict]:
-    """A new working program, the constraints rebound to its nodes, and what dropping each of
-    its constant placeholders saves (`dedup.placeholder_savings`)."""
-    working = prepare()
-    constraints.rebound(working.program.graph)
-    with timer.phase("bytes"):
-        return working, placeholder_savings(working.program.graph, working.program)
+@dataclass
+class Constraints:
+    """What one attempt teaches the next: the state of `_fold_once`'s fixpoint loop. Three
+    things only a later step can see send an attempt back to the start, each as data: an op
+    the plan folded had to stay (it raised when evaluated, or gave no tensor: `keep_failed`),
+    an op wrote to an input its schema does not declare (`learn`), the stored bytes measured
+    after lift exceed the growth budget (`tighten_if_over_budget`). Each repeat adds a forced
+    node, which is never evaluated again, one write, or one of at most two cuts, so a fold of
+    a graph with N nodes makes at most 2N + 3 attempts.
 
+    Attributes:
+    forced: nodes the analysis must keep at runtime, with reason and detail (a node that
+        raised or gave no tensor when evaluated).
+    writes: for an op, the inputs it was seen writing although its schema does not say so.
+    budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
+    budget_misses: how often the measured growth exceeded the planned budget.
+    """
 
-def _merged_writes(learnt: dict, assumed: dict) -> dict:
-    """The writes evaluation learnt and those the fold assumes (`hops.unprobed_writes`), per op."""
-    if not assumed:
-        return learnt
-    out = {n: set(ws) for n, ws in learnt.items()}
-    for n, ws in assumed.items():
-        out.setdefault(n, set()).update(ws)
-    return out
+    forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
+    writes: dict[torch.fx.Node, set[torch.fx.Node]] = field(default_factory=dict)
+    budget_cut: int = 0
+    budget_misses: int = 0
+
+    def learn(self, write: UndeclaredWrite) -> None:
+        """Record the write a stopped evaluation found (`Evaluation.learnt`)."""
+        self.writes.setdefault(write.node, set()).add(write.written)
+
+    def keep_failed(self, kept: Mapping[torch.fx.Node, tuple[Reason, str]]) -> bool:
+        """Keep at runtime, from the next attempt on, the nodes an evaluation kept for a reason
+        of their own (`kept`: `Evaluation.kept`; an op that raised, a result that is not a
+        tensor); their readers then stay by the analysis (`Reason.DEPENDS_ON_KEPT`), as the
+        evaluation kept them. Returns whether one was new: the attempt must then be redone,
+        since its plan counted those nodes' folded inputs as released and the placeholders
+        only they read as dropped, so the bytes it stores were never held to the size limits
+        (docs/design.md, "One attempt, one loop")."""
+        new = {n: why for n, why in kept.items() if why[0] is not Reason.DEPENDS_ON_KEPT and n not in self.forced}
+        self.forced.update(new)
+        return bool(new)
+
+    def fits(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
+        """Whether a lifted program storing `bytes_after` bytes is within the growth budget
+        planning had (`budget` less ``budget_cut``; None: no limit; a plan with no budget left
+        at all is final, so it fits)."""
+        if budget is None or budget - self.budget_cut < 0:
+            return True
+        return bytes_after - bytes_before - (budget - self.budget_cut) <= 0
+
+    def tighten_if_over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
+        """When the lifted program's stored bytes exceed what planning was allowed (`budget`,
+        None: no limit, less ``budget_cut``), raise ``budget_cut`` by the excess and return True
+        (the attempt is redone); else False. A plan with no budget left at all is final."""
+        if self.fits(budget, bytes_before, bytes_after):
+            return False
+        excess = bytes_after - bytes_before - (budget - self.budget_cut)
+        self.budget_misses += 1
+        self.budget_cut = self.budget_cut + excess if self.budget_misses < 2 else budget + 1
+        return True
 
 
 def _stored_value(program: ExportedProgram, analysis):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Container, Optional
+from typing import Iterable, Optional
 
 import torch
 import torch.fx
@@ -20,6 +20,8 @@ from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shal
 from .ops import op_name
 from .names import keep_name, reserve_node_names, unique_name
 from .node_meta import REPORT_NAME, mark_inlined
+from .reasons import Reason
+from .report import Decision
 from .sizes import stored_tensor
 from .unchanging import unchanging_before_probes
 
@@ -27,26 +29,23 @@ from .unchanging import unchanging_before_probes
 @dataclass
 class Inlining:
     """What `inline_constant_conds` did, by report name (body paths for code that came out of
-    a body); `report_builder.inlining_decisions` turns it into decisions.
+    a body).
 
     Attributes:
-        conds: (name, predicate, branch taken) of each inlined cond.
+        decisions: one per inlined cond and per getitem of its result an inlined node replaced
+            (`Reason.INLINED`), and per op of the branches not taken (`Reason.BRANCH_NOT_TAKEN`).
         untaken: the body path (``cond.false_graph_0/``) of each branch not taken: code that an
             earlier fold moved out of it is not taken either.
-        untaken_ops: (body path, op name) of each op of the branches not taken.
-        replaced: (name, cond name) of each getitem of a cond's result that an inlined node replaced.
     """
 
-    conds: list[tuple[str, str, bool]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
     untaken: list[str] = field(default_factory=list)
-    untaken_ops: list[tuple[str, str]] = field(default_factory=list)
-    replaced: list[tuple[str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.conds)
+        return bool(self.untaken)
 
 
-def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Container[str] = ()) -> Inlining:
+def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable[str] = ()) -> Inlining:
     """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
     is a literal or a parameter, buffer or lifted constant whose value is the same at every
     call (`unchanging.unchanging_before_probes`: neither written back by the signature nor
@@ -89,13 +88,13 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
                 continue
             branches = bodies(node)
             name = node.meta.get(REPORT_NAME, node.name)
-            inlining.conds.append((name, str(node.args[0]), taken))
+            inlining.decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
             attr, untaken = branches[1 if taken else 0]
             inlining.untaken.append(f"{name}.{attr}/")
-            inlining.untaken_ops.extend(
-                (f"{name}.{attr}/{n.name}", op_name(n.target)) for n in untaken.graph.nodes if n.op == "call_function")
-            for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved):
-                inlining.replaced.append((removed, name))
+            inlining.decisions.extend(Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
+                                      for n in untaken.graph.nodes if n.op == "call_function")
+            inlining.decisions.extend(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result")
+                                      for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved))
     if inlining:
         _erase_unused_get_attrs(gm.graph)
         drop_unused_attributes(gm)
@@ -104,14 +103,14 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Containe
 
 
 def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str,
-            reserved: Container[str]) -> list[str]:
+            reserved: Iterable[str]) -> list[str]:
     """Copy `branch` into `gm` before `cond` and make the cond's getitems read its results;
     `name`: the cond's report name (its body path when it came out of a body). Returns the
     names of the getitems removed (an inlined node takes the name of the others)."""
     attr, body = branch
     path = f"{name}.{attr}/"
     graph = gm.graph
-    names = _Taken({n.name for n in graph.nodes}, reserved)
+    names = {n.name for n in graph.nodes} | set(reserved)
     operands = list(cond.args[3])
     env: dict[torch.fx.Node, object] = {}
     computed: set[torch.fx.Node] = set()
@@ -170,15 +169,3 @@ def _erase_unused_get_attrs(graph: torch.fx.Graph) -> None:
         if not node.users:
             graph.erase_node(node)
 
-
-class _Taken:
-    """The graph's names (`add` records a new one) and the reserved ones, as one container."""
-
-    def __init__(self, names: set[str], reserved: Container[str]) -> None:
-        self.names, self.reserved = names, reserved
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.names or name in self.reserved
-
-    def add(self, name: str) -> None:
-        self.names.add(name)

@@ -3,10 +3,9 @@
 - `REPORT_NAME`: the name (or, for a region standing for several moved nodes, the names) the
   report lists a node under when it is not the node's own: its body path
   (``cond.true_graph_0/linear``) after it moved out of a body or a cond was inlined.
-- `HOISTED_FROM`: the body path(s) a node was moved out of by `bodies.hoist_body_constants`.
-  It is the identity of a pin: a hoisted node the fold then keeps at runtime is pinned under
-  this path and stays in its body on the next attempt. Only hoisting sets it; inlined code
-  has no body left to go back to.
+- `HOISTED_FROM`: the body path(s) a node was moved out of by `bodies.hoist_body_constants`:
+  a hoisted node the fold keeps at runtime goes back into that body (`bodies.sink_kept_code`).
+  Only hoisting sets it; inlined code has no body left to go back to.
 - `GLUE`: a node the fold inserted to keep the program valid (a region's getitem, the copy of
   an operand a body returns); it carries no decision.
 """
@@ -32,18 +31,6 @@ def report_names(node: torch.fx.Node, default: str) -> tuple[str, ...]:
     return _as_tuple(node.meta.get(REPORT_NAME, default))
 
 
-def pin_names(node: torch.fx.Node) -> tuple[str, ...]:
-    """The pin identities of `node`: the body paths it was hoisted from (none when it was not
-    hoisted, so a pin could not put it back)."""
-    return _as_tuple(node.meta[HOISTED_FROM]) if HOISTED_FROM in node.meta else ()
-
-
-def pin_name(node: torch.fx.Node, path: str) -> str | tuple[str, ...]:
-    """The identity `node`, in the body at `path`, is pinned under: the path it was hoisted
-    from into this body (nested control flow), else ``path + node.name``."""
-    return node.meta.get(HOISTED_FROM, path + node.name)
-
-
 def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
     """The report's path of the body `attr` of `hop`, a HOP in the graph at `prefix`
     (``""`` at the top level): ``cond.true_graph_0/``; nested, the outer path first. A HOP
@@ -61,13 +48,13 @@ def mark_hoisted(node: torch.fx.Node, paths: str | tuple[str, ...]) -> None:
 
 def mark_inlined(node: torch.fx.Node, path: str) -> None:
     """Record that `node` is a copy of the inlined branch's node at `path`: reported under the
-    path; no longer pinnable (its body is gone)."""
+    path; it has no body to go back to."""
     node.meta.setdefault(REPORT_NAME, path)
     node.meta.pop(HOISTED_FROM, None)
 
 
 def mark_glue(node: torch.fx.Node) -> None:
-    """Mark `node` as glue the fold inserted: no decision, no pin."""
+    """Mark `node` as glue the fold inserted: no decision, no body to go back to."""
     for key in (REPORT_NAME, HOISTED_FROM):
         node.meta.pop(key, None)
     node.meta[GLUE] = True

@@ -4,17 +4,15 @@ Three records can keep a constant node at runtime: the analysis (`Analysis.reaso
 runtime input, a mutated buffer, …, or a constraint forced it), the plan (`Plan.runtime`: a
 size limit, a kept encoding) and the evaluation (`Evaluation.kept`: the op raised, or its
 value cannot be stored). `outcome` is the one place their verdicts are merged, in that order
-of precedence (the latest stage that kept a node knows best why); the report and the pins of
-control-flow bodies both read it, and `folded_and_kept` says what `placement` and `lift` remove
-and keep.
+of precedence (the latest stage that kept a node knows best why); the report reads it, and
+`folded_and_kept` says what `placement` and `lift` remove and keep.
 """
 
 from __future__ import annotations
 
 import torch.fx
 
-from .node_meta import pin_names
-from .reasons import Reason, removes_node
+from .reasons import Reason
 
 
 def outcome(node: torch.fx.Node, analysis, plan, evaluation) -> tuple[Reason, str]:
@@ -35,21 +33,3 @@ def folded_and_kept(plan, evaluation) -> tuple[set[torch.fx.Node], frozenset]:
     constant-only node kept at runtime by the plan or the evaluation."""
     folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
     return folded, frozenset(plan.runtime) | frozenset(evaluation.kept)
-
-
-def stays(node: torch.fx.Node, analysis, plan, evaluation) -> bool:
-    """`node` is kept at runtime (`outcome` says it is not removed)."""
-    return not removes_node(outcome(node, analysis, plan, evaluation)[0])
-
-
-def hoisted_and_kept(nodes, analysis, plan, evaluation) -> dict[str, tuple[Reason, str]]:
-    """Of `nodes`, those moved out of a control-flow body that stay at runtime, by pin identity
-    (`node_meta.pin_names`), with why: they go back into their body (a kept op belongs where
-    it ran before: one that raises in an untaken branch must not run unconditionally)."""
-    out: dict[str, tuple[Reason, str]] = {}
-    for n in nodes:
-        names = pin_names(n)
-        if names and stays(n, analysis, plan, evaluation):
-            why = outcome(n, analysis, plan, evaluation)
-            out.update((name, why) for name in names)
-    return out

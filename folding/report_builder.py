@@ -38,16 +38,6 @@ def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lif
     )
 
 
-def inlining_decisions(inlining: Inlining) -> list[Decision]:
-    """A decision for each inlined cond and each getitem an inlined node replaced
-    (`Reason.INLINED`), and for each op of the branches not taken (`Reason.BRANCH_NOT_TAKEN`)."""
-    out = [Decision(name, op_name(torch.ops.higher_order.cond), Reason.INLINED, f"predicate {pred} is {taken}")
-           for name, pred, taken in inlining.conds]
-    out += [Decision(name, target, Reason.BRANCH_NOT_TAKEN) for name, target in inlining.untaken_ops]
-    out += [Decision(name, "_operator.getitem", Reason.INLINED, f"read {cond}'s result") for name, cond in inlining.replaced]
-    return out
-
-
 def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting) -> list[Decision]:
     """One decision per call_function node of `considered` (`outcome.outcome`; a kept encoding
     is described as its copy in the folded program reads it, `Lifting.copies`), under each of
@@ -79,8 +69,7 @@ def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> Fold
         return steps[0]
     decisions: dict[str, Decision] = {}
     for step in steps:
-        step_decisions = step.decisions if isinstance(step, FoldReport) else inlining_decisions(step)
-        decisions.update((d.node, d) for d in step_decisions)
+        decisions.update((d.node, d) for d in step.decisions)
     # Code moved out of a branch that an inlined cond does not take is gone with that branch.
     untaken = tuple(prefix for step in steps if not isinstance(step, FoldReport) for prefix in step.untaken)
     for name, d in list(decisions.items()):

@@ -157,7 +157,7 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
         A `Rewrite`: a copy of `program` (the graph copied; tensors, signature and bodies
         shared), or `program` itself when nothing applies. The copy is the attempt's own:
         `returned_dequantizes` and `bodies` edit it in place, and `lift` reads it
-        (`folding/working.py`); its graph compiles on first use only.
+        (`fold._prepare`); its graph compiles on first use only.
     """
     specs = unchanging_before_probes(program)
     found = _candidates(program, specs, policy, policy.growth_budget(bytes_before))

@@ -7,7 +7,6 @@ does nothing but one list check. (The one count a result carries is the report's
 in the report's JSON and `benchmarks.scale`'s table.)
 
 Counted names:
-    ``attempts``: attempts of the top-level fold, discarded ones included (`fold.py`);
     ``analysis_nodes``: nodes visited by `analysis.analyze`, top-level graph and bodies;
     ``dedup.fingerprints``, ``dedup.classified``, ``dedup.compared_bytes``,
     ``dedup.digested_bytes``: `dedup`'s reads of stored tensors; ``("dedup.digests", id)``:

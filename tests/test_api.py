@@ -342,8 +342,8 @@ def _work(layers):
     n_nodes = len(ep.graph.nodes)
     with counting() as work:
         result = folding.fold_constants(ep)
-    assert work["attempts"] == 1, work
     report = result.report
+    assert "reruns" not in report.timings, report.timings  # one attempt
     assert len(report.folded) == 5 * layers and len(report.lifted) == layers
     assert report.evaluated_nodes == len(report.folded)  # each folded op runs exactly once
     assert_same_outputs(ep, result.program, (torch.randn(2, 4),), atol=1e-3)

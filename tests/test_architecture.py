@@ -1,9 +1,9 @@
 """The fold's shape, read from the source: only `folding/fold.py` calls the stages, a stage never
 imports another, and no function or class grows past what a reader takes in at once.
 
-The stages, in the order `fold.py` runs them: prepare (`working`, which composes the rewrites
-before analysis: `transposed_gathers`, `returned_dequantizes`, `bodies`), `analysis`, `plan`, `evaluate`, `placement`, `lift`,
-`report_builder`, and `inline` between rounds. A stage may name another stage's record in a type
+The stages, in the order `fold.py` runs them: prepare (`fold._prepare`, which composes the
+rewrites before analysis: `weight_fusion`, `transposed_gathers`, `returned_dequantizes`, `bodies`),
+`analysis`, `plan`, `evaluate`, `placement`, `lift`, `report_builder`, and `inline` between rounds. A stage may name another stage's record in a type
 annotation (an ``if TYPE_CHECKING:`` import); it never imports one at runtime."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STAGES = {"working", "analysis", "plan", "evaluate", "placement", "lift", "report_builder", "inline"}
-PREPARE_REWRITES = {"weight_fusion", "transposed_gathers", "returned_dequantizes", "bodies"}  # run by `working` (prepare) only
+STAGES = {"analysis", "plan", "evaluate", "placement", "lift", "report_builder", "inline"}
+PREPARE_REWRITES = {"weight_fusion", "transposed_gathers", "returned_dequantizes", "bodies"}  # run by prepare only
 DRIVER = "fold"
 
 
@@ -43,14 +43,13 @@ def test_the_stage_lists_name_real_modules():
 
 @pytest.mark.parametrize("module", _modules("folding"))
 def test_only_the_driver_calls_stages(module):
-    """A stage imports no other stage; prepare's rewrites are imported by prepare alone; any
-    other module (rules, records, fx utilities, entry points) imports no stage but the driver."""
+    """A stage imports no other stage, nor prepare's rewrites; any other module (rules, records,
+    fx utilities, entry points) imports neither: only the driver does."""
     imported = _runtime_imports(_tree("folding", module))
     if module == DRIVER:
         return
-    allowed = PREPARE_REWRITES if module == "working" else set()
-    assert not (imported & (STAGES | PREPARE_REWRITES)) - allowed, (
-        f"folding/{module}.py imports {sorted((imported & (STAGES | PREPARE_REWRITES)) - allowed)}")
+    assert not imported & (STAGES | PREPARE_REWRITES), (
+        f"folding/{module}.py imports {sorted(imported & (STAGES | PREPARE_REWRITES))}")
 
 
 def _sizes(tree: ast.Module):
@@ -73,7 +72,7 @@ def test_no_function_over_60_lines_and_no_class_over_120(package):
 
 # Stage entry points, by (module, function), and the step each stands for.
 _ENTRY_POINTS = {
-    ("working", "__call__"): "prepare", ("analysis", "analyze"): "analyze", ("plan", "make_plan"): "plan",
+    ("fold", "_prepare"): "prepare", ("analysis", "analyze"): "analyze", ("plan", "make_plan"): "plan",
     ("evaluate", "evaluate"): "evaluate", ("placement", "place"): "place", ("lift", "lift"): "apply",
     ("sizes", "stored_constant_bytes"): "measure", ("report_builder", "fold_report"): "report",
     ("operands", "merge_duplicate_operands"): "operands", ("inline", "inline_constant_conds"): "inline",

@@ -4,8 +4,8 @@ folds there (`folding/bodies.py`, `Hoisting`).
 A ``cond`` branch, a ``no_grad`` or autocast region, or a region nested in a branch, folds its
 constant code even when it reads no operand; the code moves out of a copy of the caller's body,
 whose own region is never rewritten (invariant 7); a tensor attribute of a body moved out as an
-operand is reported as moved, not as a folded value; and a region kept at runtime for a pin and
-folded again reports each decision under its nodes' paths. Every program goes through
+operand is reported as moved, not as a folded value; and a region kept at runtime
+reports each decision under its nodes' paths. Every program goes through
 `control_flow_checks.fold_and_compare` (caller unchanged, refold, no dead leftovers, eager and
 .pte against the unfolded program on inputs taking each branch). Found by issue 21 (fault 2)
 and the control-flow fuzzer."""
@@ -16,10 +16,11 @@ import pytest
 import torch
 import torch.nn as nn
 from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 from folding import FoldPolicy
-from tests.control_flow_checks import body_targets, fold_and_compare
+from tests.control_flow_checks import body_targets, fold_and_compare, fold_checked
 from tests.programs import CondWithoutOperands
 from tests.invariants import assert_close_all
 
@@ -126,9 +127,9 @@ def assert_close(a, b):
 
 class RegionWrittenByAnInlinedBranch(nn.Module):
     """A constant-only region whose output a runtime value from a constant-predicate cond then
-    writes in place (fuzz case 27000333, shrunk): the region is kept at runtime, pinned, and
-    folded again; the new region call stood for a glue getitem with no report name (a
-    ``Decision`` named None, AttributeError while merging reports)."""
+    writes in place (fuzz case 27000333, shrunk): the region is kept at runtime and folded
+    again; the new region call stood for a glue getitem with no report name (a ``Decision``
+    named None, AttributeError while merging reports)."""
 
     def __init__(self, region: str, returned: bool):
         super().__init__()
@@ -148,14 +149,14 @@ class RegionWrittenByAnInlinedBranch(nn.Module):
 
 @pytest.mark.parametrize("returned", [False, True], ids=["dead", "returned"])
 @pytest.mark.parametrize("region", ["autocast", "no_grad"])
-def test_a_region_folded_again_after_a_pin_reports_under_its_nodes_paths(region, returned):
+def test_a_region_kept_at_runtime_reports_under_its_nodes_paths(region, returned):
     g = torch.Generator().manual_seed(2)
     _, result = fold_and_compare(RegionWrittenByAnInlinedBranch(region, returned).eval(),
                                  [(torch.randn(1, 2, 5, 2, generator=g),)], pte=returned)
     assert all(isinstance(d.node, str) and d.node for d in result.report.decisions), result.report.decisions
 
 
-# Constant code moved out of two branches once only when torch cannot tell the two apart (issue 52).
+# Constant code of two branches that differs only in what Python calls equal moves out as two values.
 
 class SiblingBranches(nn.Module):
     """``cond`` whose branches compute ``expr(w, a)`` and ``expr(w, b)``: the same code on two
@@ -198,7 +199,7 @@ def test_branches_differing_only_in_what_python_calls_equal_keep_their_values(a,
 # A body shared by two control-flow slots (the second fresh review of issue 52, fault 5).
 # torch.export gives each call its own bodies, but a pass that deduplicates submodules may not,
 # and executorch's `to_edge` accepts such a program (it traces each call anew). The fold copies
-# a shared body for each call that rewrites it (`bodies._Hoist.unshare`); before, the second
+# every body slot gets a body of its own (`bodies._Hoist.own_bodies`); before, the second
 # call kept its old operands and the folded program raised ``forward() missing 1 required
 # positional argument``, or, where the count of operands stayed the same (``two_regions``),
 # read the first call's moved constant: wrong numbers.
@@ -358,3 +359,146 @@ def test_a_call_passing_fewer_operands_than_its_body_takes_is_a_fold_invariant_e
     body.recompile()
     with pytest.raises(FoldInvariantError, match="cond passes 2 operands to its body 'true_graph_0', which takes 3"):
         check_folded(ep)
+
+
+# Tensors written in place are never merged (the constant code of a body moved out node by node).
+
+_SOURCES = {  # a fresh tensor a body makes from the weight `w`, or from nothing
+    "clone": lambda w: w.clone(),
+    "zeros": lambda w: torch.zeros(4),
+    "full": lambda w: torch.full((4,), 3.0),
+    "ones_like": lambda w: torch.ones_like(w),
+}
+_WRITES = {  # an in-place write of constants only (so the written tensor is constant code)
+    "add_": lambda t, w: t.add_(1.0),
+    "mul_": lambda t, w: t.mul_(2.0),
+    "fill_": lambda t, w: t.fill_(5.0),
+    "index_put_": lambda t, w: t.index_put_((torch.tensor([1, 2]),), torch.tensor(7.0)),
+    "copy_": lambda t, w: t.copy_(w * 4.0),
+}
+_PAIRS = [(s, k) for s in _SOURCES for k in _WRITES]
+
+
+def _other(write: str) -> str:
+    return "add_" if write == "mul_" else "mul_"
+
+
+def _written(source: str, write: str, w):
+    t = _SOURCES[source](w)
+    _WRITES[write](t, w)
+    return t
+
+
+# torch.export refuses, in a scan body, a write of a value read from the weight into a factory tensor.
+_SCAN_PAIRS = [(s, k) for s, k in _PAIRS if not (s in ("zeros", "full") and k == "copy_")]
+
+
+def _written_pairs(w, x, first=True, second=True, pairs=_PAIRS):
+    """One output per (source, write): ``a`` from the source, written by the write, and ``b``,
+    the same source written otherwise. One node per op and inputs merged ``a`` and ``b``: both
+    writes then reach the one tensor."""
+    return tuple(x + (_written(s, k, w) if first else 0.0) + (10.0 * _written(s, _other(k), w) if second else 0.0)
+                 for s, k in pairs)
+
+
+class WrittenCopies(nn.Module):
+    """`_written_pairs` at the top level or in a body: ``no_grad`` (``wrap_with_set_grad_enabled``),
+    autocast, a ``cond`` (``a`` in one branch, ``b`` in the other), ``while_loop``, ``map`` and
+    ``scan``."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+        self.w = nn.Parameter(torch.arange(4.0) + 3.0)
+
+    def forward(self, x):
+        w = self.w
+        if self.where == "top":
+            return _written_pairs(w, x)
+        if self.where == "no_grad":
+            with torch.no_grad():
+                return _written_pairs(w, x)
+        if self.where == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return _written_pairs(w, x)
+        if self.where == "cond":
+            return torch.cond(x.sum() > 0, lambda x, w: _written_pairs(w, x, second=False),
+                              lambda x, w: _written_pairs(w, x, first=False), (x, w))
+        xs = torch.stack([x, x * 2.0])
+        if self.where == "while_loop":
+            def body(i, *accs):
+                return (i + 1,) + tuple(a + v for a, v in zip(accs, _written_pairs(self.w, x)))
+
+            start = tuple(x * float(k) for k in range(len(_PAIRS)))
+            return while_loop(lambda i, *accs: i < 3, body, (torch.zeros((), dtype=torch.int64),) + start)[1:]
+        if self.where == "map":
+            return hop_map(lambda xi, w: _written_pairs(w, xi), xs, w)
+        if self.where == "scan":
+            def combine(carry, xi):
+                ys = _written_pairs(self.w, carry + xi, pairs=_SCAN_PAIRS)
+                return ys[0], tuple(y.clone() for y in ys)
+
+            return scan(combine, torch.zeros(4), xs)[1]
+        raise ValueError(self.where)
+
+
+WHERE = ["top", "no_grad", "autocast", "cond", "while_loop", "map", "scan"]
+# Lowered to a .pte where the unfolded program lowers: executorch 1.5.1 emits no while_loop, and
+# its functionalization refuses the in-place writes of a map or scan body.
+LOWERS = {"top", "no_grad", "autocast", "cond"}
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_tensors_written_in_place_are_never_merged(where):
+    """Each of the two copies keeps its own writes, in eager over three calls and in the .pte
+    (before: moved out of a body as one node, the tensor took both writes: ``w.clone()``
+    written by ``add_(1)`` and ``mul_(2)`` gave 17 for 11)."""
+    from tests.fold_checks import assert_same_over_calls
+    from tests.invariants import outputs
+    from tests.lowering import lower_pte, run_pte
+
+    inputs = [(torch.tensor([0.5, 1.5, 2.5, 3.5]),), (torch.tensor([-0.5, -1.5, -2.5, -3.5]),)]
+    ep = torch.export.export(WrittenCopies(where).eval(), inputs[0])
+    result = fold_checked(ep)
+    assert result.report.folded, "nothing folded: the program does not test the rule"
+    for x in inputs:
+        assert_same_over_calls(ep, result.program, x)
+    if where in LOWERS:
+        buffer = lower_pte(result.program)
+        for x in inputs:
+            want = outputs(ep, x)
+            for _ in range(3):
+                assert_close_all(want, run_pte(buffer, x), 1e-5, 0.0, relative=True)
+
+
+class RaisesInALoopThatDoesNotRun(nn.Module):
+    """A ``while_loop`` body whose constant code raises when evaluated (an index out of range):
+    it moves out, raises at fold time, is kept, and goes back into the loop body
+    (`bodies.sink_kept_code`), so a call whose loop runs no iteration does not raise; a
+    constant op beside it still folds."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("bad", torch.tensor([9]))
+
+    def forward(self, x, n):
+        def body(i, acc):
+            return i + 1, acc + self.w.exp() + self.w.index_select(0, self.bad).sum()
+
+        return while_loop(lambda i, acc: i < n.sum(), body, (torch.zeros((), dtype=torch.int64), x))[1]
+
+
+def test_an_op_that_raises_in_a_loop_body_goes_back_into_it():
+    from folding import Reason
+    from tests.fold_checks import decision
+
+    x, none = torch.randn(4), torch.zeros(1, dtype=torch.int64)
+    ep = torch.export.export(RaisesInALoopThatDoesNotRun(), (x, none))
+    result = fold_checked(ep)
+    assert decision(result.report, "while_loop.while_loop_body_graph_0/index_select").reason is Reason.EVALUATION_ERROR
+    assert decision(result.report, "while_loop.while_loop_body_graph_0/exp").folded
+    assert "aten.index_select.default" in body_targets(result.program)
+    assert_close(ep.module()(x, none), result.program.module()(x, none))
+    with pytest.raises(Exception):  # a loop that runs raises, folded as unfolded
+        result.program.module()(x, torch.ones(1, dtype=torch.int64))

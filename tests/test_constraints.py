@@ -1,7 +1,6 @@
-"""What one attempt teaches the next (`folding.constraints`): the growth budget tightened by
-the measured excess and cut to nothing after a second miss, learnt alias classes and undeclared
-writes following their nodes to a fresh copy, and attempts redone on a working copy that lift
-edits.
+"""What one attempt teaches the next (`folding.fold.Constraints`): the growth budget tightened by
+the measured excess and cut to nothing after a second miss, ops kept by evaluation forced once,
+undeclared writes learnt, and attempts redone on a working copy that lift reads.
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from folding import FoldPolicy, fold_constants
-from folding.constraints import Constraints, KeepAliasClass, UndeclaredWrite
+from folding.evaluate import UndeclaredWrite
+from folding.fold import Constraints
 from folding.reasons import Reason
 from tests.fold_checks import assert_fold_invariants, decision
 from tests.invariants import assert_same_outputs
@@ -58,28 +58,19 @@ def _graph(names):
     return g, {name: g.placeholder(name) for name in names}
 
 
-def test_learnt_constraints_keep_an_alias_class_whole_and_follow_names_to_a_copy():
-    g, n = _graph(["root", "view", "add_", "other", "w", "op"])
-    alias_root = {n["view"]: n["root"], n["add_"]: n["root"], n["other"]: n["other"]}
+def test_a_learnt_write_is_recorded_per_op():
+    g, n = _graph(["op", "w", "v"])
     c = Constraints()
-    c.learn(KeepAliasClass(n["root"], Reason.EVALUATION_ERROR, "boom"), alias_root)
-    c.learn(UndeclaredWrite(n["op"], n["w"]), alias_root)
-    assert set(c.forced) == {n["root"], n["view"], n["add_"]}  # the class, not its neighbour
-    assert all(why == (Reason.EVALUATION_ERROR, "boom") for why in c.forced.values())
-    assert c.writes == {n["op"]: {n["w"]}}
-
-    copy_graph, m = _graph(["root", "view", "add_", "other", "w", "op"])
-    c.rebound(copy_graph)
-    assert set(c.forced) == {m["root"], m["view"], m["add_"]} and c.writes == {m["op"]: {m["w"]}}
-    with pytest.raises(TypeError, match="not a constraint"):
-        c.learn("a write", alias_root)
+    c.learn(UndeclaredWrite(n["op"], n["w"]))
+    c.learn(UndeclaredWrite(n["op"], n["v"], aliased=True))
+    assert c.writes == {n["op"]: {n["w"], n["v"]}} and not c.forced
 
 
 class WriterBudgetAndBranches(nn.Module):
     """Attempts redone on the working program (the ``cond`` makes prepare copy it, and `lift`
     reads it to build the folded graph): an undeclared write found by evaluation (a constraint on a
-    node, attempt redone before lift), a moved node kept at runtime (the fold reruns with it
-    pinned in its body), and two identical buffers (stored once) folded into two results."""
+    node, attempt redone before lift), code moved out of the branches, and two identical buffers
+    (stored once) folded into two results."""
 
     def __init__(self):
         super().__init__()
@@ -202,8 +193,8 @@ def test_an_op_that_raises_at_fold_time_is_planned_with_the_size_limits(policy, 
 
 class RaisesInABranchNeverTaken(nn.Module):
     """Code hoisted out of a ``cond`` branch that is never taken raises when evaluated (an index
-    out of range), reading a large folded table: it is pinned back into its branch (the restart
-    that prepares the program again), and the plan of the next attempt counts its inputs."""
+    out of range), reading a large folded table: it is kept (the attempt redone, so the plan counts
+    its inputs) and goes back into its branch (`bodies.sink_kept_code`), where it never runs."""
 
     def __init__(self, seed: int):
         super().__init__()
@@ -222,7 +213,7 @@ class RaisesInABranchNeverTaken(nn.Module):
 
 
 @pytest.mark.parametrize("policy", _TIGHT, ids=["budget", "cap", "strict"])
-def test_an_op_that_raises_in_an_untaken_branch_is_pinned_within_the_size_limits(policy):
+def test_an_op_that_raises_in_an_untaken_branch_goes_back_within_the_size_limits(policy):
     ep = torch.export.export(RaisesInABranchNeverTaken(0).eval(), (torch.randn(1, 16),))
     result = fold_constants(ep, policy)
     assert_fold_invariants(ep, result)

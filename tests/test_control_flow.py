@@ -361,8 +361,8 @@ def test_work_grows_linearly_with_the_number_of_bodies():
     for k in (4, 16):
         program = export(Many(k), (torch.randn(4, 4),))
         with counting() as work:
-            folding.fold_constants(program)
-        assert work["analysis_nodes"] > 0 and work["attempts"] == 1, work
+            timings = folding.fold_constants(program).report.timings
+        assert work["analysis_nodes"] > 0 and "reruns" not in timings, (work, timings)
         per_call.append(work["analysis_nodes"] / k)
     assert per_call[1] <= per_call[0] * 1.25, per_call
 
@@ -503,12 +503,10 @@ def test_executorch_control_flow_test_models_fold_and_run(name, dialect):
 @pytest.mark.parametrize("runtime", [True, False], ids=["runtime_predicate", "constant_predicate"])
 def test_one_cond_folds_without_a_discarded_attempt(runtime):
     """Each round of the fold (one, and one more after a constant ``cond`` is inlined) is one
-    attempt: code inlined from a branch is reported under its body path but is not pinned
-    back into a body that no longer exists (`folding.node_meta`)."""
+    attempt (no time counted as ``reruns``): code inlined from a branch is reported under its
+    body path but has no body to go back to (`folding.node_meta`)."""
     program = export(OneCond(runtime), (torch.randn(4, 4),))
-    with counting() as work:
-        result = folding.fold_constants(program)
-    assert work["attempts"] == (1 if runtime else 2), work
+    result = folding.fold_constants(program)
     assert "reruns" not in result.report.timings, result.report.timings
     assert result.report.folded
     for x in (torch.randn(4, 4), -torch.rand(4, 4) - 1, torch.rand(4, 4) + 1):

@@ -215,30 +215,6 @@ class _InPlaceOnAConstant(nn.Module):
         return x + y
 
 
-def test_learnt_constraints_follow_their_nodes_to_a_fresh_copy():
-    """An attempt redone on a program prepared again (a node pinned in its body,
-    `folding/working.py`) folds a fresh copy: what evaluation learnt moves to the nodes of the
-    same names."""
-    from folding.hops import copy_uncompiled
-    from folding.constraints import Constraints
-    from folding.constraints import UndeclaredWrite
-    from folding.reasons import Reason
-
-    ep = chain_program(12, "ATEN")
-    nodes = {n.name: n for n in ep.graph.nodes}
-    ops = [n for n in ep.graph.nodes if n.op == "call_function"]
-    constraints = Constraints()
-    constraints.forced[ops[3]] = (Reason.DEPENDS_ON_KEPT, "kept")
-    constraints.learn(UndeclaredWrite(ops[5], ops[4]), {})
-    fresh, _ = copy_uncompiled(ep.graph_module)
-    constraints.rebound(fresh.graph)
-    by_name = {n.name: n for n in fresh.graph.nodes}
-    assert {n.name for n in constraints.forced} == {ops[3].name}
-    assert all(n.graph is fresh.graph for n in constraints.forced)
-    assert constraints.writes == {by_name[ops[5].name]: {by_name[ops[4].name]}}
-    assert nodes[ops[5].name] is ops[5] and by_name[ops[5].name] is not ops[5]
-
-
 class Branches(nn.Module):
     def __init__(self):
         super().__init__()

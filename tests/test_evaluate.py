@@ -477,7 +477,7 @@ def test_a_kernel_that_asks_for_a_writable_pointer_without_writing_is_folded():
 
 class BodyWritesABuffer(torch.nn.Module):
     """A ``cond`` branch writes ``b`` undeclared (``bump_first``, constant inputs: moved out of
-    its body, evaluated, caught, pinned back); `read_after` reads ``b`` after the ``cond``."""
+    its body, evaluated, caught, kept and put back); `read_after` reads ``b`` after the ``cond``."""
 
     def __init__(self, predicate: bool, read_after: str):
         super().__init__()
@@ -496,8 +496,8 @@ class BodyWritesABuffer(torch.nn.Module):
 
 @pytest.mark.parametrize("read_after", ["folded_reader", "nothing", "runtime_predicate"])
 def test_an_undeclared_write_in_a_body_keeps_the_written_tensor_for_every_reader(read_after):
-    """The writer moves out of its body, is caught writing, and is pinned back: the constraint
-    follows it to the call that passes the written buffer (a ``KeyError`` before)."""
+    """The writer moves out of its body, is caught writing (the write learnt on the moved node;
+    a ``KeyError`` before), and goes back into its branch."""
     eager = BodyWritesABuffer(True, read_after)
     example = (torch.randn(3), torch.ones(1))
     ep = export(BodyWritesABuffer(True, read_after), example)

@@ -271,16 +271,17 @@ def test_a_stop_request_whose_interrupt_was_swallowed_ends_the_campaign_after_th
 
 
 def _fold_without_unsharing(ep, policy, inplace=False):
-    """The fold as it was before `bodies._Hoist.unshare` (issue 52, review 2's fault 5): a
-    body two calls share is rewritten for one of them only. The fuzzer must report it."""
+    """The fold as it was before each body slot got a body of its own (issue 52, review 2's
+    fault 5): a slot calling a body another slot calls keeps its name, so the body is rewritten
+    for one of the calls only. The fuzzer must report it."""
     from folding import bodies
 
-    unshare = bodies._Hoist.unshare
-    bodies._Hoist.unshare = lambda self, gm: None
+    free_attribute = bodies.free_attribute
+    bodies.free_attribute = lambda gm, target: target
     try:
         return folding.fold_constants(ep, policy)
     finally:
-        bodies._Hoist.unshare = unshare
+        bodies.free_attribute = free_attribute
 
 
 # Programs of the shared-body families alone (with elementwise ops between): seed 1 has both
@@ -344,7 +345,7 @@ def _fold_ignoring_evaluation_keeps(ep, policy, inplace=False):
     """The fold as it was before `Constraints.keep_failed` (issue 52, fuzz case 52052156200):
     an op that raised at fold time was kept and its folded inputs stored without the plan's
     size limits. The fuzzer must report it."""
-    from folding.constraints import Constraints
+    from folding.fold import Constraints
 
     keep_failed = Constraints.keep_failed
     Constraints.keep_failed = lambda self, kept: False

@@ -1,7 +1,7 @@
 """The plan stage (`folding.plan`): which constant ops are folded, which stay at runtime and
 why, which values are stored, and when each is last used; with its size limits: no stored value
 above ``max_tensor_bytes``, and the program's growth within its budget (`folding.cuts.choose_cuts`,
-and the budget tightened when the measured bytes exceed it, `folding.constraints`).
+and the budget tightened when the measured bytes exceed it, `folding.fold.Constraints`).
 
 First on hand-built graphs (`tests/programs.chain_graph`, the stages run one at a time by
 `tests/fold_checks.run_stages`), with values computed here with torch directly; then on real
