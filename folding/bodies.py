@@ -35,7 +35,7 @@ from .hops import (bodies, copy_uncompiled, drop_unused_attributes, free_attribu
                    move_attribute, recompile_shallow, unprobed_writes)
 from .names import copy_keeping_name, reserve_node_names
 from .node_meta import GLUE, body_path, mark_glue, mark_hoisted, pin_name, report_names
-from .ops import OpKind, op_name, structural_key
+from .ops import OpKind, op_name
 from .policy import FoldPolicy
 from .reasons import Reason
 from .report import Decision
@@ -279,7 +279,6 @@ class _Hoist:
             return  # the bodies stay the caller's, untouched
         moved: list[tuple[torch.fx.GraphModule, list[torch.fx.Node]]] = []
         value_of: dict[torch.fx.Node, torch.fx.Node] = {}  # sink -> the caller's node for it
-        memo: dict[tuple, torch.fx.Node] = {}  # the same op on the same inputs, moved once
         for attr, body, split, path in plans:
             body, env = self._own(gm, attr, body)
             sources, hoisted, sinks = split.sources, split.hoisted, split.sinks
@@ -292,7 +291,7 @@ class _Hoist:
                     if kind.wraps:
                         values = _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path)
                     else:
-                        values = _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo)
+                        values = _copy_hoisted(gm, body, hoisted, sinks, sources, path)
                 value_of.update(zip(sinks, values))
             moved.append((body, sinks))
         new_operands = list(dict.fromkeys(value_of.values()))  # identical values passed once
@@ -308,23 +307,17 @@ def _shares_bodies(gm: torch.fx.GraphModule) -> bool:
     return len(targets) != len(set(targets)) or any(_shares_bodies(getattr(gm, t)) for t in set(targets))
 
 
-def _copy_hoisted(gm, body, hoisted, sinks, sources, path, memo) -> list[torch.fx.Node]:
-    """Copy the hoisted nodes into `gm` (before the HOP); returns the copies of `sinks`.
-    A node computing the same op on the same inputs as one already moved for this HOP
-    (the other branch's ``linear(w, w)``) reuses it (`memo`)."""
+def _copy_hoisted(gm, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
+    """Copy the hoisted nodes into `gm` (before the HOP), one copy each: two nodes with the same
+    op and inputs are two values when a write reaches either (``w.clone()`` twice, each written
+    in place), so none is merged. Returns the copies of `sinks`."""
     env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
     for n in hoisted:
         if n.op == "get_attr":
             env[n] = move_attribute(gm, body, n.target)
             env[n].meta = copy.copy(n.meta)
         else:
-            key = structural_key(n, env)
-            if key is not None and key in memo:
-                env[n] = memo[key]
-                continue
             env[n] = gm.graph.node_copy(n, env.__getitem__)
-            if key is not None:
-                memo[key] = env[n]
         mark_hoisted(env[n], path + n.name)
     return [env[s] for s in sinks]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-import struct
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
@@ -321,37 +320,3 @@ def _returns_nothing(target: Any) -> bool:
 
 def _has_registered_effect(overload: torch._ops.OpOverload) -> bool:
     return registered_effect(overload) is not None
-
-
-def structural_key(node: torch.fx.Node, canon) -> Optional[tuple]:
-    """What makes two nodes compute the same value: the same target on the same arguments,
-    nodes among them replaced by ``canon.get(node, node)`` (their representative); None when an
-    argument cannot be hashed (the node is then its own). Used to count equal values once
-    (`plan`) and to move an op out of two branches once (`bodies`)."""
-    try:
-        key = (node.target, _frozen(node.args, canon), _frozen(node.kwargs, canon))
-        hash(key)
-        return key
-    except TypeError:
-        return None
-
-
-def _frozen(value: Any, canon) -> Any:
-    """A hashable form of an argument, equal for two arguments only when torch cannot tell them
-    apart: lists, tuples and dicts become tagged tuples; a scalar is keyed by its Python type (1,
-    1.0 and True differ: they give different dtypes) and a float or complex number by its
-    IEEE-754 bits, so 0.0 and -0.0 differ (``1 / (w * -0.0)`` is -inf) and a NaN equals only a
-    NaN of the same bits (a kernel cannot tell those apart); a tensor literal by identity."""
-    if isinstance(value, torch.fx.Node):
-        return canon.get(value, value)
-    if isinstance(value, (list, tuple)):
-        return (type(value),) + tuple(_frozen(v, canon) for v in value)
-    if isinstance(value, dict):
-        return (dict,) + tuple(sorted((k, _frozen(v, canon)) for k, v in value.items()))
-    if isinstance(value, float):
-        return (type(value), struct.pack("<d", value))
-    if isinstance(value, complex):
-        return (type(value), struct.pack("<dd", value.real, value.imag))
-    if isinstance(value, torch.Tensor):
-        return (torch.Tensor, id(value))
-    return (type(value), value)

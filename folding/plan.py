@@ -24,6 +24,7 @@ write its schema does not declare (`ops.OpFacts.probed`; `evaluate`).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -34,7 +35,7 @@ import torch
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
-from .ops import OpKind, is_probed, may_call_probed, op_facts, structural_key
+from .ops import OpKind, is_probed, may_call_probed, op_facts
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -137,7 +138,7 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
         and (cap is None or sizes[n] <= cap or n.name in cap_exempt)
     }  # a scalar "stored" costs 0 bytes: it is inlined into its readers
     runtime = choose_cuts(
-        regions, sizes, placeholder_bytes, _identical_values(folded), policy.max_tensor_bytes, budget, storable
+        regions, sizes, placeholder_bytes, _identical_values(folded, analysis), policy.max_tensor_bytes, budget, storable
     )
     plan.runtime.update(runtime)
 
@@ -164,15 +165,45 @@ def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget, cap_exempt
     return budget is None or total <= budget
 
 
-def _identical_values(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
-    """Map each node to the first node computing the same op on the same inputs (hash-consing):
-    their values are equal, and the lift stores them once, so the planner counts them once."""
+def _identical_values(nodes: list[torch.fx.Node], analysis: Analysis) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Map each node to the first node of the same target on the same arguments (hash-consing),
+    so that the planner counts their bytes once, as the lift stores identical bytes (`dedup`).
+    Only where nothing can make the two differ: a node that a write reaches (a member of an
+    in-place alias class, or a reader of one), an uninitialised allocation, or one whose
+    arguments cannot be hashed is its own (torch.fx's ``cse_pass`` merges only functional
+    code). Arguments are keyed by what torch can tell apart (`_frozen`)."""
     canon: dict[torch.fx.Node, torch.fx.Node] = {}
     seen: dict[tuple, torch.fx.Node] = {}
     for n in nodes:
-        key = structural_key(n, canon)
-        canon[n] = n if key is None else seen.setdefault(key, n)
+        canon[n] = n
+        if op_facts(n.target).uninitialised or any(analysis.class_of(m) is not None for m in (n, *n.all_input_nodes)):
+            continue
+        try:
+            key = (n.target, _frozen(n.args, canon), _frozen(n.kwargs, canon))
+            canon[n] = seen.setdefault(key, n)
+        except TypeError:  # an argument that cannot be hashed
+            pass
     return canon
+
+
+def _frozen(value, canon):
+    """A hashable form of an argument, equal for two arguments only when torch cannot tell them
+    apart: a scalar is keyed by its Python type (1, 1.0 and True give different dtypes) and a
+    float or complex number by its IEEE-754 bits (``1 / (w * -0.0)`` is -inf); a tensor literal
+    by identity (alive for the whole fold)."""
+    if isinstance(value, torch.fx.Node):
+        return canon.get(value, value)
+    if isinstance(value, (list, tuple)):
+        return (type(value),) + tuple(_frozen(v, canon) for v in value)
+    if isinstance(value, dict):
+        return (dict,) + tuple(sorted((k, _frozen(v, canon)) for k, v in value.items()))
+    if isinstance(value, float):
+        return (float, struct.pack("<d", value))
+    if isinstance(value, complex):
+        return (complex, struct.pack("<dd", value.real, value.imag))
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, id(value))
+    return (type(value), value)
 
 
 def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:

@@ -16,10 +16,11 @@ import pytest
 import torch
 import torch.nn as nn
 from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 from folding import FoldPolicy
-from tests.control_flow_checks import body_targets, fold_and_compare
+from tests.control_flow_checks import body_targets, fold_and_compare, fold_checked
 from tests.programs import CondWithoutOperands
 from tests.invariants import assert_close_all
 
@@ -155,7 +156,7 @@ def test_a_region_folded_again_after_a_pin_reports_under_its_nodes_paths(region,
     assert all(isinstance(d.node, str) and d.node for d in result.report.decisions), result.report.decisions
 
 
-# Constant code moved out of two branches once only when torch cannot tell the two apart (issue 52).
+# Constant code of two branches that differs only in what Python calls equal moves out as two values.
 
 class SiblingBranches(nn.Module):
     """``cond`` whose branches compute ``expr(w, a)`` and ``expr(w, b)``: the same code on two
@@ -358,3 +359,113 @@ def test_a_call_passing_fewer_operands_than_its_body_takes_is_a_fold_invariant_e
     body.recompile()
     with pytest.raises(FoldInvariantError, match="cond passes 2 operands to its body 'true_graph_0', which takes 3"):
         check_folded(ep)
+
+
+# Tensors written in place are never merged (the constant code of a body moved out node by node).
+
+_SOURCES = {  # a fresh tensor a body makes from the weight `w`, or from nothing
+    "clone": lambda w: w.clone(),
+    "zeros": lambda w: torch.zeros(4),
+    "full": lambda w: torch.full((4,), 3.0),
+    "ones_like": lambda w: torch.ones_like(w),
+}
+_WRITES = {  # an in-place write of constants only (so the written tensor is constant code)
+    "add_": lambda t, w: t.add_(1.0),
+    "mul_": lambda t, w: t.mul_(2.0),
+    "fill_": lambda t, w: t.fill_(5.0),
+    "index_put_": lambda t, w: t.index_put_((torch.tensor([1, 2]),), torch.tensor(7.0)),
+    "copy_": lambda t, w: t.copy_(w * 4.0),
+}
+_PAIRS = [(s, k) for s in _SOURCES for k in _WRITES]
+
+
+def _other(write: str) -> str:
+    return "add_" if write == "mul_" else "mul_"
+
+
+def _written(source: str, write: str, w):
+    t = _SOURCES[source](w)
+    _WRITES[write](t, w)
+    return t
+
+
+# torch.export refuses, in a scan body, a write of a value read from the weight into a factory tensor.
+_SCAN_PAIRS = [(s, k) for s, k in _PAIRS if not (s in ("zeros", "full") and k == "copy_")]
+
+
+def _written_pairs(w, x, first=True, second=True, pairs=_PAIRS):
+    """One output per (source, write): ``a`` from the source, written by the write, and ``b``,
+    the same source written otherwise. One node per op and inputs merged ``a`` and ``b``: both
+    writes then reach the one tensor."""
+    return tuple(x + (_written(s, k, w) if first else 0.0) + (10.0 * _written(s, _other(k), w) if second else 0.0)
+                 for s, k in pairs)
+
+
+class WrittenCopies(nn.Module):
+    """`_written_pairs` at the top level or in a body: ``no_grad`` (``wrap_with_set_grad_enabled``),
+    autocast, a ``cond`` (``a`` in one branch, ``b`` in the other), ``while_loop``, ``map`` and
+    ``scan``."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+        self.w = nn.Parameter(torch.arange(4.0) + 3.0)
+
+    def forward(self, x):
+        w = self.w
+        if self.where == "top":
+            return _written_pairs(w, x)
+        if self.where == "no_grad":
+            with torch.no_grad():
+                return _written_pairs(w, x)
+        if self.where == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return _written_pairs(w, x)
+        if self.where == "cond":
+            return torch.cond(x.sum() > 0, lambda x, w: _written_pairs(w, x, second=False),
+                              lambda x, w: _written_pairs(w, x, first=False), (x, w))
+        xs = torch.stack([x, x * 2.0])
+        if self.where == "while_loop":
+            def body(i, *accs):
+                return (i + 1,) + tuple(a + v for a, v in zip(accs, _written_pairs(self.w, x)))
+
+            start = tuple(x * float(k) for k in range(len(_PAIRS)))
+            return while_loop(lambda i, *accs: i < 3, body, (torch.zeros((), dtype=torch.int64),) + start)[1:]
+        if self.where == "map":
+            return hop_map(lambda xi, w: _written_pairs(w, xi), xs, w)
+        if self.where == "scan":
+            def combine(carry, xi):
+                ys = _written_pairs(self.w, carry + xi, pairs=_SCAN_PAIRS)
+                return ys[0], tuple(y.clone() for y in ys)
+
+            return scan(combine, torch.zeros(4), xs)[1]
+        raise ValueError(self.where)
+
+
+WHERE = ["top", "no_grad", "autocast", "cond", "while_loop", "map", "scan"]
+# Lowered to a .pte where the unfolded program lowers: executorch 1.5.1 emits no while_loop, and
+# its functionalization refuses the in-place writes of a map or scan body.
+LOWERS = {"top", "no_grad", "autocast", "cond"}
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_tensors_written_in_place_are_never_merged(where):
+    """Each of the two copies keeps its own writes, in eager over three calls and in the .pte
+    (before: moved out of a body as one node, the tensor took both writes: ``w.clone()``
+    written by ``add_(1)`` and ``mul_(2)`` gave 17 for 11)."""
+    from tests.fold_checks import assert_same_over_calls
+    from tests.invariants import outputs
+    from tests.lowering import lower_pte, run_pte
+
+    inputs = [(torch.tensor([0.5, 1.5, 2.5, 3.5]),), (torch.tensor([-0.5, -1.5, -2.5, -3.5]),)]
+    ep = torch.export.export(WrittenCopies(where).eval(), inputs[0])
+    result = fold_checked(ep)
+    assert result.report.folded, "nothing folded: the program does not test the rule"
+    for x in inputs:
+        assert_same_over_calls(ep, result.program, x)
+    if where in LOWERS:
+        buffer = lower_pte(result.program)
+        for x in inputs:
+            want = outputs(ep, x)
+            for _ in range(3):
+                assert_close_all(want, run_pte(buffer, x), 1e-5, 0.0, relative=True)
