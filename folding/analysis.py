@@ -11,7 +11,7 @@ constant and no runtime op reads it before its last update.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import torch
 import torch.fx
@@ -42,7 +42,6 @@ class Analysis:
         alias_root: root node of every aliasing op's value (views, in-place ops).
         mutators: per alias root, the in-place ops that update it, in graph order.
         writes: per op that writes some of its inputs, those inputs (`unchanging.alias_classes`).
-        targets: the distinct call_function targets of the graph, by ``id`` (`calls_any`).
         forced: nodes kept regardless, with (reason, detail).
     """
 
@@ -54,14 +53,8 @@ class Analysis:
     alias_root: dict[torch.fx.Node, torch.fx.Node]
     mutators: dict[torch.fx.Node, list[torch.fx.Node]]
     writes: dict[torch.fx.Node, list[torch.fx.Node]] = field(default_factory=dict)
-    targets: dict[int, object] = field(default_factory=dict)
     fold_asserts: bool = True
     forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
-
-    def calls_any(self, predicate: Callable[[object], bool]) -> bool:
-        """Whether some call_function node calls a target `predicate` accepts (asked once per
-        distinct target): a rule about some ops skips its walk when the graph calls none."""
-        return any(predicate(t) for t in self.targets.values())
 
     def is_constant(self, node: torch.fx.Node) -> bool:
         return node in self.reason and self.reason[node] is None
@@ -104,8 +97,7 @@ def analyze(
     kind = {n: op_facts(n.target).kind for n in nodes if n.op == "call_function"}
     alias_root, mutators, writes = alias_classes(nodes, kind, extra_writes)
     analysis = Analysis(order, {}, {}, kind, specs, alias_root, mutators, writes,
-                        targets={id(n.target): n.target for n in kind}, fold_asserts=policy.fold_asserts,
-                        forced=dict(forced or {}))
+                        fold_asserts=policy.fold_asserts, forced=dict(forced or {}))
     while True:
         _propagate(analysis, nodes, mutated, skip)
         tainted = _taint_mutated_classes(analysis)

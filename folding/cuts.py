@@ -76,16 +76,14 @@ def find_regions(
         return root
 
     for n in folded:
-        find(n)
         for i in n.all_input_nodes:
             if is_folded(i) or i in constant_placeholders:
-                a, b = find(n), find(i)
-                if a is not b:
-                    parent[a] = b
+                parent[find(n)] = find(i)
     groups: dict[torch.fx.Node, Region] = {}
     for n in folded:
         r = groups.setdefault(find(n), Region([], [], []))
         r.ops.append(n)
+        r.in_place = r.in_place or n in fixed
         if any(not is_folded(u) for u in n.users):
             r.sinks.append(n)
     seen: set = set()
@@ -98,10 +96,7 @@ def find_regions(
                 r.base_bytes += placeholder_bytes.get(i, 0)
                 if any(not is_folded(u) for u in i.users):
                     r.pinned.add(i)
-    regions = [r for r in groups.values() if r.sinks]
-    for r in regions:
-        r.in_place = any(n in fixed for n in r.ops)
-    return regions
+    return [r for r in groups.values() if r.sinks]
 
 
 def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_bytes: dict,
@@ -147,19 +142,10 @@ def pareto_front(
     else:  # an in-place class is cut whole: its only plans are these two
         subsets = [storable, ()]
     plans = {evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, canon) for s in subsets}
-    best: dict[int, RegionPlan] = {}
-    for p in plans:
-        q = best.get(p.runtime_ops)
-        if q is None or (p.growth, p.stored_bytes, sorted(n.name for n in p.stored)) < (
-            q.growth, q.stored_bytes, sorted(n.name for n in q.stored)
-        ):
-            best[p.runtime_ops] = p
-    front, lowest = [], None
-    for ops in sorted(best):
-        p = best[ops]
-        if lowest is None or p.growth < lowest:
+    front: list[RegionPlan] = []
+    for p in sorted(plans, key=lambda p: (p.runtime_ops, p.growth, p.stored_bytes, sorted(n.name for n in p.stored))):
+        if not front or p.growth < front[-1].growth:
             front.append(p)
-            lowest = p.growth
     return front
 
 

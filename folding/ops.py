@@ -158,11 +158,6 @@ def is_probed(node) -> bool:
     return op_facts(node.target).probed
 
 
-def may_call_probed(target: Any) -> bool:
-    """`target` is a probed custom op or a functionalization wrapper (which may hold one)."""
-    return target in _FUNCTIONALIZED or op_facts(target).probed
-
-
 def arg_at(node, position: int) -> Any:
     """The argument at schema `position` of `node`, positional or keyword (None when absent)."""
     if position < len(node.args):

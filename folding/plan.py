@@ -17,8 +17,8 @@ import torch.fx
 
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
-from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
-from .ops import OpKind, is_probed, may_call_probed, op_facts
+from .layout import observes_layout, reads_storage, strided_like_stored
+from .ops import is_probed, op_facts
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
@@ -78,16 +78,15 @@ def make_plan(
     """
     candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
     plan = Plan(candidates)
-    _keep_output_copies(plan, analysis)
+    _keep_output_copies(plan)
     _keep_scalar_outputs(plan)
-    _keep_encodings(plan, analysis)
+    _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
     while True:
         _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
         limited = len(plan.runtime)
-        if analysis.calls_any(may_observe_layout):
-            _keep_until_stable(plan, analysis, _keep_observed_layouts)
+        _keep_until_stable(plan, analysis, _keep_observed_layouts)
         _keep_until_stable(plan, analysis, _keep_unstorable_inputs)
         if len(plan.runtime) == limited:
             break
@@ -103,8 +102,6 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
     if policy.max_tensor_bytes is None and budget is None:
         return
     folded = [n for n in plan.candidates if plan.folded(n) and not analysis.is_check(n)]
-    if _limits_cannot_bind(plan, folded, policy.max_tensor_bytes, budget, cap_exempt):
-        return
     fixed = {n for n in folded if analysis.class_of(n) is not None}
     regions = find_regions(folded, plan.folded, set(placeholder_bytes), placeholder_bytes, fixed)
     sizes = {n: node_bytes(n) for r in regions for n in r.ops}
@@ -114,25 +111,6 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
         if ("val" not in n.meta or _storable(n.meta["val"])) and (cap is None or sizes[n] <= cap or n.name in cap_exempt)
     }
     plan.runtime.update(choose_cuts(regions, sizes, placeholder_bytes, _identical_values(folded, analysis), cap, budget, storable))
-
-
-def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget, cap_exempt) -> bool:
-    """True when storing every sink (each folded value a kept op or the output reads) respects
-    both limits, so no region is cut: an O(n) check that spares the region search."""
-    total = 0
-    for n in folded:
-        if not _readers_outside(plan, n):
-            continue
-        val = n.meta.get("val")
-        if is_scalar(val):
-            continue  # inlined into its readers: stores nothing
-        if not isinstance(val, torch.Tensor):
-            return False  # a sink the planner cannot store: let it decide
-        size = node_bytes(n)
-        if max_tensor_bytes is not None and size > max_tensor_bytes and n.name not in cap_exempt:
-            return False
-        total += size
-    return budget is None or total <= budget
 
 
 def _identical_values(nodes: list[torch.fx.Node], analysis: Analysis) -> dict[torch.fx.Node, torch.fx.Node]:
@@ -173,23 +151,12 @@ def _frozen(value, canon):
     return (type(value), value)
 
 
-def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
-    return any(not plan.folded(u) for u in node.users)
-
-
-def _keep_output_copies(plan: Plan, analysis: Analysis) -> None:
+def _keep_output_copies(plan: Plan) -> None:
     """A copy of a constant placeholder that only the output reads is how a folded program returns
     a constant (ExecuTorch cannot return a stored buffer): it stays, so a second fold is a no-op."""
-    if not analysis.calls_any(is_clone):
-        return
     for n in plan.candidates:
-        if (
-            is_clone(n.target)
-            and n.all_input_nodes
-            and n.all_input_nodes[0].op == "placeholder"
-            and n.users
-            and all(u.op == "output" for u in n.users)
-        ):
+        if (is_clone(n.target) and n.all_input_nodes and n.all_input_nodes[0].op == "placeholder"
+                and n.users and all(u.op == "output" for u in n.users)):
             plan.runtime[n] = (Reason.OUTPUT_COPY, "")
 
 
@@ -201,13 +168,11 @@ def _keep_scalar_outputs(plan: Plan) -> None:
             plan.runtime[n] = (Reason.NOT_A_TENSOR, "a scalar returned as an output")
 
 
-def _keep_encodings(plan: Plan, analysis: Analysis) -> None:
+def _keep_encodings(plan: Plan) -> None:
     """Leave in the graph every dequantize (and float view/copy after it) whose value a runtime op
     would read, so its integer input is stored with its encoding (`quant`). The graph output
     reads no encoding: a dequantize only it reads folds to its float value (HTP cannot build it,
     ``could not create op``)."""
-    if not analysis.calls_any(is_dequantize):
-        return
     dq = dequantized_values(plan.candidates)
     work = [n for n in plan.candidates if n in dq and any(u.op != "output" and not plan.folded(u) for u in n.users)]
     while work:
@@ -221,19 +186,10 @@ def _keep_encodings(plan: Plan, analysis: Analysis) -> None:
 def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
     """Leave in the graph a fill shaped like a runtime tensor (``full_like(x)``, SDPA's zero
     attention bias) that only runtime ops read: storing it costs all its bytes to save a fill."""
-    if not analysis.calls_any(lambda t: op_facts(t).metadata_only):
-        return
     for n in plan.candidates:
-        if (
-            plan.folded(n)
-            and op_facts(n.target).metadata_only
-            and n.args
-            and isinstance(n.args[0], torch.fx.Node)
-            and not analysis.is_constant(n.args[0])
-            and analysis.class_of(n) is None
-            and n.users
-            and not any(plan.folded(u) for u in n.users)
-        ):
+        if (plan.folded(n) and op_facts(n.target).metadata_only and n.args and isinstance(n.args[0], torch.fx.Node)
+                and not analysis.is_constant(n.args[0]) and analysis.class_of(n) is None
+                and n.users and not any(plan.folded(u) for u in n.users)):
             plan.runtime[n] = (Reason.FILL_OF_RUNTIME_SHAPE, f"shaped like runtime value {n.args[0].name}")
 
 
@@ -250,11 +206,9 @@ def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
     for root, cls in members.items():
         cls = ([root] if root in plan._candidate_set and root not in cls else []) + cls
         kept = next((m for m in cls if m in plan.runtime), None)
-        if kept is None:
-            continue
-        for m in cls:
-            if m not in plan.runtime:
-                plan.runtime[m] = (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays")
+        if kept is not None:
+            for m in cls:
+                plan.runtime.setdefault(m, (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays"))
 
 
 def _keep_observed_layouts(plan: Plan) -> None:
@@ -316,8 +270,6 @@ def _keep_unstorable_inputs(plan: Plan) -> None:
 def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:
     """A check (``_assert_tensor_metadata``) reading a value that stays stays too: a runtime op
     may update that value in place before the check reads it."""
-    if not analysis.calls_any(lambda t: op_facts(t).kind is OpKind.ASSERTION):
-        return
     for n in plan.candidates:
         if analysis.is_check(n) and plan.folded(n):
             kept = next((i for i in n.all_input_nodes if i in plan.runtime), None)
@@ -331,14 +283,12 @@ def _finish(plan: Plan, analysis: Analysis) -> None:
     for n in reversed(plan.candidates):
         if plan.folded(n) or any(u in needed for u in n.users):
             needed.add(n)
-    if analysis.calls_any(may_call_probed):
-        plan.probed = {n for n in analysis.kind if n not in needed and is_probed(n)
-                       and any(analysis.is_constant(i) for i in n.all_input_nodes)}
+    plan.probed = {n for n in analysis.kind if n not in needed and is_probed(n)
+                   and any(analysis.is_constant(i) for i in n.all_input_nodes)}
     plan.evaluated = ([n for n in analysis.order if n in needed or n in plan.probed] if plan.probed
                       else [n for n in plan.candidates if n in needed])
-    plan.materialise = {
-        n for n in plan.evaluated if plan.folded(n) and not analysis.is_check(n) and _readers_outside(plan, n)
-    }
+    plan.materialise = {n for n in plan.evaluated
+                        if plan.folded(n) and not analysis.is_check(n) and any(not plan.folded(u) for u in n.users)}
     position = {n: i for i, n in enumerate(plan.evaluated)}
     last_update: dict[torch.fx.Node, int] = {}
     for root, muts in analysis.mutators.items():
@@ -346,11 +296,5 @@ def _finish(plan: Plan, analysis: Analysis) -> None:
         if root in position and updates:
             last_update[root] = max(updates)
     for n in plan.evaluated:
-        last = position[n]
-        for u in n.users:
-            if u in position and position[u] > last:
-                last = position[u]
-        root = analysis.class_of(n)
-        if root is not None and root in last_update:
-            last = max(last, last_update[root])
-        plan.release[n] = last
+        last = max([position[n]] + [position[u] for u in n.users if u in position])
+        plan.release[n] = max(last, last_update.get(analysis.class_of(n), -1))

@@ -128,14 +128,14 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
         shared), or `program` itself when nothing applies.
     """
     specs = unchanging_before_probes(program)
+    transposes = _sole_transposes(program, specs)
     found = _candidates(program, specs, policy, policy.growth_budget(bytes_before))
     if not found:
-        return Rewrite(program, (), frozenset(_sole_transposes(program, specs)))
-
+        return Rewrite(program, (), frozenset(transposes))
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
     ops = [dialect_op(program, f"aten.{name}.default") for name in ("index_select", "permute_copy", "view")]
-    notes, transposes = [], _sole_transposes(program, specs)
+    notes = []
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for w, readers, gathers in found:
         transposes.update(t.name for t in readers)
