@@ -41,13 +41,16 @@ _GATHERS = {"aten.embedding.default", "aten.index_select.default"}
 
 
 def _is_transpose(node: torch.fx.Node, w: torch.fx.Node) -> bool:
-    """`node` is the 2-D transpose of `w` (``t``, ``transpose(0, 1)``, ``permute([1, 0])``)."""
+    """`node` is the 2-D transpose of `w` (``t``, ``transpose`` of both dims in either order,
+    ``permute([1, 0])``)."""
     if node.op != "call_function" or op_name(node.target) not in _TRANSPOSES or node.args[0] is not w:
         return False
-    if packet_name(node.target) in ("aten.t", "aten.t_copy"):
+    packet = packet_name(node.target)
+    if packet in ("aten.t", "aten.t_copy"):
         return True
-    dims = node.args[1] if "permute" in packet_name(node.target) else node.args[1:3]
-    return sorted(d % 2 for d in dims) == [0, 1] and [d % 2 for d in dims] == [1, 0]
+    if "permute" in packet:
+        return [d % 2 for d in node.args[1]] == [1, 0]
+    return sorted(d % 2 for d in node.args[1:3]) == [0, 1]
 
 
 def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
