@@ -27,6 +27,9 @@ from .symbols import has_symbols, input_symbols
 from .values import SYM_TYPES, holds_tensors, is_scalar
 from .work_counts import count
 
+# Kinds of op never evaluated at fold time, whatever their inputs.
+_KEPT_KINDS = {OpKind.MEMORY: Reason.MEMORY_OP, OpKind.RANDOM: Reason.RANDOM, OpKind.EFFECTFUL: Reason.EFFECTFUL}
+
 
 @dataclass
 class Analysis:
@@ -65,8 +68,6 @@ class Analysis:
 
     def class_of(self, node: torch.fx.Node) -> Optional[torch.fx.Node]:
         """The alias root of `node` when its class is updated in place, else None."""
-        if not self.mutators:  # no in-place op in the graph
-            return None
         root = self.alias_root.get(node, node)
         return root if root in self.mutators else None
 
@@ -153,14 +154,10 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
         return Reason.DEPENDS_ON_KEPT, f"{i.name}: {r.name}"
 
     k = analysis.kind[n]
-    if k is OpKind.MEMORY:
-        return Reason.MEMORY_OP, ""
+    if k in _KEPT_KINDS:
+        return _KEPT_KINDS[k], ""
     if k is OpKind.CONTROL_FLOW and not evaluable(n):
         return Reason.CONTROL_FLOW, "not a control-flow op with plain bodies, or its bodies draw random numbers or have side effects"
-    if k is OpKind.RANDOM:
-        return Reason.RANDOM, ""
-    if k is OpKind.EFFECTFUL:
-        return Reason.EFFECTFUL, ""
     if skip and (op_name(n.target) in skip or packet_name(n.target) in skip):
         return Reason.SKIPPED_TARGET, ""
     val = n.meta.get("val")

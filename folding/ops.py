@@ -163,10 +163,8 @@ def arg_at(node, position: int) -> Any:
     if position < len(node.args):
         return node.args[position]
     overload = aten_overload(node.target)
-    schema = schema_of(overload) if overload is not None else None
-    if schema is not None and position < len(schema.arguments):
-        return node.kwargs.get(schema.arguments[position].name)
-    return None
+    arguments = schema_of(overload).arguments if overload is not None else ()
+    return node.kwargs.get(arguments[position].name) if position < len(arguments) else None
 
 
 def written_arg_positions(node) -> tuple[int, ...]:
@@ -194,11 +192,8 @@ def _aliased_arg_position(target: Any) -> Optional[int]:
     if str(overload) in _UNDECLARED_ALIASES:
         return _UNDECLARED_ALIASES[str(overload)]
     schema = schema_of(overload)
-    if not any(r.alias_info is not None for r in schema.returns):
-        return None
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None:
-            return i
+    if any(r.alias_info is not None for r in schema.returns):
+        return next((i for i, arg in enumerate(schema.arguments) if arg.alias_info is not None), None)
     return None
 
 

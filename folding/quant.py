@@ -72,9 +72,8 @@ def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
     or a float view/copy/cast of one."""
     dq: set[torch.fx.Node] = set()
     for n in nodes:
-        if is_dequantize(n.target) or (
-            keeps_dequantized_value(n.target) and any(i in dq for i in n.all_input_nodes) and is_float(n)
-        ):
+        if is_dequantize(n.target) or (keeps_dequantized_value(n.target) and is_float(n)
+                                       and any(i in dq for i in n.all_input_nodes)):
             dq.add(n)
     return dq
 
@@ -84,10 +83,7 @@ def describe_encoding(node: torch.fx.Node, rename: Callable[[str], str] = lambda
     quant_min=-127, quant_max=127, dtype=torch.int8) reads b__frozen_param0`` — for the report."""
     schema = schema_of(node.target)
     names = [a.name for a in schema.arguments] if schema is not None else []
-    parts = []
-    for i, a in enumerate(node.args[1:], start=1):
-        label = names[i] if i < len(names) else f"arg{i}"
-        parts.append(f"{label}={_fmt(a, rename)}")
+    parts = [f"{names[i] if i < len(names) else f'arg{i}'}={_fmt(a, rename)}" for i, a in enumerate(node.args[1:], start=1)]
     parts += [f"{k}={_fmt(v, rename)}" for k, v in node.kwargs.items()]
     src = rename(node.args[0].name) if node.args and isinstance(node.args[0], torch.fx.Node) else "?"
     return f"{packet_name(node.target).split('.')[-1]}({', '.join(parts)}) reads {src}"

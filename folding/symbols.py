@@ -8,7 +8,6 @@ recomputes the ``meta["val"]`` of the nodes that mention one, and drops its rang
 from __future__ import annotations
 
 import logging
-import operator
 from typing import Any, Mapping
 
 import sympy
@@ -23,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.fx.node import map_arg
 
 from .torch_internals import is_unbacked_symbol
+from .values import SYM_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,7 @@ def bindings(node: torch.fx.Node, value: Any) -> dict[sympy.Symbol, Any]:
     """The symbols of `node`'s ``meta["val"]`` that `value` (its folded value) fixes."""
     val = node.meta.get("val")
     out: dict[sympy.Symbol, Any] = {}
-    if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
-        return out  # static sizes fix no symbol
-    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and isinstance(value, (int, float, bool)):
+    if isinstance(val, SYM_TYPES) and isinstance(value, (int, float, bool)):
         if isinstance(val.node.expr, sympy.Symbol):
             out[val.node.expr] = value
     elif isinstance(val, torch.Tensor) and isinstance(value, torch.Tensor) and val.dim() == value.dim():
@@ -53,10 +51,8 @@ def has_symbols(val: Any) -> bool:
 
 def _symbols_of(val: Any) -> set:
     if isinstance(val, (list, tuple)):
-        return set().union(*(_symbols_of(v) for v in val)) if val else set()
-    if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
-        return set()
-    if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return set().union(*(_symbols_of(v) for v in val))
+    if isinstance(val, SYM_TYPES) or isinstance(val, torch.Tensor) and has_symbolic_sizes_strides(val):
         return free_symbols(val)
     return set()
 
@@ -105,17 +101,12 @@ def refresh_meta(graph: torch.fx.Graph, symbols: Mapping[sympy.Symbol, Any], fak
         return 0
     refreshed = 0
     for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        if not any(is_unbacked_symbol(s) for s in _symbols_of(node.meta.get("val"))):
+        if node.op != "call_function" or not any(is_unbacked_symbol(s) for s in _symbols_of(node.meta.get("val"))):
             continue
         args, kwargs = map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
         try:
             with fake_mode:
-                if node.target is operator.getitem:
-                    new = args[0][args[1]]
-                else:
-                    new = node.target(*args, **kwargs)
+                new = node.target(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the value is metadata; the verifier has the last word
             logger.info("cannot recompute meta of %s: %s", node.name, e)
             continue
@@ -133,9 +124,7 @@ def drop_bound_ranges(range_constraints: dict, symbols: Mapping[sympy.Symbol, An
     node of `graph` mentions any more."""
     if not range_constraints:
         return range_constraints
-    mentioned: set = set()
-    for node in graph.nodes:
-        mentioned |= _symbols_of(node.meta.get("val"))
+    mentioned = set().union(*(_symbols_of(node.meta.get("val")) for node in graph.nodes))
 
     def dead(key) -> bool:
         syms = getattr(key, "free_symbols", set())

@@ -67,16 +67,13 @@ def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
 def _candidates(program: ExportedProgram, specs: dict, policy: FoldPolicy, budget: Optional[int]) -> list[tuple]:
     """``(w, transposes, gathers)`` for each unchanging stored 2-D matrix read only by transposes
     and row gathers, of both kinds, whose second copy the budget does not fit."""
+    if budget is None:
+        return []
     skip = policy.skip_names()
     out = []
     for w in program.graph.find_nodes(op="placeholder"):
-        spec = specs.get(w.name)
-        if spec is None:
-            continue
-        value = stored_tensor(spec, program.state_dict, program.constants)
-        if not isinstance(value, torch.Tensor) or value.dim() != 2:
-            continue
-        if budget is None or nbytes(value) <= budget:
+        value = stored_tensor(specs[w.name], program.state_dict, program.constants) if w.name in specs else None
+        if not isinstance(value, torch.Tensor) or value.dim() != 2 or nbytes(value) <= budget:
             continue
         transposes = [u for u in w.users if _is_transpose(u, w)]
         gathers = [u for u in w.users if _is_gather(u, w)]
@@ -93,11 +90,9 @@ def _sole_transposes(program: ExportedProgram, specs: dict) -> set[str]:
     ``permute_copy`` of a ``linear`` weight): folding them replaces the matrix, bytes for bytes."""
     out: set[str] = set()
     for w in program.graph.find_nodes(op="placeholder"):
-        spec = specs.get(w.name)
-        if spec is None or not w.users:
-            continue
         val = w.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.dim() == 2 and all(_is_transpose(u, w) for u in w.users):
+        if (w.name in specs and w.users and isinstance(val, torch.Tensor) and val.dim() == 2
+                and all(_is_transpose(u, w) for u in w.users)):
             out.update(u.name for u in w.users)
     return out
 
