@@ -132,14 +132,12 @@ def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_byt
     return RegionPlan(frozenset(used_store), frozenset(runtime), stored_bytes, stored_bytes - region.base_bytes)
 
 
-def pareto_front(
-    region: Region, sizes, placeholder_bytes, canon, storable_nodes: set
-) -> list[RegionPlan]:
+def pareto_front(region: Region, sizes, placeholder_bytes, canon, storable_nodes: set) -> list[RegionPlan]:
     """Plans not dominated in (runtime ops, growth), fewest runtime ops first."""
     storable = [n for n in region.ops if n in storable_nodes]
     if len(region.ops) <= EXACT_LIMIT and not region.in_place:
         subsets = itertools.chain.from_iterable(itertools.combinations(storable, k) for k in range(len(storable) + 1))
-    else:  # an in-place class is cut whole: its only plans are these two
+    else:  # fewest ops, and as-is (the only plans of an in-place class, which is cut whole)
         subsets = [storable, ()]
     plans = {evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, canon) for s in subsets}
     front: list[RegionPlan] = []

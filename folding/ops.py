@@ -137,8 +137,7 @@ def _writes_only_its_outputs(target: Any) -> bool:
 _SCHEMA_VOUCHED_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed", "torchao", "dim_order_ops"})
 # The higher-order ops functionalization wraps a custom op that declares a write in
 # (``auto_functionalized_v2(op, _all_bases=[...], **kwargs)``): the op is their first argument.
-_FUNCTIONALIZED = tuple(getattr(torch.ops.higher_order, name) for name in ("auto_functionalized", "auto_functionalized_v2")
-                        if hasattr(torch.ops.higher_order, name))
+_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
 
 
 def _probed_when_kept(target: Any) -> bool:
