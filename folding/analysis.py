@@ -72,13 +72,9 @@ class Analysis:
         return root if root in self.mutators else None
 
 
-def analyze(
-    graph: torch.fx.Graph,
-    signature: ExportGraphSignature,
-    policy: FoldPolicy,
-    forced: Optional[Mapping[torch.fx.Node, tuple[Reason, str]]] = None,
-    extra_writes: Optional[Mapping[torch.fx.Node, Iterable[torch.fx.Node]]] = None,
-) -> Analysis:
+def analyze(graph: torch.fx.Graph, signature: ExportGraphSignature, policy: FoldPolicy,
+            forced: Optional[Mapping[torch.fx.Node, tuple[Reason, str]]] = None,
+            extra_writes: Optional[Mapping[torch.fx.Node, Iterable[torch.fx.Node]]] = None) -> Analysis:
     """Classify every node of `graph` as constant or kept-with-a-reason.
 
     Args:
@@ -157,7 +153,8 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
     if k in _KEPT_KINDS:
         return _KEPT_KINDS[k], ""
     if k is OpKind.CONTROL_FLOW and not evaluable(n):
-        return Reason.CONTROL_FLOW, "not a control-flow op with plain bodies, or its bodies draw random numbers or have side effects"
+        return Reason.CONTROL_FLOW, ("not a control-flow op with plain bodies, or its bodies draw random numbers "
+                                     "or have side effects")
     if skip and (op_name(n.target) in skip or packet_name(n.target) in skip):
         return Reason.SKIPPED_TARGET, ""
     val = n.meta.get("val")
@@ -223,5 +220,6 @@ def _taint_mutated_classes(analysis: Analysis) -> dict[torch.fx.Node, tuple[Reas
         early = next(((u, m) for m in cls for u in m.users if u.op != "output" and u not in mut_set
                       and reason.get(u) is not None and order[u] < last), None)
         if early is not None:
-            tainted.update(dict.fromkeys(cls, (Reason.MUTATED_AFTER_RUNTIME_READ, f"{early[0].name} reads {early[1].name}")))
+            verdict = (Reason.MUTATED_AFTER_RUNTIME_READ, f"{early[0].name} reads {early[1].name}")
+            tainted.update(dict.fromkeys(cls, verdict))
     return tainted

@@ -57,13 +57,8 @@ def node_bytes(node: torch.fx.Node) -> int:
     return aligned(value_bytes(node))
 
 
-def find_regions(
-    folded: list[torch.fx.Node],
-    is_folded,
-    constant_placeholders: set[torch.fx.Node],
-    placeholder_bytes: dict[torch.fx.Node, int],
-    fixed: set[torch.fx.Node],
-) -> list[Region]:
+def find_regions(folded: list[torch.fx.Node], is_folded, constant_placeholders: set[torch.fx.Node],
+                 placeholder_bytes: dict[torch.fx.Node, int], fixed: set[torch.fx.Node]) -> list[Region]:
     """Connected components of folded ops and constant placeholders (union-find, O(edges))."""
     parent: dict[torch.fx.Node, torch.fx.Node] = {}
 
@@ -147,15 +142,8 @@ def pareto_front(region: Region, sizes, placeholder_bytes, canon, storable_nodes
     return front
 
 
-def choose_cuts(
-    regions: list[Region],
-    sizes,
-    placeholder_bytes,
-    canon,
-    max_tensor_bytes: Optional[int],
-    budget: Optional[int],
-    storable: set,
-) -> dict[torch.fx.Node, tuple[Reason, str]]:
+def choose_cuts(regions: list[Region], sizes, placeholder_bytes, canon, max_tensor_bytes: Optional[int],
+                budget: Optional[int], storable: set) -> dict[torch.fx.Node, tuple[Reason, str]]:
     """Pick one plan per region: fewest total runtime ops with total growth within `budget`.
 
     `storable`: the values that may be stored (a tensor or scalar within the cap); one left
@@ -187,11 +175,9 @@ def choose_cuts(
             if n not in storable and max_tensor_bytes is not None and sizes[n] > max_tensor_bytes:
                 runtime[n] = (Reason.MAX_TENSOR_BYTES, f"{sizes[n]:,} bytes > max_tensor_bytes {max_tensor_bytes:,}")
             else:
-                runtime[n] = (
-                    Reason.GROWTH_BUDGET,
-                    f"region of {len(r.ops)} ops: storing it would grow constants by "
-                    f"{f[0].growth:,} bytes; chose +{plan.growth:,} bytes with {plan.runtime_ops} runtime ops",
-                )
+                runtime[n] = (Reason.GROWTH_BUDGET, f"region of {len(r.ops)} ops: storing it would grow constants "
+                              f"by {f[0].growth:,} bytes; chose +{plan.growth:,} bytes with {plan.runtime_ops} "
+                              "runtime ops")
     return runtime
 
 

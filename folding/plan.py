@@ -54,14 +54,8 @@ class Plan:
         self._candidate_set = set(self.candidates)
 
 
-def make_plan(
-    analysis: Analysis,
-    policy: FoldPolicy,
-    placeholder_bytes: dict[torch.fx.Node, int],
-    bytes_before: int,
-    budget_cut: int = 0,
-    cap_exempt: frozenset = frozenset(),
-) -> Plan:
+def make_plan(analysis: Analysis, policy: FoldPolicy, placeholder_bytes: dict[torch.fx.Node, int], bytes_before: int,
+              budget_cut: int = 0, cap_exempt: frozenset = frozenset()) -> Plan:
     """Plan the fold of every constant node within the policy's size limits.
 
     Args:
@@ -108,9 +102,11 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
     cap = policy.max_tensor_bytes
     storable = {  # a scalar "stored" costs 0 bytes: it is inlined into its readers
         n for r in regions for n in r.ops
-        if ("val" not in n.meta or _storable(n.meta["val"])) and (cap is None or sizes[n] <= cap or n.name in cap_exempt)
+        if ("val" not in n.meta or _storable(n.meta["val"]))
+        and (cap is None or sizes[n] <= cap or n.name in cap_exempt)
     }
-    plan.runtime.update(choose_cuts(regions, sizes, placeholder_bytes, _identical_values(folded, analysis), cap, budget, storable))
+    canon = _identical_values(folded, analysis)
+    plan.runtime.update(choose_cuts(regions, sizes, placeholder_bytes, canon, cap, budget, storable))
 
 
 def _identical_values(nodes: list[torch.fx.Node], analysis: Analysis) -> dict[torch.fx.Node, torch.fx.Node]:
@@ -207,8 +203,9 @@ def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
         cls = ([root] if root in plan._candidate_set and root not in cls else []) + cls
         kept = next((m for m in cls if m in plan.runtime), None)
         if kept is not None:
+            verdict = (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays")
             for m in cls:
-                plan.runtime.setdefault(m, (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays"))
+                plan.runtime.setdefault(m, verdict)
 
 
 def _keep_observed_layouts(plan: Plan) -> None:
@@ -263,7 +260,8 @@ def _keep_unstorable_inputs(plan: Plan) -> None:
         reader = work.pop()
         for n in reader.all_input_nodes:
             if plan.folded(n) and not _storable(n.meta.get("val")):
-                plan.runtime[n] = (Reason.DEPENDS_ON_KEPT, f"{reader.name} stays and reads its value, which is not a tensor")
+                plan.runtime[n] = (Reason.DEPENDS_ON_KEPT,
+                                   f"{reader.name} stays and reads its value, which is not a tensor")
                 work.append(n)
 
 

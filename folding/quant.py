@@ -83,7 +83,8 @@ def describe_encoding(node: torch.fx.Node, rename: Callable[[str], str] = lambda
     quant_min=-127, quant_max=127, dtype=torch.int8) reads b__frozen_param0`` — for the report."""
     schema = schema_of(node.target)
     names = [a.name for a in schema.arguments] if schema is not None else []
-    parts = [f"{names[i] if i < len(names) else f'arg{i}'}={_fmt(a, rename)}" for i, a in enumerate(node.args[1:], start=1)]
+    parts = [f"{names[i] if i < len(names) else f'arg{i}'}={_fmt(a, rename)}"
+             for i, a in enumerate(node.args[1:], start=1)]
     parts += [f"{k}={_fmt(v, rename)}" for k, v in node.kwargs.items()]
     src = rename(node.args[0].name) if node.args and isinstance(node.args[0], torch.fx.Node) else "?"
     return f"{packet_name(node.target).split('.')[-1]}({', '.join(parts)}) reads {src}"

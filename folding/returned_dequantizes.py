@@ -10,8 +10,6 @@ stored tensors (`unchanging.unchanging_before_probes`) or ``get_attr``s qualify.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
@@ -67,26 +65,22 @@ def _shared_with_the_output(program: ExportedProgram) -> list[torch.fx.Node]:
     """The dequantized values of unchanging stored tensors that the graph output returns (as a
     user output) and some other node reads, in output order."""
     output = program.graph.output_node()
-    stored: Optional[dict] = None
+    shared = dict.fromkeys(a for a, spec in zip(output.args[0], program.graph_signature.output_specs)
+                           if isinstance(a, torch.fx.Node) and spec.kind == OutputKind.USER_OUTPUT
+                           and any(u is not output for u in a.users))
+    if not shared:
+        return []
+    stored = unchanging_before_probes(program)
     memo: dict[torch.fx.Node, bool] = {}
-
-    def constant_source(n: torch.fx.Node) -> bool:
-        nonlocal stored
-        if n.op != "placeholder":
-            return n.op == "get_attr"
-        if stored is None:
-            stored = unchanging_before_probes(program)
-        return n.name in stored
 
     def dequantized_constant(n: torch.fx.Node) -> bool:
         if n not in memo:
             memo[n] = n.op == "call_function" and bool(n.all_input_nodes) and (
-                (is_dequantize(n.target) and all(constant_source(i) for i in n.all_input_nodes))
+                (is_dequantize(n.target) and all(i.op == "get_attr" or i.op == "placeholder" and i.name in stored
+                                                 for i in n.all_input_nodes))
                 or (keeps_dequantized_value(n.target) and is_float(n)
                     and all(dequantized_constant(i) for i in n.all_input_nodes)))
         return memo[n]
 
-    returned = dict.fromkeys(a for a, spec in zip(output.args[0], program.graph_signature.output_specs)
-                             if isinstance(a, torch.fx.Node) and spec.kind == OutputKind.USER_OUTPUT)
-    return [n for n in returned if any(u is not output for u in n.users) and dequantized_constant(n)]
+    return [n for n in shared if dequantized_constant(n)]
 

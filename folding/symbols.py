@@ -128,6 +128,7 @@ def drop_bound_ranges(range_constraints: dict, symbols: Mapping[sympy.Symbol, An
 
     def dead(key) -> bool:
         syms = getattr(key, "free_symbols", set())
-        return bool(syms & symbols.keys()) or bool(syms) and all(is_unbacked_symbol(s) and s not in mentioned for s in syms)
+        return bool(syms & symbols.keys()) or bool(syms) and all(
+            is_unbacked_symbol(s) and s not in mentioned for s in syms)
 
     return {k: v for k, v in range_constraints.items() if not dead(k)}
