@@ -1,23 +1,17 @@
-"""Which values of a program are constant, and why the others are not.
+"""Which values of a program are constant, and why the others are not: a pure function of
+the graph, its signature and the policy (JAX ``partial_eval``'s known/unknown split).
 
-A pure function of the graph, the graph signature and the policy (JAX ``partial_eval``'s
-known/unknown split): it returns data and changes nothing. The rewrite lives in `lift`.
-
-Constant sources: parameters, buffers the program does not mutate, lifted tensor
-constants, and ops with no tensor inputs (``full``, ``arange`` …). Every non-tensor argument
-(int, float, bool, str, None, dtype, device, layout, memory_format and lists of them) is a
-constant, unlike executorch's ``constant_prop_pass`` which rejects ``memory_format=``.
-
-In-place ops (torch 2.14's training IR keeps ``fill_``, ``relu_``, ``copy_``): a value and its
-views form an alias class rooted at the op that allocated it. A class is folded only when every
-op that updates it is constant and no runtime op reads it before its last update; a class
-rooted at a parameter or buffer makes that placeholder a mutated buffer.
+Constant sources: parameters, buffers the program does not mutate, lifted tensor constants, ops
+with no tensor inputs (``full``, ``arange``); every non-tensor argument is constant (executorch's
+``constant_prop_pass`` rejects ``memory_format=``). A value and its views form an alias class
+rooted at the op that allocated it; a class updated in place folds only when every update is
+constant and no runtime op reads it before its last update.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import torch
 import torch.fx
@@ -28,11 +22,14 @@ from .unchanging import alias_classes
 from .hops import evaluable
 from .policy import FoldPolicy
 from .reasons import Reason
-from .signature import input_specs_by_name, mutated_targets
-from .symbols import has_symbolic_sizes_strides, has_symbols, input_symbols
-from .sizes import STORED_KINDS
+from .signature import STORED_KINDS, input_specs_by_name, mutated_targets
+from .symbols import has_symbols, input_symbols
 from .values import SYM_TYPES, holds_tensors, is_scalar
 from .work_counts import count
+
+# Kinds of op never evaluated at fold time, whatever their inputs.
+_KEPT_KINDS = {OpKind.MEMORY: Reason.MEMORY_OP, OpKind.RANDOM: Reason.RANDOM, OpKind.EFFECTFUL: Reason.EFFECTFUL}
+
 
 @dataclass
 class Analysis:
@@ -47,11 +44,8 @@ class Analysis:
         specs: InputSpec per placeholder name.
         alias_root: root node of every aliasing op's value (views, in-place ops).
         mutators: per alias root, the in-place ops that update it, in graph order.
-        writes: per op that writes to some of its inputs, those input nodes (schema-declared
-            writes, the known undeclared ones of `ops.written_arg_positions`, the writes
-            found at fold time, `extra_writes`, and the operands of a control-flow call whose
-            bodies write their placeholders: `unchanging.alias_classes`).
-        targets: the distinct call_function targets of the graph, by ``id`` (`calls_any`).
+        writes: per op that writes some of its inputs, those inputs (`unchanging.alias_classes`).
+        forced: nodes kept regardless, with (reason, detail).
     """
 
     order: dict[torch.fx.Node, int]
@@ -62,15 +56,8 @@ class Analysis:
     alias_root: dict[torch.fx.Node, torch.fx.Node]
     mutators: dict[torch.fx.Node, list[torch.fx.Node]]
     writes: dict[torch.fx.Node, list[torch.fx.Node]] = field(default_factory=dict)
-    targets: dict[int, object] = field(default_factory=dict)
     fold_asserts: bool = True
     forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
-
-    def calls_any(self, predicate: Callable[[object], bool]) -> bool:
-        """Whether a call_function node of the graph calls a target `predicate` accepts, asked
-        once per distinct target: a rule that concerns only some ops skips its walk over the
-        nodes when the graph calls none of them."""
-        return any(predicate(t) for t in self.targets.values())
 
     def is_constant(self, node: torch.fx.Node) -> bool:
         return node in self.reason and self.reason[node] is None
@@ -81,34 +68,24 @@ class Analysis:
 
     def class_of(self, node: torch.fx.Node) -> Optional[torch.fx.Node]:
         """The alias root of `node` when its class is updated in place, else None."""
-        if not self.mutators:  # no in-place op in the graph
-            return None
         root = self.alias_root.get(node, node)
         return root if root in self.mutators else None
 
 
-def analyze(
-    graph: torch.fx.Graph,
-    signature: ExportGraphSignature,
-    policy: FoldPolicy,
-    forced: Optional[Mapping[torch.fx.Node, tuple[Reason, str]]] = None,
-    extra_writes: Optional[Mapping[torch.fx.Node, Iterable[torch.fx.Node]]] = None,
-) -> Analysis:
+def analyze(graph: torch.fx.Graph, signature: ExportGraphSignature, policy: FoldPolicy,
+            forced: Optional[Mapping[torch.fx.Node, tuple[Reason, str]]] = None,
+            extra_writes: Optional[Mapping[torch.fx.Node, Iterable[torch.fx.Node]]] = None) -> Analysis:
     """Classify every node of `graph` as constant or kept-with-a-reason.
 
     Args:
         graph: the program's top-level graph (nested control-flow graphs are opaque).
-        signature: its graph signature; read once, never inside a per-node loop.
         policy: supplies ``skip_targets`` and ``fold_asserts``.
-        forced: nodes to keep regardless (used after an in-place class failed to evaluate).
-        extra_writes: per op, inputs it was seen writing to at fold time although no rule
-            says it does (a schema without alias annotation); they count as in-place updates.
+        forced: nodes to keep regardless (after an in-place class failed to evaluate).
+        extra_writes: per op, inputs it was seen writing at fold time although no rule says
+            so; they count as in-place updates.
 
-    Returns:
-        An `Analysis`. O(nodes + edges) per pass; a second pass runs only when an in-place
-        alias class must be kept.
+    O(nodes + edges) per pass; a second pass runs only when an in-place class must be kept.
     """
-    forced = dict(forced or {})
     specs = input_specs_by_name(signature)
     mutated = mutated_targets(signature)
     skip = policy.skip_names()
@@ -116,14 +93,11 @@ def analyze(
     order = {n: i for i, n in enumerate(nodes)}
     kind = {n: op_facts(n.target).kind for n in nodes if n.op == "call_function"}
     alias_root, mutators, writes = alias_classes(nodes, kind, extra_writes)
-    analysis = Analysis(
-        order, {}, {}, kind, specs, alias_root, mutators, writes, targets={id(n.target): n.target for n in kind},
-        fold_asserts=policy.fold_asserts, forced=forced,
-    )
-
+    analysis = Analysis(order, {}, {}, kind, specs, alias_root, mutators, writes,
+                        fold_asserts=policy.fold_asserts, forced=dict(forced or {}))
     while True:
         _propagate(analysis, nodes, mutated, skip)
-        tainted = _taint_mutated_classes(analysis, nodes)
+        tainted = _taint_mutated_classes(analysis)
         if not tainted:
             return analysis
         analysis.forced.update(tainted)
@@ -133,11 +107,15 @@ def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:
     reason, detail, specs, forced = analysis.reason, analysis.detail, analysis.specs, analysis.forced
     reason.clear()
     detail.clear()
-    visited = 0
     for n in nodes:
-        visited += 1
         if n.op == "placeholder":
-            reason[n] = _placeholder_reason(n, specs.get(n.name), mutated_targets, analysis.mutators)
+            spec = specs.get(n.name)
+            if spec is None or spec.kind not in STORED_KINDS:
+                reason[n] = Reason.RUNTIME_INPUT  # user inputs, effect tokens, custom objects
+            elif spec.target in mutated_targets or n in analysis.mutators:
+                reason[n] = Reason.READS_MUTATED_BUFFER
+            else:
+                reason[n] = None
         elif n.op == "get_attr":
             reason[n] = None  # submodules of control-flow ops; only CONTROL_FLOW ops read them
         elif n.op == "call_function":
@@ -147,15 +125,7 @@ def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:
             reason[n] = r
             if d:
                 detail[n] = d
-    count("analysis_nodes", visited)
-
-
-def _placeholder_reason(node, spec, mutated_targets, mutators) -> Optional[Reason]:
-    if spec is None or spec.kind not in STORED_KINDS:
-        return Reason.RUNTIME_INPUT  # user inputs, effect tokens, custom objects
-    if spec.target in mutated_targets or node in mutators:
-        return Reason.READS_MUTATED_BUFFER
-    return None
+    count("analysis_nodes", len(nodes))
 
 
 def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[Reason], str]:
@@ -180,52 +150,40 @@ def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[R
         return Reason.DEPENDS_ON_KEPT, f"{i.name}: {r.name}"
 
     k = analysis.kind[n]
-    if k is OpKind.MEMORY:
-        return Reason.MEMORY_OP, ""
+    if k in _KEPT_KINDS:
+        return _KEPT_KINDS[k], ""
     if k is OpKind.CONTROL_FLOW and not evaluable(n):
-        return Reason.CONTROL_FLOW, "not a control-flow op with plain bodies, or its bodies draw random numbers or have side effects"
-    if k is OpKind.RANDOM:
-        return Reason.RANDOM, ""
-    if k is OpKind.EFFECTFUL:
-        return Reason.EFFECTFUL, ""
+        return Reason.CONTROL_FLOW, ("not a control-flow op with plain bodies, or its bodies draw random numbers "
+                                     "or have side effects")
     if skip and (op_name(n.target) in skip or packet_name(n.target) in skip):
         return Reason.SKIPPED_TARGET, ""
     val = n.meta.get("val")
     if k is OpKind.ASSERTION:
         return (None, "") if analysis.fold_asserts else (Reason.EFFECTFUL, "")
-    # Every input is constant here, so a symbolic value can only be data-dependent (an unbacked
-    # symbol: ``item()`` of a constant, ``nonzero`` of a constant): evaluating it gives the
-    # concrete value, which `lift` substitutes for the symbol.
+    # Every input is constant here: a symbol left is data-dependent (``item()`` of a constant),
+    # which evaluation fixes and `lift` substitutes.
     if "val" in n.meta and not (holds_tensors(val) or is_scalar(val)):
         return Reason.NOT_A_TENSOR, type(val).__name__
-    symbols = () if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val) else input_symbols(val)
+    symbols = input_symbols(val)
     if symbols:  # never evaluated: only a runtime call gives these sizes
         return Reason.SYMBOLIC, f"its shape has free symbols {', '.join(symbols)}"
     return None, ""
 
 
 def _metadata_only_arg(n: torch.fx.Node) -> Optional[torch.fx.Node]:
-    """The first argument of a metadata-only op (``new_zeros``, ``zeros_like`` …) when its shape
-    and strides are static: its values are never read, so it does not make the result
-    runtime-dependent. A size with a free symbol (a dynamic input's ``s77``, or a
-    data-dependent ``u0`` of a runtime value) is known only at runtime, so the op is then never
-    evaluated (`_runtime_reason`)."""
-    if not op_facts(n.target).metadata_only or not n.args or not isinstance(n.args[0], torch.fx.Node):
-        return None
-    val = n.args[0].meta.get("val")
-    if isinstance(val, torch.Tensor) and not has_symbols(val):
-        return n.args[0]
+    """The first argument of a metadata-only op (``new_zeros``, ``zeros_like``) when its shape
+    and strides are static: its values are never read."""
+    if op_facts(n.target).metadata_only and n.args and isinstance(n.args[0], torch.fx.Node):
+        val = n.args[0].meta.get("val")
+        if isinstance(val, torch.Tensor) and not has_symbols(val):
+            return n.args[0]
     return None
 
 
 def _runtime_reason(n: torch.fx.Node, runtime: list[torch.fx.Node], reason) -> tuple[Reason, str]:
-    """Why `n`, which reads `runtime` inputs, is not folded. ``SYMBOLIC`` when what it reads at
-    runtime is only sizes: symbolic scalars (``sym_size`` of a dynamic input), symbolic values,
-    or, for a metadata-only op (``full_like``, ``new_ones``), the tensor it takes its shape from
-    when that shape has free symbols (the Edge decomposition of ``t[:, :, 0].fill_(v)`` is
-    ``full_like`` of a slice of a dynamic input). Such a value is known only
-    at runtime, so it is never evaluated; the detail names the free symbols. Else
-    ``RUNTIME_INPUT``."""
+    """Why `n`, which reads `runtime` inputs, is not folded: ``SYMBOLIC`` when it reads only
+    sizes (symbolic scalars, or the free-symbol shape a metadata-only op such as ``full_like``
+    copies), naming the free symbols; else ``RUNTIME_INPUT``."""
     shape_source = n.args[0] if op_facts(n.target).metadata_only and n.args else None
     sized = [i for i in runtime if reason[i] is Reason.SYMBOLIC or isinstance(i.meta.get("val"), SYM_TYPES)]
     shaped = [i for i in runtime if i is shape_source and input_symbols(i.meta.get("val"))]
@@ -238,7 +196,7 @@ def _runtime_reason(n: torch.fx.Node, runtime: list[torch.fx.Node], reason) -> t
     return Reason.SYMBOLIC, f"reads symbolic {first.name}" + (f" (free symbols {symbols})" if symbols else "")
 
 
-def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tuple[Reason, str]]:
+def _taint_mutated_classes(analysis: Analysis) -> dict[torch.fx.Node, tuple[Reason, str]]:
     """Keep whole alias classes whose in-place updates cannot all happen at fold time."""
     if not analysis.mutators:
         return {}
@@ -254,23 +212,14 @@ def _taint_mutated_classes(analysis: Analysis, nodes) -> dict[torch.fx.Node, tup
         cls = [root] + members.get(root, [])
         if any(m in analysis.forced for m in cls):
             continue
-        verdict = None
         runtime_mut = next((m for m in muts if reason.get(m) is not None), None)
         if runtime_mut is not None:
-            verdict = (Reason.MUTATED_BY_RUNTIME_OP, runtime_mut.name)
-        else:
-            last = max(order[m] for m in muts)
-            mut_set = set(muts)
-            for member in cls:
-                early = next(
-                    (u for u in member.users if u.op != "output" and u not in mut_set
-                     and reason.get(u) is not None and order[u] < last),
-                    None,
-                )
-                if early is not None:
-                    verdict = (Reason.MUTATED_AFTER_RUNTIME_READ, f"{early.name} reads {member.name}")
-                    break
-        if verdict is not None:
-            for m in cls:
-                tainted[m] = verdict
+            tainted.update(dict.fromkeys(cls, (Reason.MUTATED_BY_RUNTIME_OP, runtime_mut.name)))
+            continue
+        last, mut_set = max(order[m] for m in muts), set(muts)
+        early = next(((u, m) for m in cls for u in m.users if u.op != "output" and u not in mut_set
+                      and reason.get(u) is not None and order[u] < last), None)
+        if early is not None:
+            verdict = (Reason.MUTATED_AFTER_RUNTIME_READ, f"{early[0].name} reads {early[1].name}")
+            tainted.update(dict.fromkeys(cls, verdict))
     return tainted

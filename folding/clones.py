@@ -1,5 +1,4 @@
-"""Copy ops: which ops copy a tensor, in either dialect (the copy op a pass inserts:
-`dialect.dialect_op(program, "aten.clone.default")`)."""
+"""Which ops copy a tensor, in either dialect."""
 
 from __future__ import annotations
 

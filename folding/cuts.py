@@ -1,24 +1,15 @@
 """Where each constant region is cut: which values are stored, which ops stay at runtime.
 
-A *region* is a connected set of folded ops together with the constant placeholders they read.
-Its *sinks* are the values that nodes staying in the program (or the output) read. A plan for
-a region is the set S of values it stores: a sink not in S is computed at runtime from its
-inputs, recursively, so every op reached that way stays in the program. For each plan:
+A *region* is a connected set of folded ops with the constant placeholders they read; its
+*sinks* are the values that nodes staying in the program (or the output) read. A plan for a
+region is the set of values it stores: a sink not stored is computed at runtime from its inputs,
+recursively. Plans are ranked by runtime ops first (on QNN/HTP a constant-only op may strand a
+partition), then stored bytes; growth is stored bytes minus the region's placeholder bytes.
 
-- runtime ops: the ops that stay (what we minimise first: every one runs on the device and, on
-  QNN/HTP, a constant-only op may strand a partition);
-- stored bytes: the stored values plus the placeholders still read (minimised second);
-- growth: stored bytes minus the bytes of the region's placeholders before folding.
-
-Limits (`FoldPolicy`): no stored value above ``max_tensor_bytes``; the program's total growth
-within the budget. Regions of at most `EXACT_LIMIT` ops get their exact Pareto front (ops,
-growth) by enumeration; larger ones get two plans (fewest ops, and as-is). The program-wide
-budget is met greedily by moving, one step at a time, the region whose next plan saves the most
-bytes per runtime op added. Every region has the as-is plan (growth <= 0), so planning never fails.
-
-Anchors: TF Grappler skips folds whose output is larger than its inputs and a fixed cap
-(10 MiB, later 100 KiB); ONNX Runtime caps one folded output at 1 GiB; MLIR TOSA folds a
-transpose only for a constant with one user. None of them plans where to cut a region.
+Limits (`FoldPolicy`): no stored value above ``max_tensor_bytes``; total growth within the
+budget. Regions of at most `EXACT_LIMIT` ops get their exact Pareto front (ops, growth); larger
+ones two plans (fewest ops, and as-is). The budget is met greedily, moving the region whose next
+plan saves the most bytes per runtime op added. The as-is plan (growth <= 0) always exists.
 """
 
 from __future__ import annotations
@@ -61,18 +52,13 @@ class Region:
 
 
 def node_bytes(node: torch.fx.Node) -> int:
-    """Serialized bytes of a node's value from its ``meta["val"]``, padded as the constant
-    segment pads each buffer (`sizes.aligned`); 0 when unknown or not one tensor."""
+    """Serialized bytes of a node's ``meta["val"]``, padded as the constant segment pads each
+    buffer (`sizes.aligned`); 0 when unknown or not one tensor."""
     return aligned(value_bytes(node))
 
 
-def find_regions(
-    folded: list[torch.fx.Node],
-    is_folded,
-    constant_placeholders: set[torch.fx.Node],
-    placeholder_bytes: dict[torch.fx.Node, int],
-    fixed: set[torch.fx.Node],
-) -> list[Region]:
+def find_regions(folded: list[torch.fx.Node], is_folded, constant_placeholders: set[torch.fx.Node],
+                 placeholder_bytes: dict[torch.fx.Node, int], fixed: set[torch.fx.Node]) -> list[Region]:
     """Connected components of folded ops and constant placeholders (union-find, O(edges))."""
     parent: dict[torch.fx.Node, torch.fx.Node] = {}
 
@@ -85,16 +71,14 @@ def find_regions(
         return root
 
     for n in folded:
-        find(n)
         for i in n.all_input_nodes:
             if is_folded(i) or i in constant_placeholders:
-                a, b = find(n), find(i)
-                if a is not b:
-                    parent[a] = b
+                parent[find(n)] = find(i)
     groups: dict[torch.fx.Node, Region] = {}
     for n in folded:
         r = groups.setdefault(find(n), Region([], [], []))
         r.ops.append(n)
+        r.in_place = r.in_place or n in fixed
         if any(not is_folded(u) for u in n.users):
             r.sinks.append(n)
     seen: set = set()
@@ -107,10 +91,7 @@ def find_regions(
                 r.base_bytes += placeholder_bytes.get(i, 0)
                 if any(not is_folded(u) for u in i.users):
                     r.pinned.add(i)
-    regions = [r for r in groups.values() if r.sinks]
-    for r in regions:
-        r.in_place = any(n in fixed for n in r.ops)
-    return regions
+    return [r for r in groups.values() if r.sinks]
 
 
 def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_bytes: dict,
@@ -137,8 +118,7 @@ def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_byt
         elif v in placeholder_bytes:
             kept_ph.add(v)
     if region.in_place and runtime:
-        # In-place updates (fill_ through a slice) are not ancestors of the values they change:
-        # a region holding an in-place class is left whole, with every op at runtime.
+        # In-place updates are not ancestors of the values they change: such a region is cut whole.
         runtime = op_set
         used_store = set()
         kept_ph = set(region.placeholders)
@@ -147,75 +127,32 @@ def evaluate_cut(region: Region, stored: frozenset, sizes: dict, placeholder_byt
     return RegionPlan(frozenset(used_store), frozenset(runtime), stored_bytes, stored_bytes - region.base_bytes)
 
 
-def fewest_ops_plan(region: Region, sizes, placeholder_bytes, canon, storable_nodes) -> RegionPlan:
-    """The plan with the fewest runtime ops: store every value that may be stored (within the
-    cap: `storable_nodes`), nearest the sinks."""
-    storable = frozenset(n for n in region.ops if n in storable_nodes)
-    plan = evaluate_cut(region, storable, sizes, placeholder_bytes, canon)
-    if region.in_place and plan.runtime:
-        return evaluate_cut(region, frozenset(), sizes, placeholder_bytes, canon)
-    return plan
-
-
-def pareto_front(
-    region: Region, sizes, placeholder_bytes, canon, storable_nodes: set
-) -> list[RegionPlan]:
+def pareto_front(region: Region, sizes, placeholder_bytes, canon, storable_nodes: set) -> list[RegionPlan]:
     """Plans not dominated in (runtime ops, growth), fewest runtime ops first."""
     storable = [n for n in region.ops if n in storable_nodes]
-    if region.in_place:
-        # An in-place class cannot be cut inside: store what the fewest-ops plan stores only
-        # if that leaves none of it at runtime; otherwise leave the region as it is.
-        plans = {evaluate_cut(region, frozenset(), sizes, placeholder_bytes, canon)}
-        fewest = evaluate_cut(region, frozenset(storable), sizes, placeholder_bytes, canon)
-        if not fewest.runtime:
-            plans.add(fewest)
-    elif len(region.ops) <= EXACT_LIMIT:
-        subsets = itertools.chain.from_iterable(
-            itertools.combinations(storable, k) for k in range(len(storable) + 1)
-        )
-        plans = {evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, canon) for s in subsets}
-    else:
-        plans = {
-            evaluate_cut(region, frozenset(storable), sizes, placeholder_bytes, canon),
-            evaluate_cut(region, frozenset(), sizes, placeholder_bytes, canon),
-        }
-    best: dict[int, RegionPlan] = {}
-    for p in plans:
-        q = best.get(p.runtime_ops)
-        if q is None or (p.growth, p.stored_bytes, sorted(n.name for n in p.stored)) < (
-            q.growth, q.stored_bytes, sorted(n.name for n in q.stored)
-        ):
-            best[p.runtime_ops] = p
-    front, lowest = [], None
-    for ops in sorted(best):
-        p = best[ops]
-        if lowest is None or p.growth < lowest:
+    if len(region.ops) <= EXACT_LIMIT and not region.in_place:
+        subsets = itertools.chain.from_iterable(itertools.combinations(storable, k) for k in range(len(storable) + 1))
+    else:  # fewest ops, and as-is (the only plans of an in-place class, which is cut whole)
+        subsets = [storable, ()]
+    plans = {evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, canon) for s in subsets}
+    front: list[RegionPlan] = []
+    for p in sorted(plans, key=lambda p: (p.runtime_ops, p.growth, p.stored_bytes, sorted(n.name for n in p.stored))):
+        if not front or p.growth < front[-1].growth:
             front.append(p)
-            lowest = p.growth
     return front
 
 
-def choose_cuts(
-    regions: list[Region],
-    sizes,
-    placeholder_bytes,
-    canon,
-    max_tensor_bytes: Optional[int],
-    budget: Optional[int],
-    storable: set,
-) -> dict[torch.fx.Node, tuple[Reason, str]]:
+def choose_cuts(regions: list[Region], sizes, placeholder_bytes, canon, max_tensor_bytes: Optional[int],
+                budget: Optional[int], storable: set) -> dict[torch.fx.Node, tuple[Reason, str]]:
     """Pick one plan per region: fewest total runtime ops with total growth within `budget`.
 
     `storable`: the values that may be stored (a tensor or scalar within the cap); one left
-    out for its size (above `max_tensor_bytes`) is reported as such.
-
-    Returns the ops that stay at runtime with their reason.
+    out for its size is reported as such. Returns the ops that stay with their reason.
     """
-    # The fewest-runtime-ops plan is unique (store every value that fits, nearest the sinks);
-    # the full fronts are only needed when the budget binds. Then every region's is: one that
-    # already shrinks may shrink further (drop a placeholder its fewest-ops plan keeps), and
-    # that may be the only way to meet a budget below zero (a budget cut after a miss).
-    fronts = [[fewest_ops_plan(r, sizes, placeholder_bytes, canon, storable)] for r in regions]
+    # The fewest-ops plan (store every value that fits, nearest the sinks) is unique; the full
+    # fronts of every region are needed only when the budget binds.
+    fronts = [[evaluate_cut(r, frozenset(n for n in r.ops if n in storable), sizes, placeholder_bytes, canon)]
+              for r in regions]
     choice = [0] * len(regions)
     total = sum(f[0].growth for f in fronts)
     if budget is not None and total > budget:
@@ -238,11 +175,9 @@ def choose_cuts(
             if n not in storable and max_tensor_bytes is not None and sizes[n] > max_tensor_bytes:
                 runtime[n] = (Reason.MAX_TENSOR_BYTES, f"{sizes[n]:,} bytes > max_tensor_bytes {max_tensor_bytes:,}")
             else:
-                runtime[n] = (
-                    Reason.GROWTH_BUDGET,
-                    f"region of {len(r.ops)} ops: storing it would grow constants by "
-                    f"{f[0].growth:,} bytes; chose +{plan.growth:,} bytes with {plan.runtime_ops} runtime ops",
-                )
+                runtime[n] = (Reason.GROWTH_BUDGET, f"region of {len(r.ops)} ops: storing it would grow constants "
+                              f"by {f[0].growth:,} bytes; chose +{plan.growth:,} bytes with {plan.runtime_ops} "
+                              "runtime ops")
     return runtime
 
 

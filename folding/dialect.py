@@ -1,5 +1,4 @@
-"""The op that stands for an ATen overload in a program's dialect (ATen or Edge): the one rule
-of every pass that inserts or finds ops by name."""
+"""The op that stands for an ATen overload in a program's dialect (ATen or Edge)."""
 
 from __future__ import annotations
 
@@ -26,11 +25,9 @@ def dialect_op(program: ExportedProgram, name: str) -> Optional[Any]:
     """The op for the ATen overload `name` (``"aten.view.default"``) in `program`'s dialect, or
     None when the dialect has no such op (``aten.conv2d`` in Edge).
 
-    ATen: the ``torch.ops`` overload itself. Edge: the Edge op ``to_edge`` puts in its place:
-    a view op's copying variant (``aten.view_copy``); ``clone`` and ``_to_copy`` as dim order
-    ops, unless the program's verifier was built with ``EdgeCompileConfig(_skip_dim_order=True)``
-    (executorch/exir/verification/verifier.py refuses dim order ops then, and ATen copies
-    otherwise); any other the Edge op of the same name.
+    Edge: the op ``to_edge`` puts in its place: a view op's copying variant; ``clone`` and
+    ``_to_copy`` as dim order ops unless the verifier has ``_skip_dim_order=True``
+    (executorch/exir/verification/verifier.py); any other the Edge op of the same name.
     """
     if getattr(program, "dialect", "ATEN") != "EDGE":
         return _op(False, name)
@@ -52,7 +49,6 @@ def _uses_dim_order(program: ExportedProgram) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _op(edge: bool, name: str) -> Optional[Any]:
-    """`dialect_op` of a resolved name; bounded, as the package's other per-target answers."""
     namespace = edge_ops().edge if edge else torch.ops
     space, packet, overload = name.split(".")
     try:

@@ -1,9 +1,7 @@
 """What kind of op a node calls: the tables that decide which ops may fold.
 
-One table per rule, each with the reason it exists. Edge-dialect ops
-(`EdgeOpOverload`) are looked through to the ATen `OpOverload` they wrap, so one
-rule covers both dialects (executorch's `constant_prop_pass` skips `aten.full` only
-in Edge dialect; we do not special-case either dialect).
+Edge-dialect ops are looked through to the ATen `OpOverload` they wrap, so one rule covers
+both dialects.
 """
 
 from __future__ import annotations
@@ -15,48 +13,22 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.fx
+from executorch.exir.memory import alloc
 
 from .executorch_internals import edge_overload_aten, edge_packet_name
 from .torch_internals import registered_effect, schema_of, side_effectful_functions
 
-try:  # executorch's memory planning op: an allocation, never a value to fold.
-    from executorch.exir import memory as _et_memory
-
-    _MEMORY_OPS = frozenset({_et_memory.alloc})
-except ImportError:  # pragma: no cover - executorch is a dependency
-    _MEMORY_OPS = frozenset()
-
-
-# Ops whose result is uninitialised memory. Folding one as-is would bake whatever bytes the
-# allocator returned into the program (non-deterministic .pte); we evaluate them zero-filled,
-# which is one of the values the op may return.
+_aten = torch.ops.aten
+# Ops whose result is uninitialised memory: evaluated zero-filled (one of the values the op may
+# return), so the .pte does not hold whatever bytes the allocator gave.
 _UNINITIALISED_PACKETS = frozenset(
-    {
-        torch.ops.aten.empty,
-        torch.ops.aten.empty_like,
-        torch.ops.aten.new_empty,
-        torch.ops.aten.empty_strided,
-        torch.ops.aten.new_empty_strided,
-        torch.ops.aten.empty_permuted,
-    }
+    {_aten.empty, _aten.empty_like, _aten.new_empty, _aten.empty_strided, _aten.new_empty_strided, _aten.empty_permuted}
 )
-
-
-# Ops that read only the shape, dtype and device of their first argument, never its values
-# (``x.new_zeros(...)`` builds swin's attention mask from the activation x). With a static
-# shape they are constant even when that argument is a runtime input.
+# Ops that read only the shape, dtype and device of their first argument (swin's attention mask
+# is ``x.new_zeros(...)`` of an activation): constant when that shape is static.
 _METADATA_ONLY_PACKETS = frozenset(
-    {
-        torch.ops.aten.new_zeros,
-        torch.ops.aten.new_ones,
-        torch.ops.aten.new_full,
-        torch.ops.aten.new_empty,
-        torch.ops.aten.new_empty_strided,
-        torch.ops.aten.zeros_like,
-        torch.ops.aten.ones_like,
-        torch.ops.aten.full_like,
-        torch.ops.aten.empty_like,
-    }
+    {_aten.new_zeros, _aten.new_ones, _aten.new_full, _aten.new_empty, _aten.new_empty_strided,
+     _aten.zeros_like, _aten.ones_like, _aten.full_like, _aten.empty_like}
 )
 
 
@@ -69,7 +41,7 @@ class OpKind(enum.Enum):
     EFFECTFUL = "effectful"  # registered side effect (prints, effect tokens)
     ASSERTION = "assertion"  # a check that returns nothing (aten._assert_*)
     CONTROL_FLOW = "control_flow"  # higher-order ops: cond, while_loop, map, delegate calls
-    MEMORY = "memory"  # executorch.exir.memory.alloc
+    MEMORY = "memory"  # executorch.exir.memory.alloc: an allocation, never a value
     PYTHON = "python"  # a plain Python callable (sym arithmetic); folded only if it yields tensors
 
 
@@ -80,9 +52,6 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
     return edge_overload_aten(target)
 
 
-# The package's cache across folds for per-target answers: `functools.lru_cache(maxsize=4096)`,
-# bounded, keyed by hashable arguments. dedup's `fold_scope` memo is a per-fold record, dropped
-# when the fold ends, not a cache across folds.
 @functools.lru_cache(maxsize=4096)
 def op_name(target: Any) -> str:
     """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.
@@ -115,10 +84,10 @@ def packet_name(target: Any) -> str:
 
 
 def _classify(target: Any) -> OpKind:
-    """The `OpKind` of a call_function target (ATen, Edge, higher-order or Python callable)."""
+    """The `OpKind` of a call_function target."""
     if target is operator.getitem:
         return OpKind.GETITEM
-    if target in _MEMORY_OPS:
+    if target is alloc:
         return OpKind.MEMORY
     if isinstance(target, torch._ops.HigherOrderOperator):
         return OpKind.CONTROL_FLOW
@@ -129,7 +98,7 @@ def _classify(target: Any) -> OpKind:
         return OpKind.PYTHON
     if torch.Tag.nondeterministic_seeded in overload.tags:
         return OpKind.RANDOM
-    if overload in side_effectful_functions or _has_registered_effect(overload):
+    if overload in side_effectful_functions or registered_effect(overload) is not None:
         return OpKind.ASSERTION if _returns_nothing(overload) else OpKind.EFFECTFUL
     return OpKind.PURE
 
@@ -137,40 +106,24 @@ def _classify(target: Any) -> OpKind:
 def _mutated_arg_positions(target: Any) -> tuple[int, ...]:
     """Positions of schema arguments the op writes to (``relu_``'s self, ``copy_``'s self, out=)."""
     overload = aten_overload(target)
-    if overload is None:
-        return ()
-    return tuple(
-        i
-        for i, arg in enumerate(schema_of(overload).arguments)
-        if arg.alias_info is not None and arg.alias_info.is_write
-    )
+    arguments = schema_of(overload).arguments if overload is not None else ()
+    return tuple(i for i, arg in enumerate(arguments) if arg.alias_info is not None and arg.alias_info.is_write)
 
 
-# Ops that write to arguments their schema does not mark as mutable (no ``(a!)``), with the
-# flag argument that turns the write on: in torch 2.14's training IR, ``batch_norm(...,
-# training=True)`` updates ``running_mean``/``running_var`` in place (its CompositeImplicit
-# kernel calls ``_batch_norm_with_update``), ``instance_norm(..., use_input_stats=True)`` and
-# the native/cudnn/miopen kernels likewise. {packet name: (flag position, written positions)}.
-# Found by running each op of torch.ops.aten whose schema has a ``running_*`` argument on
-# copy-on-write inputs (tests/test_mutation.py pins each one). Writes no table lists are caught
-# at fold time (`folding.evaluate`: an input's copy-on-write clone was materialised).
-_UNDECLARED_WRITES: dict[str, tuple[int, tuple[int, ...]]] = {
-    "aten.batch_norm": (5, (3, 4)),
-    "aten.instance_norm": (5, (3, 4)),
-    "aten.native_batch_norm": (5, (3, 4)),
-    "aten._batch_norm_impl_index": (5, (3, 4)),
-    "aten.cudnn_batch_norm": (5, (3, 4)),
-    "aten.miopen_batch_norm": (5, (3, 4)),
-}
+# Ops that write arguments their schema does not mark mutable, with the flag that turns the
+# write on: ``batch_norm(..., training=True)`` updates ``running_mean``/``running_var`` (its
+# kernel calls ``_batch_norm_with_update``). {packet name: (flag position, written positions)};
+# found by running every aten op with a ``running_*`` argument on copy-on-write inputs
+# (tests/test_mutation.py). Writes no table lists are caught at fold time (`evaluate`).
+_UNDECLARED_WRITES: dict[str, tuple[int, tuple[int, ...]]] = dict.fromkeys(
+    ("aten.batch_norm", "aten.instance_norm", "aten.native_batch_norm", "aten._batch_norm_impl_index",
+     "aten.cudnn_batch_norm", "aten.miopen_batch_norm"), (5, (3, 4)))
 
 
 def _writes_only_its_outputs(target: Any) -> bool:
-    """True for the ATen ops whose kernels are known to write nothing but their results: the
-    elementwise ops torch tags ``pointwise`` (TensorIterator kernels) and the ``view_copy`` ops
-    (a view, then a copy of it), when their schema marks no argument written. Evaluation hands
-    them their inputs as they are instead of copy-on-write clones (`evaluate._WriteGuard`).
-    `tests/test_real_programs.py` runs every such op of ``torch.ops.aten`` on copy-on-write
-    inputs and checks that none is written."""
+    """True for ATen ops whose kernels write nothing but their results: ``pointwise`` and
+    ``view_copy`` ops whose schema marks no argument written; evaluation hands them their inputs
+    without copy-on-write clones (tests/test_real_programs.py runs each on such inputs)."""
     overload = aten_overload(target)
     if overload is None or not packet_name(target).startswith("aten.") or packet_name(target) in _UNDECLARED_WRITES:
         return False
@@ -178,40 +131,30 @@ def _writes_only_its_outputs(target: Any) -> bool:
     return (torch.Tag.pointwise in tags or torch.Tag.view_copy in tags) and not _mutated_arg_positions(target)
 
 
-# Namespaces whose kernels write only what the schema (with `_UNDECLARED_WRITES`) says:
-# ATen's and prims' (tests/test_mutation.py and tests/test_real_programs.py run them on
-# copy-on-write inputs), PT2E's and torchao's quantize/dequantize primitives (arithmetic on
-# their inputs), and executorch's dim-order copies (``dim_order_ops._to_dim_order_copy``,
-# ``_clone_dim_order``: every cast and clone of an Edge program, a copy into their result).
+# Namespaces whose kernels write only what the schema (with `_UNDECLARED_WRITES`) says: ATen,
+# prims (tested on copy-on-write inputs), PT2E's and torchao's q/dq primitives, executorch's
+# dim-order copies.
 _SCHEMA_VOUCHED_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed", "torchao", "dim_order_ops"})
 # The higher-order ops functionalization wraps a custom op that declares a write in
 # (``auto_functionalized_v2(op, _all_bases=[...], **kwargs)``): the op is their first argument.
-_FUNCTIONALIZED = tuple(getattr(torch.ops.higher_order, name) for name in ("auto_functionalized", "auto_functionalized_v2")
-                        if hasattr(torch.ops.higher_order, name))
+_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
 
 
 def _probed_when_kept(target: Any) -> bool:
-    """True for an op outside the namespaces whose schemas are vouched for (a user's or a
-    library's custom op, ``torch.library``): nothing but running its kernel tells whether it
-    writes an input undeclared. Evaluation runs it on stand-ins even when it stays in the
-    program (`plan.Plan.probed`), so that a write to a constant it reads is learnt."""
+    """True for a custom op (outside `_SCHEMA_VOUCHED_NAMESPACES`): only running its kernel tells
+    whether it writes an input undeclared, so evaluation runs it on stand-ins even when it stays
+    (`plan.Plan.probed`)."""
     overload = aten_overload(target)
     return (overload is not None and overload.namespace not in _SCHEMA_VOUCHED_NAMESPACES
             and _classify(target) is OpKind.PURE)
 
 
 def is_probed(node) -> bool:
-    """`node` (a call_function node) calls a custom op `_probed_when_kept` names, directly or
-    wrapped by functionalization (``auto_functionalized_v2``: the op declares a write, and may
-    make another)."""
+    """`node` calls a custom op `_probed_when_kept` names, directly or wrapped by
+    functionalization (``auto_functionalized_v2``)."""
     if node.target in _FUNCTIONALIZED:
         return bool(node.args) and op_facts(node.args[0]).probed
     return op_facts(node.target).probed
-
-
-def may_call_probed(target: Any) -> bool:
-    """`target` is a probed custom op or a functionalization wrapper (which may hold one)."""
-    return target in _FUNCTIONALIZED or op_facts(target).probed
 
 
 def arg_at(node, position: int) -> Any:
@@ -219,34 +162,23 @@ def arg_at(node, position: int) -> Any:
     if position < len(node.args):
         return node.args[position]
     overload = aten_overload(node.target)
-    schema = schema_of(overload) if overload is not None else None
-    if schema is not None and position < len(schema.arguments):
-        return node.kwargs.get(schema.arguments[position].name)
-    return None
+    arguments = schema_of(overload).arguments if overload is not None else ()
+    return node.kwargs.get(arguments[position].name) if position < len(arguments) else None
 
 
 def written_arg_positions(node) -> tuple[int, ...]:
-    """Positions of the schema arguments `node`'s op writes to: those its schema marks
-    mutable (`OpFacts.mutated_positions`) plus the undeclared writes of `_UNDECLARED_WRITES` when
-    the flag that enables them is not literally False."""
+    """Positions of the schema arguments `node`'s op writes: those its schema marks mutable plus
+    those of `_UNDECLARED_WRITES` when the flag that enables them is not literally False."""
     facts = op_facts(node.target)
     declared, rule = facts.mutated_positions, facts.undeclared_writes
-    if rule is None:
+    if rule is None or arg_at(node, rule[0]) is False:
         return declared
-    flag_position, positions = rule
-    schema = schema_of(aten_overload(node.target))
-    if flag_position < len(node.args):
-        flag = node.args[flag_position]
-    else:
-        flag = node.kwargs.get(schema.arguments[flag_position].name, schema.arguments[flag_position].default_value)
-    return declared if flag is False else tuple(sorted(set(declared) | set(positions)))
+    return tuple(sorted(set(declared) | set(rule[1])))
 
 
-# Ops whose result aliases an argument although their schema says nothing: torch.export reads
-# the inner tensors of a wrapper subclass weight (torchao's ``quantize_``) with
-# ``export::access_subclass_inner_tensor(Tensor src_subclass_tensor, str attr) -> Tensor``, whose
-# kernel returns the inner tensor itself (torch/export/custom_ops.py), so a write to its result
-# writes the caller's weight. {op name: position of the aliased argument}
+# Ops whose result aliases an argument although their schema says nothing:
+# ``export::access_subclass_inner_tensor`` returns a subclass weight's inner tensor itself
+# (torch/export/custom_ops.py). {op name: position of the aliased argument}
 _UNDECLARED_ALIASES: dict[str, int] = {"export.access_subclass_inner_tensor.default": 0}
 
 
@@ -259,47 +191,30 @@ def _aliased_arg_position(target: Any) -> Optional[int]:
     if str(overload) in _UNDECLARED_ALIASES:
         return _UNDECLARED_ALIASES[str(overload)]
     schema = schema_of(overload)
-    if not any(r.alias_info is not None for r in schema.returns):
-        return None
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None:
-            return i
+    if any(r.alias_info is not None for r in schema.returns):
+        return next((i for i, arg in enumerate(schema.arguments) if arg.alias_info is not None), None)
     return None
 
 
-def _is_uninitialised_allocation(target: Any) -> bool:
-    """True for ``empty``-like ops whose values are unspecified (evaluated zero-filled)."""
-    overload = aten_overload(target)
-    return overload is not None and overload.overloadpacket in _UNINITIALISED_PACKETS
-
-
-def _reads_only_metadata(target: Any) -> bool:
-    """True for ops whose first argument contributes only its shape/dtype/device/strides."""
-    overload = aten_overload(target)
-    return overload is not None and overload.overloadpacket in _METADATA_ONLY_PACKETS
-
-
 class OpFacts(NamedTuple):
-    """Every per-target answer of this module for one call_function target, computed once
-    (`op_facts`): a graph has few distinct targets and many nodes, and each stage asks several
-    of these per node."""
+    """Every per-target answer of this module, computed once per target (`op_facts`)."""
 
-    kind: OpKind  # `_classify` (of an ATen, Edge, higher-order or Python callable target)
-    call: Callable  # the ATen overload behind an Edge op (`aten_overload`), else the target itself
+    kind: OpKind  # `_classify`
+    call: Callable  # the ATen overload behind an Edge op, else the target itself
     mutated_positions: tuple[int, ...]  # `_mutated_arg_positions`: ``relu_``'s self, ``copy_``'s self, out=
     undeclared_writes: Optional[tuple[int, tuple[int, ...]]]  # its `_UNDECLARED_WRITES` rule
     aliased_position: Optional[int]  # `_aliased_arg_position`: the argument its output aliases
-    trusted: bool  # `_writes_only_its_outputs`: its kernel writes nothing but its results
+    trusted: bool  # `_writes_only_its_outputs`
     probed: bool  # `_probed_when_kept`
-    metadata_only: bool  # `_reads_only_metadata`: reads only its first argument's shape, dtype, device, strides
-    uninitialised: bool  # `_is_uninitialised_allocation`
+    metadata_only: bool  # in `_METADATA_ONLY_PACKETS`
+    uninitialised: bool  # in `_UNINITIALISED_PACKETS`
 
 
 @functools.lru_cache(maxsize=4096)
 def op_facts(target: Any) -> OpFacts:
-    """The `OpFacts` of `target` (any call_function target; like `op_name`, keyed by its
-    hash)."""
+    """The `OpFacts` of `target` (any call_function target)."""
     overload = aten_overload(target)
+    packet = overload.overloadpacket if overload is not None else None
     return OpFacts(
         kind=_classify(target),
         call=overload or target,
@@ -308,15 +223,11 @@ def op_facts(target: Any) -> OpFacts:
         aliased_position=_aliased_arg_position(target),
         trusted=_writes_only_its_outputs(target),
         probed=_probed_when_kept(target),
-        metadata_only=_reads_only_metadata(target),
-        uninitialised=_is_uninitialised_allocation(target),
+        metadata_only=packet in _METADATA_ONLY_PACKETS,
+        uninitialised=packet in _UNINITIALISED_PACKETS,
     )
 
 
 def _returns_nothing(target: Any) -> bool:
     schema = schema_of(target)
     return schema is not None and len(schema.returns) == 0
-
-
-def _has_registered_effect(overload: torch._ops.OpOverload) -> bool:
-    return registered_effect(overload) is not None

@@ -1,25 +1,9 @@
 """Which constant nodes are folded away, which stay in the program, which values are stored.
 
-Every constant node the analysis left foldable is a candidate. Some stay in the program as ops
-although they read only constants (``Plan.runtime``), each with a reason:
-
-- a copy of a stored constant that only the graph output reads (how a folded program returns
-  a constant), and a scalar the graph output returns;
-- a dequantize whose result a runtime op would read keeps its encoding (`quant`), and so do
-  the float ops between it and that reader;
-- a fill shaped like a runtime tensor that only runtime ops read;
-- an op whose value is larger than the policy's cap, or whose region would push the program
-  past its growth budget, stays so that a smaller value is stored instead (`cuts`);
-- a folded value whose strides a kept op observes (`layout`), and a value that cannot be
-  stored (a multi-output op's tuple) that a kept op reads;
-- every member of an in-place alias class of which one member stays, and a check that reads
-  a value that stays.
-
-A folded value is *materialised* (stored as a lifted constant) when a node that stays in the
-program, or the graph output, reads it. Nodes are *evaluated* at fold time when they are
-folded away or a folded node needs their value. A custom op that stays in the program and reads
-a constant is *probed*: run once on stand-ins of its inputs, its result dropped, to learn a
-write its schema does not declare (`ops.OpFacts.probed`; `evaluate`).
+Every constant node is a candidate; the ``_keep_*`` rules keep some in the program
+(``Plan.runtime``), each with a `Reason`. A folded value is *materialised* (stored) when a node
+that stays, or the output, reads it; a custom op that stays and reads a constant is *probed*:
+run once on stand-ins to learn a write its schema does not declare (`ops.OpFacts.probed`).
 """
 
 from __future__ import annotations
@@ -28,20 +12,19 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import torch.fx
-
 import torch
+import torch.fx
 
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
-from .layout import may_observe_layout, observes_layout, reads_storage, strided_like_stored
-from .ops import OpKind, is_probed, may_call_probed, op_facts
+from .layout import observes_layout, reads_storage, strided_like_stored
+from .ops import is_probed, op_facts
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
 from .values import is_scalar
 
-if TYPE_CHECKING:  # the record this stage reads; a stage never calls another (`fold.py` does)
+if TYPE_CHECKING:
     from .analysis import Analysis
 
 
@@ -50,12 +33,11 @@ class Plan:
     """Attributes:
     candidates: constant call_function nodes, in graph order (assertion checks included).
     runtime: candidates that stay in the graph, with (reason, detail).
-    evaluated: candidates run at fold time, in graph order.
+    evaluated: nodes run at fold time, in graph order.
     materialise: folded-away nodes whose value a node left in the graph or the output reads.
     release: per evaluated node, the index in `evaluated` after which its value is no longer
         needed (its last evaluated reader, or the last in-place update of its alias class).
-    probed: nodes in `evaluated` that stay in the program: custom ops reading a constant, run
-        only to learn their undeclared writes (`ops.OpFacts.probed`).
+    probed: nodes in `evaluated` that stay in the program, run only to learn their writes.
     """
 
     candidates: list[torch.fx.Node]
@@ -72,14 +54,8 @@ class Plan:
         self._candidate_set = set(self.candidates)
 
 
-def make_plan(
-    analysis: Analysis,
-    policy: FoldPolicy,
-    placeholder_bytes: dict[torch.fx.Node, int],
-    bytes_before: int,
-    budget_cut: int = 0,
-    cap_exempt: frozenset = frozenset(),
-) -> Plan:
+def make_plan(analysis: Analysis, policy: FoldPolicy, placeholder_bytes: dict[torch.fx.Node, int], bytes_before: int,
+              budget_cut: int = 0, cap_exempt: frozenset = frozenset()) -> Plan:
     """Plan the fold of every constant node within the policy's size limits.
 
     Args:
@@ -89,27 +65,22 @@ def make_plan(
         budget_cut: bytes taken off the policy's growth budget (after a plan whose measured
             growth exceeded it).
         cap_exempt: names of nodes `max_tensor_bytes` does not apply to: each replaces a stored
-            tensor of its own size (`transposed_gathers`: the transpose of a matrix it alone reads).
+            tensor of its own size (`transposed_gathers`).
 
-    A rule that keeps a value at runtime after the size limits chose what to store (a value
-    whose strides a kept op observes; an unstorable tuple) makes its folded inputs stored
-    values the limits did not count: the limits then run again, with it kept.
-
-    O(nodes + edges) per round (one round when no rule keeps more), plus the exact search of
-    small regions when the budget binds.
+    A rule that keeps a value after the size limits chose what to store makes its folded inputs
+    stored values the limits did not count: the limits then run again, with it kept.
     """
     candidates = [n for n in analysis.order if n.op == "call_function" and analysis.reason.get(n) is None]
     plan = Plan(candidates)
-    _keep_output_copies(plan, analysis)
+    _keep_output_copies(plan)
     _keep_scalar_outputs(plan)
-    _keep_encodings(plan, analysis)
+    _keep_encodings(plan)
     _keep_runtime_shaped_fills(plan, analysis)
     _keep_alias_classes_whole(plan, analysis)
-    while True:  # the size limits count what is stored; each rule after them may change it
+    while True:
         _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, budget_cut, cap_exempt)
         limited = len(plan.runtime)
-        if analysis.calls_any(may_observe_layout):
-            _keep_until_stable(plan, analysis, _keep_observed_layouts)
+        _keep_until_stable(plan, analysis, _keep_observed_layouts)
         _keep_until_stable(plan, analysis, _keep_unstorable_inputs)
         if len(plan.runtime) == limited:
             break
@@ -125,53 +96,24 @@ def _apply_size_limits(plan, analysis, policy, placeholder_bytes, bytes_before, 
     if policy.max_tensor_bytes is None and budget is None:
         return
     folded = [n for n in plan.candidates if plan.folded(n) and not analysis.is_check(n)]
-    if _limits_cannot_bind(plan, folded, policy.max_tensor_bytes, budget, cap_exempt):
-        return
     fixed = {n for n in folded if analysis.class_of(n) is not None}
-    constant_placeholders = set(placeholder_bytes)
-    regions = find_regions(folded, plan.folded, constant_placeholders, placeholder_bytes, fixed)
+    regions = find_regions(folded, plan.folded, set(placeholder_bytes), placeholder_bytes, fixed)
     sizes = {n: node_bytes(n) for r in regions for n in r.ops}
     cap = policy.max_tensor_bytes
-    storable = {
+    storable = {  # a scalar "stored" costs 0 bytes: it is inlined into its readers
         n for r in regions for n in r.ops
-        if (isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor) or is_scalar(n.meta.get("val")))
+        if ("val" not in n.meta or _storable(n.meta["val"]))
         and (cap is None or sizes[n] <= cap or n.name in cap_exempt)
-    }  # a scalar "stored" costs 0 bytes: it is inlined into its readers
-    runtime = choose_cuts(
-        regions, sizes, placeholder_bytes, _identical_values(folded, analysis), policy.max_tensor_bytes, budget, storable
-    )
-    plan.runtime.update(runtime)
-
-
-def _limits_cannot_bind(plan: Plan, folded, max_tensor_bytes, budget, cap_exempt) -> bool:
-    """True when storing every sink (each folded value a kept op or the output reads) respects
-    both limits: each within the cap, their sum within the budget. That plan leaves no constant
-    op at runtime and grows the program by at most the sinks' bytes (the placeholders it still
-    reads were counted before folding), so no region is cut; this O(n) check spares the
-    region search on large programs of small constants."""
-    total = 0
-    for n in folded:
-        if not _readers_outside(plan, n):
-            continue
-        val = n.meta.get("val")
-        if is_scalar(val):
-            continue  # inlined into its readers: stores nothing
-        if not isinstance(val, torch.Tensor):
-            return False  # a sink the planner cannot store: let it decide
-        size = node_bytes(n)
-        if max_tensor_bytes is not None and size > max_tensor_bytes and n.name not in cap_exempt:
-            return False
-        total += size
-    return budget is None or total <= budget
+    }
+    canon = _identical_values(folded, analysis)
+    plan.runtime.update(choose_cuts(regions, sizes, placeholder_bytes, canon, cap, budget, storable))
 
 
 def _identical_values(nodes: list[torch.fx.Node], analysis: Analysis) -> dict[torch.fx.Node, torch.fx.Node]:
-    """Map each node to the first node of the same target on the same arguments (hash-consing),
-    so that the planner counts their bytes once, as the lift stores identical bytes (`dedup`).
-    Only where nothing can make the two differ: a node that a write reaches (a member of an
-    in-place alias class, or a reader of one), an uninitialised allocation, or one whose
-    arguments cannot be hashed is its own (torch.fx's ``cse_pass`` merges only functional
-    code). Arguments are keyed by what torch can tell apart (`_frozen`)."""
+    """Map each node to the first node of the same target on the same arguments, so that the
+    planner counts their bytes once, as the emitter stores identical bytes once. A node a write
+    reaches (a member or reader of an in-place class), an uninitialised allocation, or one with
+    unhashable arguments is its own (torch.fx's ``cse_pass`` merges only functional code)."""
     canon: dict[torch.fx.Node, torch.fx.Node] = {}
     seen: dict[tuple, torch.fx.Node] = {}
     for n in nodes:
@@ -187,10 +129,9 @@ def _identical_values(nodes: list[torch.fx.Node], analysis: Analysis) -> dict[to
 
 
 def _frozen(value, canon):
-    """A hashable form of an argument, equal for two arguments only when torch cannot tell them
-    apart: a scalar is keyed by its Python type (1, 1.0 and True give different dtypes) and a
-    float or complex number by its IEEE-754 bits (``1 / (w * -0.0)`` is -inf); a tensor literal
-    by identity (alive for the whole fold)."""
+    """A hashable form of an argument, equal only when torch cannot tell two apart: scalars keyed
+    by type (1, 1.0 and True give different dtypes), floats by their bits (-0.0 is not 0.0),
+    a tensor literal by identity (alive for the whole fold)."""
     if isinstance(value, torch.fx.Node):
         return canon.get(value, value)
     if isinstance(value, (list, tuple)):
@@ -206,24 +147,12 @@ def _frozen(value, canon):
     return (type(value), value)
 
 
-def _readers_outside(plan: Plan, node: torch.fx.Node) -> bool:
-    return any(not plan.folded(u) for u in node.users)
-
-
-def _keep_output_copies(plan: Plan, analysis: Analysis) -> None:
-    """A copy of a constant placeholder returned only as an output is how a folded program
-    returns a constant (ExecuTorch cannot return a stored buffer): folding it again would only
-    insert the same copy under a new name, so folding a folded program changes nothing."""
-    if not analysis.calls_any(is_clone):
-        return
+def _keep_output_copies(plan: Plan) -> None:
+    """A copy of a constant placeholder that only the output reads is how a folded program returns
+    a constant (ExecuTorch cannot return a stored buffer): it stays, so a second fold is a no-op."""
     for n in plan.candidates:
-        if (
-            is_clone(n.target)  # what `lift` itself inserts before an output returning a stored constant
-            and n.all_input_nodes
-            and n.all_input_nodes[0].op == "placeholder"
-            and n.users
-            and all(u.op == "output" for u in n.users)
-        ):
+        if (is_clone(n.target) and n.all_input_nodes and n.all_input_nodes[0].op == "placeholder"
+                and n.users and all(u.op == "output" for u in n.users)):
             plan.runtime[n] = (Reason.OUTPUT_COPY, "")
 
 
@@ -231,61 +160,39 @@ def _keep_scalar_outputs(plan: Plan) -> None:
     """A scalar (``item()`` of a constant) is folded by writing its value into the ops that read
     it; the graph output cannot hold a literal, so a scalar the output returns stays an op."""
     for n in plan.candidates:
-        if not isinstance(n.meta.get("val"), torch.Tensor) and any(u.op == "output" for u in n.users):
-            if is_scalar(n.meta.get("val")):
-                plan.runtime[n] = (Reason.NOT_A_TENSOR, "a scalar returned as an output")
+        if is_scalar(n.meta.get("val")) and any(u.op == "output" for u in n.users):
+            plan.runtime[n] = (Reason.NOT_A_TENSOR, "a scalar returned as an output")
 
 
-def _keep_encodings(plan: Plan, analysis: Analysis) -> None:
-    """Leave in the graph every dequantize (and float op after it) whose value would otherwise be
-    stored for a runtime op to read; what is stored instead is the dequantize's integer input.
-
-    The graph output is not such a reader: an encoding is read by the op that consumes the
-    dequantize (QNN's AnnotateQuantAttrs/FoldQDQ), and a dequantize the output alone reads
-    carries none. Left in, it is constant-only work that HTP refuses to build (``could not
-    create op``, executorch issues 17732/18622); folded, the program returns its float value."""
-    if not analysis.calls_any(is_dequantize):
-        return
+def _keep_encodings(plan: Plan) -> None:
+    """Leave in the graph every dequantize (and float view/copy after it) whose value a runtime op
+    would read, so its integer input is stored with its encoding (`quant`). The graph output
+    reads no encoding: a dequantize only it reads folds to its float value (HTP cannot build it,
+    ``could not create op``)."""
     dq = dequantized_values(plan.candidates)
     work = [n for n in plan.candidates if n in dq and any(u.op != "output" and not plan.folded(u) for u in n.users)]
     while work:
         n = work.pop()
         if n in plan.runtime:
             continue
-        if is_dequantize(n.target):
-            plan.runtime[n] = (Reason.KEEPS_ENCODING, "")
-        else:
-            plan.runtime[n] = (Reason.AFTER_DEQUANTIZE, "")
+        plan.runtime[n] = (Reason.KEEPS_ENCODING if is_dequantize(n.target) else Reason.AFTER_DEQUANTIZE, "")
         work.extend(i for i in n.all_input_nodes if i in dq and i not in plan.runtime)
 
 
 def _keep_runtime_shaped_fills(plan: Plan, analysis: Analysis) -> None:
-    """Leave in the graph a fill shaped like a runtime tensor (``full_like(x)``,
-    ``x.new_zeros(...)``, the zero attention bias that SDPA's decomposition builds) whose value
-    only runtime ops read. Storing it costs all its bytes and saves one fill at runtime; kept,
-    it reads a runtime input, so it never forms a constant-only partition."""
-    if not analysis.calls_any(lambda t: op_facts(t).metadata_only):
-        return
+    """Leave in the graph a fill shaped like a runtime tensor (``full_like(x)``, SDPA's zero
+    attention bias) that only runtime ops read: storing it costs all its bytes to save a fill."""
     for n in plan.candidates:
-        if (
-            plan.folded(n)
-            and op_facts(n.target).metadata_only
-            and n.args
-            and isinstance(n.args[0], torch.fx.Node)
-            and not analysis.is_constant(n.args[0])
-            and analysis.class_of(n) is None
-            and n.users
-            and not any(plan.folded(u) for u in n.users)
-        ):
+        if (plan.folded(n) and op_facts(n.target).metadata_only and n.args and isinstance(n.args[0], torch.fx.Node)
+                and not analysis.is_constant(n.args[0]) and analysis.class_of(n) is None
+                and n.users and not any(plan.folded(u) for u in n.users)):
             plan.runtime[n] = (Reason.FILL_OF_RUNTIME_SHAPE, f"shaped like runtime value {n.args[0].name}")
 
 
 def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
-    """A value updated in place and its views (an alias class) fold whole or stay whole: when a
-    rule keeps one member at runtime (a dequantize keeping its encoding, whose result a later
-    ``narrow(...).fill_()`` overwrites), the in-place updates must run on that runtime value,
-    so every member stays."""
-    if not analysis.mutators:  # no in-place op: no class
+    """An alias class updated in place folds whole or stays whole: when a rule keeps one member,
+    the in-place updates must run on that runtime value, so every member stays."""
+    if not analysis.mutators:
         return
     members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for n in plan.candidates:
@@ -295,21 +202,17 @@ def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
     for root, cls in members.items():
         cls = ([root] if root in plan._candidate_set and root not in cls else []) + cls
         kept = next((m for m in cls if m in plan.runtime), None)
-        if kept is None:
-            continue
-        for m in cls:
-            if m not in plan.runtime:
-                plan.runtime[m] = (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays")
+        if kept is not None:
+            verdict = (Reason.DEPENDS_ON_KEPT, f"in-place class of {root.name}: {kept.name} stays")
+            for m in cls:
+                plan.runtime.setdefault(m, verdict)
 
 
 def _keep_observed_layouts(plan: Plan) -> None:
-    """A stored constant has the canonical layout (`folding.layout`), so a folded value with
-    other strides changes what a kept op reads when that op observes strides (a random
-    ``_like`` op, ``as_strided``). Walking back from each such op through what stays at
-    runtime, every folded value it reaches that is stored with other strides than it had (or,
-    for ``as_strided``, any folded value) stays too, until the values reached are laid out as
-    stored. Runtime ops between them are assumed to pass layout on (elementwise ops do).
-    O(nodes + edges) over all observers together."""
+    """A stored constant has the canonical layout (`folding.layout`): walking back from each kept
+    op that observes strides (a random ``_like`` op, ``as_strided``) through what stays, every
+    folded value reached that would be stored with other strides (for ``as_strided``, any)
+    stays too. Runtime ops between them are assumed to pass layout on (elementwise ops do)."""
     observers = [n for n in plan.candidates[0].graph.nodes if observes_layout(n) and not plan.folded(n)] \
         if plan.candidates else []
     seen: set[torch.fx.Node] = set()
@@ -331,12 +234,8 @@ def _keep_observed_layouts(plan: Plan) -> None:
 
 
 def _keep_until_stable(plan: Plan, analysis: Analysis, rule: Callable[[Plan], None]) -> None:
-    """`rule`, then `_keep_alias_classes_whole` for what it kept, until neither keeps more.
-
-    A node a rule keeps at runtime must not leave its in-place class half folded: a view
-    updated in place (``conv(w).narrow(...).add_(1)``) kept because a random op reads it would
-    otherwise write into its stored base on every call, and a kept ``chunk`` is a view too.
-    Each round but the last keeps at least one more node, so the loop ends."""
+    """`rule`, then `_keep_alias_classes_whole` for what it kept, until neither keeps more: a kept
+    node must not leave its in-place class half folded."""
     while True:
         before = len(plan.runtime)
         rule(plan)
@@ -351,15 +250,9 @@ def _storable(val: object) -> bool:
 
 
 def _keep_unstorable_inputs(plan: Plan) -> None:
-    """A node that stays at runtime reads each folded input as a stored constant; a value that
-    cannot be stored (the tuple of a multi-output op such as ``chunk``, ``split``, ``unbind``,
-    which its ``getitem`` nodes read) stays at runtime with its reader, and so, in turn, does
-    each unstorable value it reads. Any rule that keeps a ``getitem`` needs this: when a runtime
-    op observes the strides of ``chunk(buffer)[0]``, the ``getitem`` stays, and its ``chunk``
-    must stay with it, since `lift` has no tensor to store for a tuple. The readers are every
-    node that is not folded: those the plan keeps, and those the analysis keeps (a ``getitem``
-    of a control-flow call's tuple that an in-place op of runtime values writes into). Size
-    limits need it not (`cuts` stores only storable values). O(nodes + edges)."""
+    """A value that cannot be stored (the tuple of ``chunk``, ``split``, which ``getitem`` nodes
+    read) stays with each reader that is not folded, and so, in turn, does each unstorable value
+    it reads."""
     work = list(plan.runtime)
     work += [r for n in plan.candidates if plan.folded(n) and not _storable(n.meta.get("val"))
              for r in n.users if r.op != "output" and not plan.folded(r)]
@@ -367,16 +260,14 @@ def _keep_unstorable_inputs(plan: Plan) -> None:
         reader = work.pop()
         for n in reader.all_input_nodes:
             if plan.folded(n) and not _storable(n.meta.get("val")):
-                plan.runtime[n] = (Reason.DEPENDS_ON_KEPT, f"{reader.name} stays and reads its value, which is not a tensor")
+                plan.runtime[n] = (Reason.DEPENDS_ON_KEPT,
+                                   f"{reader.name} stays and reads its value, which is not a tensor")
                 work.append(n)
 
 
 def _keep_checks_of_runtime_values(plan: Plan, analysis: Analysis) -> None:
-    """A check (``_assert_tensor_metadata`` …) is evaluated at fold time only when every value it
-    reads is folded: a value that stays at runtime may be updated in place by a runtime op
-    before the check reads it, so the check stays with it."""
-    if not analysis.calls_any(lambda t: op_facts(t).kind is OpKind.ASSERTION):
-        return
+    """A check (``_assert_tensor_metadata``) reading a value that stays stays too: a runtime op
+    may update that value in place before the check reads it."""
     for n in plan.candidates:
         if analysis.is_check(n) and plan.folded(n):
             kept = next((i for i in n.all_input_nodes if i in plan.runtime), None)
@@ -390,14 +281,12 @@ def _finish(plan: Plan, analysis: Analysis) -> None:
     for n in reversed(plan.candidates):
         if plan.folded(n) or any(u in needed for u in n.users):
             needed.add(n)
-    if analysis.calls_any(may_call_probed):
-        plan.probed = {n for n in analysis.kind if n not in needed and is_probed(n)
-                       and any(analysis.is_constant(i) for i in n.all_input_nodes)}
+    plan.probed = {n for n in analysis.kind if n not in needed and is_probed(n)
+                   and any(analysis.is_constant(i) for i in n.all_input_nodes)}
     plan.evaluated = ([n for n in analysis.order if n in needed or n in plan.probed] if plan.probed
                       else [n for n in plan.candidates if n in needed])
-    plan.materialise = {
-        n for n in plan.evaluated if plan.folded(n) and not analysis.is_check(n) and _readers_outside(plan, n)
-    }
+    plan.materialise = {n for n in plan.evaluated
+                        if plan.folded(n) and not analysis.is_check(n) and any(not plan.folded(u) for u in n.users)}
     position = {n: i for i, n in enumerate(plan.evaluated)}
     last_update: dict[torch.fx.Node, int] = {}
     for root, muts in analysis.mutators.items():
@@ -405,11 +294,5 @@ def _finish(plan: Plan, analysis: Analysis) -> None:
         if root in position and updates:
             last_update[root] = max(updates)
     for n in plan.evaluated:
-        last = position[n]
-        for u in n.users:
-            if u in position and position[u] > last:
-                last = position[u]
-        root = analysis.class_of(n)
-        if root is not None and root in last_update:
-            last = max(last, last_update[root])
-        plan.release[n] = last
+        last = max([position[n]] + [position[u] for u in n.users if u in position])
+        plan.release[n] = max(last, last_update.get(analysis.class_of(n), -1))

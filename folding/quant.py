@@ -1,14 +1,10 @@
 """Quantize/dequantize vocabulary: which ops quantize or dequantize, and which values are still
-a dequantized constant (`dequantized_values`); read by the rule that keeps encodings
-(`plan._keep_encodings`), the report (`describe_encoding`) and `qnn.QnnPartitioner`.
+a dequantized constant.
 
 QNN reads a constant's encoding from the dequantize node that reads it
-(executorch/backends/qualcomm/_passes/annotate_quant_attrs.py and fold_qdq.py mark it
-``QCOM_BYPASS_NODE``); XNNPACK's partitioner likewise fuses a dequantize of a static weight
-into the quantized op. So a dequantize of a constant is never replaced by a float constant
-that a runtime op reads: the dequantize node stays with all its encoding arguments and its
-integer input is what gets stored. A dequantize that only the graph output reads carries no
-encoding for any op and folds to its float value.
+(executorch/backends/qualcomm/_passes/annotate_quant_attrs.py, fold_qdq.py); XNNPACK's
+partitioner likewise fuses a dequantize of a static weight into the quantized op. So a
+dequantize a runtime op reads stays, and its integer input is what gets stored.
 """
 
 from __future__ import annotations
@@ -23,40 +19,29 @@ from .ops import op_facts, packet_name
 from .torch_internals import schema_of
 
 # Op packets by dialect-free name (Edge ops resolve to the same names).
-QUANTIZE_OPS = frozenset(
-    {
-        "quantized_decomposed.quantize_per_tensor",  # .default, .tensor, .tensor2
-        "quantized_decomposed.quantize_per_channel",
-        "quantized_decomposed.quantize_per_channel_group",
-        "quantized_decomposed.quantize_per_token",
-        "torchao.quantize_affine",
-    }
-)
-DEQUANTIZE_OPS = frozenset(
-    {
-        "quantized_decomposed.dequantize_per_tensor",
-        "quantized_decomposed.dequantize_per_channel",
-        "quantized_decomposed.dequantize_per_channel_group",
-        "quantized_decomposed.dequantize_per_token",
-        "torchao.dequantize_affine",
-    }
-)
+QUANTIZE_OPS = frozenset({
+    "quantized_decomposed.quantize_per_tensor", "quantized_decomposed.quantize_per_channel",
+    "quantized_decomposed.quantize_per_channel_group", "quantized_decomposed.quantize_per_token",
+    "torchao.quantize_affine",
+})
+DEQUANTIZE_OPS = frozenset({
+    "quantized_decomposed.dequantize_per_tensor", "quantized_decomposed.dequantize_per_channel",
+    "quantized_decomposed.dequantize_per_channel_group", "quantized_decomposed.dequantize_per_token",
+    "torchao.dequantize_affine",
+})
 
 
-@functools.lru_cache(maxsize=4096)
 def is_quantize(target: Any) -> bool:
     return packet_name(target) in QUANTIZE_OPS
 
 
-@functools.lru_cache(maxsize=4096)
 def is_dequantize(target: Any) -> bool:
     return packet_name(target) in DEQUANTIZE_OPS
 
 
 # Ops that only move, select, repeat or cast elements (besides every view op, found from its
-# schema): their result is still "the dequantized weight", so storing it would store the
-# weight as floats without its encoding. Arithmetic ops (linear, add, mul ...) make new values
-# that carry no encoding; folding them is ordinary folding.
+# schema): their result is still "the dequantized weight". Arithmetic ops make new values that
+# carry no encoding.
 DATA_MOVEMENT_OPS = frozenset(
     {
         "aten.clone", "aten._to_copy", "aten.to", "aten.contiguous", "aten.cat", "aten.stack",
@@ -76,9 +61,7 @@ DATA_MOVEMENT_OPS = frozenset(
 def keeps_dequantized_value(target: Any) -> bool:
     """True for view, copy and cast ops (`DATA_MOVEMENT_OPS` plus schema-declared views): their
     result is still a dequantized value when their input is one."""
-    if target is operator.getitem:
-        return True
-    if packet_name(target) in DATA_MOVEMENT_OPS:
+    if target is operator.getitem or packet_name(target) in DATA_MOVEMENT_OPS:
         return True
     facts = op_facts(target)
     return facts.aliased_position is not None and not facts.mutated_positions
@@ -86,13 +69,11 @@ def keeps_dequantized_value(target: Any) -> bool:
 
 def dequantized_values(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
     """The nodes among `nodes` (graph order) whose value is a dequantized constant: a dequantize,
-    or a view/copy/cast of one. Storing any of them would store the weight as floats instead of
-    integers with an encoding."""
+    or a float view/copy/cast of one."""
     dq: set[torch.fx.Node] = set()
     for n in nodes:
-        if is_dequantize(n.target):
-            dq.add(n)
-        elif keeps_dequantized_value(n.target) and any(i in dq for i in n.all_input_nodes) and is_float(n):
+        if is_dequantize(n.target) or (keeps_dequantized_value(n.target) and is_float(n)
+                                       and any(i in dq for i in n.all_input_nodes)):
             dq.add(n)
     return dq
 
@@ -102,10 +83,8 @@ def describe_encoding(node: torch.fx.Node, rename: Callable[[str], str] = lambda
     quant_min=-127, quant_max=127, dtype=torch.int8) reads b__frozen_param0`` — for the report."""
     schema = schema_of(node.target)
     names = [a.name for a in schema.arguments] if schema is not None else []
-    parts = []
-    for i, a in enumerate(node.args[1:], start=1):
-        label = names[i] if i < len(names) else f"arg{i}"
-        parts.append(f"{label}={_fmt(a, rename)}")
+    parts = [f"{names[i] if i < len(names) else f'arg{i}'}={_fmt(a, rename)}"
+             for i, a in enumerate(node.args[1:], start=1)]
     parts += [f"{k}={_fmt(v, rename)}" for k, v in node.kwargs.items()]
     src = rename(node.args[0].name) if node.args and isinstance(node.args[0], torch.fx.Node) else "?"
     return f"{packet_name(node.target).split('.')[-1]}({', '.join(parts)}) reads {src}"
@@ -122,6 +101,4 @@ def _fmt(v: Any, rename: Callable[[str], str]) -> str:
 def is_float(n: torch.fx.Node) -> bool:
     """`n`'s value is a floating-point tensor (True when its dtype is unknown: conservative)."""
     val = n.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return val.dtype.is_floating_point
-    return True  # unknown: be conservative and treat it as a float value
+    return not isinstance(val, torch.Tensor) or val.dtype.is_floating_point

@@ -1,17 +1,13 @@
 """Data-dependent symbols that folding resolves: ``item()`` of a constant, ``nonzero`` of one.
 
-torch.export gives such a value an unbacked symbol (``u0``): ``table[idx]`` with a 0-d integer
-buffer ``idx`` exports as ``item`` + ``select.int(table, 0, u0)``, and until ``u0`` has a value
-the program cannot lower (``GuardOnDataDependentSymNode``). Folding evaluates the value; this
-module binds each symbol to what evaluation gave, recomputes the ``meta["val"]`` of the nodes
-left in the program that mention a bound symbol, and drops the bound symbols' range
-constraints.
+torch.export gives such a value an unbacked symbol (``u0``), with which the program cannot lower
+(``GuardOnDataDependentSymNode``). This module binds each symbol to the evaluated value,
+recomputes the ``meta["val"]`` of the nodes that mention one, and drops its range constraints.
 """
 
 from __future__ import annotations
 
 import logging
-import operator
 from typing import Any, Mapping
 
 import sympy
@@ -26,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.fx.node import map_arg
 
 from .torch_internals import is_unbacked_symbol
+from .values import SYM_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +31,7 @@ def bindings(node: torch.fx.Node, value: Any) -> dict[sympy.Symbol, Any]:
     """The symbols of `node`'s ``meta["val"]`` that `value` (its folded value) fixes."""
     val = node.meta.get("val")
     out: dict[sympy.Symbol, Any] = {}
-    if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
-        return out  # static sizes fix no symbol
-    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and isinstance(value, (int, float, bool)):
+    if isinstance(val, SYM_TYPES) and isinstance(value, (int, float, bool)):
         if isinstance(val.node.expr, sympy.Symbol):
             out[val.node.expr] = value
     elif isinstance(val, torch.Tensor) and isinstance(value, torch.Tensor) and val.dim() == value.dim():
@@ -46,14 +41,9 @@ def bindings(node: torch.fx.Node, value: Any) -> dict[sympy.Symbol, Any]:
     return out
 
 
-
-
 def has_symbols(val: Any) -> bool:
-    """Whether `val` (a ``meta["val"]``: tensor, SymInt or a list of them) has a free symbol
-    in its sizes, strides or storage offset. torch's ``has_free_symbols``, answered without a
-    walk over the sizes for a tensor whose sizes and strides are plain ints (torch keeps that
-    flag on every tensor: ``has_symbolic_sizes_strides``), which is every tensor of a static
-    program; the walk costs as much as evaluating a small op."""
+    """Whether `val` (a ``meta["val"]``: tensor, SymInt or a list of them) has a free symbol:
+    torch's ``has_free_symbols``, without its walk over a tensor whose sizes are plain ints."""
     if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
         return False
     return has_free_symbols(val)
@@ -61,32 +51,21 @@ def has_symbols(val: Any) -> bool:
 
 def _symbols_of(val: Any) -> set:
     if isinstance(val, (list, tuple)):
-        return set().union(*(_symbols_of(v) for v in val)) if val else set()
-    if isinstance(val, torch.Tensor) and not has_symbolic_sizes_strides(val):
-        return set()
-    if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return set().union(*(_symbols_of(v) for v in val))
+    if isinstance(val, SYM_TYPES) or isinstance(val, torch.Tensor) and has_symbolic_sizes_strides(val):
         return free_symbols(val)
     return set()
 
 
-def _is_unbacked(symbol) -> bool:
-    return is_unbacked_symbol(symbol)
-
-
 def input_symbols(val: Any) -> list[str]:
-    """The free symbols of `val` (a ``meta["val"]``: tensor, SymInt or a list of them) that are
-    not data-dependent: the sizes of a dynamic input (``s77`` of ``Dim("b", min=2, max=8)``),
-    which only a runtime call fixes. Sorted names; empty for a static value, for a symbol that
-    export or ``to_edge`` specialised (a SymInt whose expression is a constant), and for
-    unbacked symbols (evaluation fixes those: `bindings`)."""
-    return sorted(str(s) for s in _symbols_of(val) if not _is_unbacked(s))
+    """The sorted names of the free symbols of `val` (a ``meta["val"]``) that are not
+    data-dependent: the sizes of a dynamic input (``s77``), which only a runtime call fixes."""
+    return sorted(str(s) for s in _symbols_of(val) if not is_unbacked_symbol(s))
 
 
 def concrete_ints(sizes) -> list[int]:
-    """`sizes` (a shape or strides from ``meta["val"]``) as Python ints, for a real tensor.
-    A SymInt whose expression is a constant (specialised: ``to_edge`` keeps SymInt objects for
-    a dimension it fixed to 2) is its value; aten's kernels accept only ints ("SymIntArrayRef
-    expected to contain only concrete integers").
+    """`sizes` (a shape or strides from ``meta["val"]``) as Python ints, for a real tensor: a
+    SymInt whose expression is a constant (``to_edge`` keeps some) is its value.
 
     Raises:
         TypeError: a size has a free symbol (callers check `input_symbols` first)."""
@@ -101,8 +80,8 @@ def concrete_ints(sizes) -> list[int]:
 
 
 def hinted_ints(sizes) -> list[int]:
-    """`sizes` (a shape, strides, or a scalar in a list, from ``meta["val"]``) as Python ints,
-    a symbolic size as its hint: the size of the example inputs export traced with.
+    """`sizes` (from ``meta["val"]``) as Python ints, a symbolic size as its hint (the size of
+    the example inputs export traced with).
 
     Raises:
         TypeError: a size is a data-dependent symbol with no hint (``u0``)."""
@@ -113,33 +92,26 @@ def hinted_ints(sizes) -> list[int]:
 
 
 def refresh_meta(graph: torch.fx.Graph, symbols: Mapping[sympy.Symbol, Any], fake_mode) -> int:
-    """When folding fixed some data-dependent symbols, recompute in graph order the
-    ``meta["val"]`` of every call_function node that mentions a data-dependent symbol (a bound
-    one, or one derived from it such as the length of ``x[:u0]``), from its arguments' (already
-    refreshed) values under `fake_mode`. A node that still defines a data-dependent symbol of
-    its own (``unbacked_bindings``: ``item()`` of a runtime tensor) keeps its value; one that no
-    longer does (``x[:u0]`` once ``u0`` is 3) loses its bindings. Returns the number of nodes
-    refreshed; a node whose op cannot run on fake tensors keeps its value."""
+    """When folding bound some data-dependent symbols, recompute in graph order, under
+    `fake_mode`, the ``meta["val"]`` of every call_function node that mentions one. A node that
+    still defines a symbol of its own (``item()`` of a runtime tensor) keeps its value; one that
+    no longer does (``x[:u0]`` once ``u0`` is 3) loses its ``unbacked_bindings``. Returns the
+    number of nodes refreshed; a node whose op cannot run on fake tensors keeps its value."""
     if not symbols:
         return 0
     refreshed = 0
     for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        if not any(_is_unbacked(s) for s in _symbols_of(node.meta.get("val"))):
+        if node.op != "call_function" or not any(is_unbacked_symbol(s) for s in _symbols_of(node.meta.get("val"))):
             continue
         args, kwargs = map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
         try:
             with fake_mode:
-                if node.target is operator.getitem:
-                    new = args[0][args[1]]
-                else:
-                    new = node.target(*args, **kwargs)
+                new = node.target(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the value is metadata; the verifier has the last word
             logger.info("cannot recompute meta of %s: %s", node.name, e)
             continue
         if node.meta.get("unbacked_bindings"):
-            if any(_is_unbacked(s) for s in _symbols_of(new)):
+            if any(is_unbacked_symbol(s) for s in _symbols_of(new)):
                 continue  # still data-dependent at runtime: keep the symbols export gave it
             del node.meta["unbacked_bindings"]
         node.meta["val"] = new
@@ -148,17 +120,15 @@ def refresh_meta(graph: torch.fx.Graph, symbols: Mapping[sympy.Symbol, Any], fak
 
 
 def drop_bound_ranges(range_constraints: dict, symbols: Mapping[sympy.Symbol, Any], graph: torch.fx.Graph) -> dict:
-    """`range_constraints` without the entries of bound symbols, nor of data-dependent
-    (unbacked) symbols that no node of `graph` mentions any more. A static program (no
-    constraint) reads no node."""
+    """`range_constraints` without the entries of bound symbols, nor of unbacked symbols that no
+    node of `graph` mentions any more."""
     if not range_constraints:
         return range_constraints
-    mentioned: set = set()
-    for node in graph.nodes:
-        mentioned |= _symbols_of(node.meta.get("val"))
+    mentioned = set().union(*(_symbols_of(node.meta.get("val")) for node in graph.nodes))
 
     def dead(key) -> bool:
         syms = getattr(key, "free_symbols", set())
-        return bool(syms & symbols.keys()) or bool(syms) and all(_is_unbacked(s) and s not in mentioned for s in syms)
+        return bool(syms & symbols.keys()) or bool(syms) and all(
+            is_unbacked_symbol(s) and s not in mentioned for s in syms)
 
     return {k: v for k, v in range_constraints.items() if not dead(k)}

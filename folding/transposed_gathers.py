@@ -1,28 +1,18 @@
 """Gathers from a stored matrix rewritten to read its transpose, so the transpose folds in place.
 
-A tied embedding (LLMs) stores one matrix ``W`` (V×H) read by an ``embedding`` (rows of ``W``)
-and, in Edge dialect, by the ``permute_copy(W, [1, 0])`` of ``linear``'s decomposition.
-Folding that permute stores ``Wᵀ`` beside ``W`` (the embedding still reads ``W``): when the
-growth budget declines it, every call copies all of ``W`` instead (executorch's
-``constant_prop_pass`` folds it and stores both). Here the gathers read ``Wᵀ``::
+A tied embedding stores one matrix ``W`` (V×H) read by an ``embedding`` and by the
+``permute_copy(W, [1, 0])`` of ``linear``. Folding the permute stores ``Wᵀ`` beside ``W``;
+when the growth budget declines that, every call copies ``W`` instead. Here the gathers read
+``Wᵀ``::
 
     embedding(W, ids)        ->  view(permute_copy(index_select(Wᵀ, 1, view(ids, [-1])), [1, 0]), [*ids.shape, H])
     index_select(W, 0, idx)  ->  permute_copy(index_select(Wᵀ, 1, idx), [1, 0])
 
-which gather the same rows (columns of ``Wᵀ``) and transpose only the gathered N×H slice.
-The transpose is ``permute_copy`` in both dialects, so the result is contiguous like the
-gather it replaces (same strides in ``meta["val"]``): an ATen ``permute`` would give a view
-of other strides, on which a later dims-merging ``view`` raises (issue 52).
-``W`` is then read only through its transpose, which folds into a lifted constant of the same
-bytes, and ``W`` goes: the program stores ``Wᵀ`` instead of ``W``, and no call copies it.
-
-Applied only when it pays: the budget does not fit a second copy of ``W``, the policy does
-not skip the transpose's op, and every gather index has a static shape. ``max_tensor_bytes``
-does not hold the transpose back: it replaces a stored tensor of its own size, so no byte is
-materialised beyond what the program stored (`plan.make_plan`'s ``cap_exempt``). The same
-holds for the transpose of any stored matrix that only transposes read (Edge's ``permute_copy``
-of a ``linear`` weight): kept for its size, it would copy the weight on every call, where
-``constant_prop_pass`` folds it.
+so ``W`` is read only through its transpose, which folds: the program stores ``Wᵀ`` instead of
+``W``. ``permute_copy`` keeps the gather's contiguous strides (a later ``view`` needs them).
+Applied when the budget does not fit a second ``W``, the policy does not skip the transpose,
+and every gather index has a static shape. A transpose that replaces a matrix only transposes
+read is exempt from ``max_tensor_bytes`` (`plan.make_plan`'s ``cap_exempt``): no byte more.
 """
 
 from __future__ import annotations
@@ -34,8 +24,8 @@ from typing import Optional
 import torch
 from torch.export import ExportedProgram
 
+from .dialect import dialect_op
 from .errors import FoldInternalError
-from .executorch_internals import edge_ops
 from .hops import copy_uncompiled
 from .names import keep_name, reserve_node_names, unique_name
 from .ops import op_name, packet_name
@@ -50,31 +40,17 @@ _TRANSPOSES = {"aten.permute.default", "aten.permute_copy.default", "aten.t.defa
 _GATHERS = {"aten.embedding.default", "aten.index_select.default"}
 
 
-@dataclass(frozen=True)
-class _Ops:
-    """The program dialect's index_select, transpose (``permute_copy``: a contiguous result) and view."""
-
-    index_select: object
-    permute: object
-    view: object
-
-
-def _ops(program: ExportedProgram) -> _Ops:
-    if getattr(program, "dialect", "ATEN") != "EDGE":
-        aten = torch.ops.aten
-        return _Ops(aten.index_select.default, aten.permute_copy.default, aten.view.default)
-    edge = edge_ops().edge.aten
-    return _Ops(edge.index_select.default, edge.permute_copy.default, edge.view_copy.default)
-
-
 def _is_transpose(node: torch.fx.Node, w: torch.fx.Node) -> bool:
-    """`node` is the 2-D transpose of `w` (``t``, ``transpose(0, 1)``, ``permute([1, 0])``)."""
+    """`node` is the 2-D transpose of `w` (``t``, ``transpose`` of both dims in either order,
+    ``permute([1, 0])``)."""
     if node.op != "call_function" or op_name(node.target) not in _TRANSPOSES or node.args[0] is not w:
         return False
-    if packet_name(node.target) in ("aten.t", "aten.t_copy"):
+    packet = packet_name(node.target)
+    if packet in ("aten.t", "aten.t_copy"):
         return True
-    dims = node.args[1] if "permute" in packet_name(node.target) else node.args[1:3]
-    return sorted(d % 2 for d in dims) == [0, 1] and [d % 2 for d in dims] == [1, 0]
+    if "permute" in packet:
+        return [d % 2 for d in node.args[1]] == [1, 0]
+    return sorted(d % 2 for d in node.args[1:3]) == [0, 1]
 
 
 def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
@@ -89,19 +65,15 @@ def _is_gather(node: torch.fx.Node, w: torch.fx.Node) -> bool:
 
 
 def _candidates(program: ExportedProgram, specs: dict, policy: FoldPolicy, budget: Optional[int]) -> list[tuple]:
-    """``(w, transposes, gathers)`` for each stored 2-D matrix of `specs` (the unchanging
-    ones) read only by transposes and row gathers, of both kinds, whose second copy the budget
-    does not fit."""
+    """``(w, transposes, gathers)`` for each unchanging stored 2-D matrix read only by transposes
+    and row gathers, of both kinds, whose second copy the budget does not fit."""
+    if budget is None:
+        return []
     skip = policy.skip_names()
     out = []
     for w in program.graph.find_nodes(op="placeholder"):
-        spec = specs.get(w.name)
-        if spec is None:
-            continue
-        value = stored_tensor(spec, program.state_dict, program.constants)
-        if not isinstance(value, torch.Tensor) or value.dim() != 2:
-            continue
-        if budget is None or nbytes(value) <= budget:
+        value = stored_tensor(specs[w.name], program.state_dict, program.constants) if w.name in specs else None
+        if not isinstance(value, torch.Tensor) or value.dim() != 2 or nbytes(value) <= budget:
             continue
         transposes = [u for u in w.users if _is_transpose(u, w)]
         gathers = [u for u in w.users if _is_gather(u, w)]
@@ -114,16 +86,13 @@ def _candidates(program: ExportedProgram, specs: dict, policy: FoldPolicy, budge
 
 
 def _sole_transposes(program: ExportedProgram, specs: dict) -> set[str]:
-    """Names of the transposes of the stored matrices of `specs` (the unchanging ones) that
-    only transposes read (Edge's ``permute_copy`` of every ``linear`` weight): folding them
-    replaces the matrix by its transpose, bytes for bytes."""
+    """Names of the transposes of unchanging stored matrices that only transposes read (Edge's
+    ``permute_copy`` of a ``linear`` weight): folding them replaces the matrix, bytes for bytes."""
     out: set[str] = set()
     for w in program.graph.find_nodes(op="placeholder"):
-        spec = specs.get(w.name)
-        if spec is None or not w.users:
-            continue
         val = w.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.dim() == 2 and all(_is_transpose(u, w) for u in w.users):
+        if (w.name in specs and w.users and isinstance(val, torch.Tensor) and val.dim() == 2
+                and all(_is_transpose(u, w) for u in w.users)):
             out.update(u.name for u in w.users)
     return out
 
@@ -135,9 +104,8 @@ class Rewrite:
     Attributes:
         program: the rewritten copy, or the program itself when nothing applied.
         notes: one line per rewritten gather, for the report (`FoldReport.rewrites`).
-        transposes: names of the transposes that replace their matrix when folded, because
-            only transposes read it (after the rewrite, or already): exempt from
-            ``max_tensor_bytes``, as they store no byte more.
+        transposes: names of the transposes that replace their matrix when folded, exempt
+            from ``max_tensor_bytes``.
     """
 
     program: ExportedProgram
@@ -155,18 +123,17 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
 
     Returns:
         A `Rewrite`: a copy of `program` (the graph copied; tensors, signature and bodies
-        shared), or `program` itself when nothing applies. The copy is the attempt's own:
-        `returned_dequantizes` and `bodies` edit it in place, and `lift` reads it
-        (`fold._prepare`); its graph compiles on first use only.
+        shared), or `program` itself when nothing applies.
     """
     specs = unchanging_before_probes(program)
+    transposes = _sole_transposes(program, specs)
     found = _candidates(program, specs, policy, policy.growth_budget(bytes_before))
     if not found:
-        return Rewrite(program, (), frozenset(_sole_transposes(program, specs)))
-
+        return Rewrite(program, (), frozenset(transposes))
     gm, env = copy_uncompiled(program.graph_module)
     reserve_node_names(gm)
-    ops, notes, transposes = _ops(program), [], _sole_transposes(program, specs)
+    ops = [dialect_op(program, f"aten.{name}.default") for name in ("index_select", "permute_copy", "view")]
+    notes = []
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for w, readers, gathers in found:
         transposes.update(t.name for t in readers)
@@ -179,14 +146,13 @@ def read_through_transposes(program: ExportedProgram, policy: FoldPolicy, bytes_
     return Rewrite(program_with(program, graph_module=gm), tuple(notes), frozenset(transposes))
 
 
-def _rewrite(graph: torch.fx.Graph, gather: torch.fx.Node, transpose: torch.fx.Node, ops: _Ops) -> None:
-    """Replace `gather` by the gather of the same rows from `transpose`, transposed back; the
-    last new node takes `gather`'s name (an output spec may name it) and has its shape,
-    dtype and strides.
+def _rewrite(graph: torch.fx.Graph, gather: torch.fx.Node, transpose: torch.fx.Node, ops: list) -> None:
+    """Replace `gather` by the gather of the same rows from `transpose`, transposed back (`ops`:
+    the dialect's index_select, permute_copy, view); the last new node takes `gather`'s name.
 
     Raises:
         FoldInternalError: the replacement's ``meta["val"]`` differs from `gather`'s in shape,
-            dtype or strides (a bug here: a later ``view`` or a .pte's memory plan assumes them).
+            dtype or strides.
     """
     embedding = op_name(gather.target) == "aten.embedding.default"
     index = gather.args[1] if embedding else gather.args[2]
@@ -202,12 +168,13 @@ def _rewrite(graph: torch.fx.Graph, gather: torch.fx.Node, transpose: torch.fx.N
             node.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
         return node
 
+    index_select, permute, view = ops
+    reshape = embedding and len(shape) != 1
     with graph.inserting_before(gather):
-        flat = add(ops.view, (index, [-1]), f"{index.name}_flat") if embedding and len(shape) != 1 else index
-        columns = add(ops.index_select, (transpose, 1, flat), f"{gather.name}_columns")
-        rows = add(ops.permute, (columns, [1, 0]), f"{gather.name}_rows")
-        out = add(ops.view, (rows, shape + [rows.meta["val"].shape[1]]), f"{gather.name}_view") \
-            if embedding and len(shape) != 1 else rows
+        flat = add(view, (index, [-1]), f"{index.name}_flat") if reshape else index
+        columns = add(index_select, (transpose, 1, flat), f"{gather.name}_columns")
+        rows = add(permute, (columns, [1, 0]), f"{gather.name}_rows")
+        out = add(view, (rows, shape + [rows.meta["val"].shape[1]]), f"{gather.name}_view") if reshape else rows
     old, new = gather.meta["val"], out.meta["val"]
     if (old.shape, old.dtype, old.stride()) != (new.shape, new.dtype, new.stride()):
         raise FoldInternalError(

@@ -1,22 +1,10 @@
 """Which stored inputs have the same value at every call: the one rule every stage and rewrite
-that reads a stored tensor's value at fold time asks (issue 52).
+that reads a stored tensor's value at fold time asks.
 
-A parameter, buffer or lifted constant changes between calls when the graph signature writes
-it back (a ``BUFFER_MUTATION`` / ``PARAMETER_MUTATION`` output: `signature.mutated_targets`,
-what ``run_decompositions``/``to_edge`` give) or when an op of the graph writes it in place,
-directly or through a view (torch 2.14's training IR keeps ``fill_``, ``copy_``, ``add_``,
-``index_put_``, ``out=`` variants, a view's in-place op on the placeholder itself: the
-signature does not say so), or inside the body of a control-flow call that passes it
-(``with torch.no_grad(): self.w.mul_(0.5)`` is a ``wrap_with_set_grad_enabled`` whose body
-writes ``w``). The in-place writes are the graph's alias classes (`alias_classes`, the
-analysis' own: `analysis.Analysis.mutators`) with the writes a caller knows beyond the op
-tables (``extra_writes``).
-
-Custom ops may write an input their schema does not declare; evaluation learns that by
-probing them (`plan.Plan.probed`), after the rewrites of prepare and before the inlining of a
-``cond``. `unchanging_before_probes` is the rule for a decision made without the probes: a
-custom op (`ops.is_probed`), or a control-flow call whose bodies call one, is taken to write
-every tensor it reads (`hops.unprobed_writes`).
+A parameter, buffer or lifted constant changes between calls when the signature writes it back
+(`signature.mutated_targets`), or an op writes it in place, directly, through a view, or in the
+body of a control-flow call that passes it (``with torch.no_grad(): self.w.mul_(0.5)``): the
+graph's alias classes (`alias_classes`), which the signature does not show.
 """
 
 from __future__ import annotations
@@ -37,8 +25,8 @@ Writes = Mapping[torch.fx.Node, Iterable[torch.fx.Node]]
 
 def alias_classes(nodes: Iterable[torch.fx.Node], kind: Optional[Mapping[torch.fx.Node, OpKind]] = None,
                   extra_writes: Optional[Writes] = None) -> tuple[dict, dict, dict]:
-    """The alias classes of `nodes` (a graph's nodes, in graph order): one pass, and one over
-    each body of a control-flow call (nested ones included).
+    """The alias classes of `nodes` (a graph's nodes, in graph order), bodies of control-flow
+    calls included.
 
     Args:
         kind: `OpKind` per call_function node (computed when None).
@@ -47,11 +35,9 @@ def alias_classes(nodes: Iterable[torch.fx.Node], kind: Optional[Mapping[torch.f
     Returns:
         ``(alias_root, mutators, writes)``: the root node of every aliasing op's value (views,
         in-place ops, getitems of them); per alias root, the ops that update it in place, in
-        graph order; per writing op, the input nodes it writes: schema-declared writes, the
-        known undeclared ones of `ops.written_arg_positions`, `extra_writes`, and, for a
-        control-flow call whose bodies write one of their placeholders in place (``with
-        torch.no_grad(): self.w.mul_(0.5)`` is a ``wrap_with_set_grad_enabled`` whose body
-        writes ``w``), every operand it passes (`_bodies_write_operands`).
+        graph order; per writing op, the inputs it writes (`ops.written_arg_positions`,
+        `extra_writes`, and every operand of a control-flow call whose bodies write one of
+        their placeholders).
     """
     return _alias_classes(nodes, kind, extra_writes or {}, {})
 
@@ -85,11 +71,9 @@ def _alias_classes(nodes, kind, extra_writes, memo: dict[int, bool]) -> tuple[di
 
 
 def _bodies_write_operands(node: torch.fx.Node, memo: dict[int, bool]) -> list[torch.fx.Node]:
-    """The operands of the control-flow call `node` (not its bodies' ``get_attr``s) when one of
-    its bodies writes one of its own placeholders in place (directly, through a view, or by a
-    control-flow call of its own), else none. Every operand, not only the written one's: which
-    operand feeds which placeholder differs per higher-order op, and a written operand kept
-    at runtime too many costs folding, not a right value. `memo`: per body, by ``id``."""
+    """The operands of the control-flow call `node` (not ``get_attr``s) when one of its bodies
+    writes one of its placeholders, else none. Every operand: which operand feeds which
+    placeholder differs per higher-order op, and one kept too many costs only folding."""
     for _, body in bodies(node):
         if id(body) not in memo:
             memo[id(body)] = False
@@ -103,9 +87,8 @@ def _bodies_write_operands(node: torch.fx.Node, memo: dict[int, bool]) -> list[t
 def unchanging_stored_specs(graph: torch.fx.Graph, signature: ExportGraphSignature,
                             extra_writes: Optional[Writes] = None) -> dict[str, InputSpec]:
     """{placeholder name: InputSpec} of the parameters, buffers and lifted constants of `graph`
-    (a program's top-level graph) whose value is the same at every call: neither written back
-    by `signature` nor written in place by an op of `graph` or one of `extra_writes`, directly
-    or through a view (module docstring). One pass over the nodes."""
+    (a top-level graph) neither written back by `signature` nor written in place by an op of
+    `graph` or `extra_writes`."""
     specs = input_specs_by_name(signature)
     mutated = mutated_targets(signature)
     _, mutators, _ = alias_classes(graph.nodes, extra_writes=extra_writes)
@@ -115,9 +98,8 @@ def unchanging_stored_specs(graph: torch.fx.Graph, signature: ExportGraphSignatu
 
 
 def unchanging_before_probes(program: ExportedProgram) -> dict[str, InputSpec]:
-    """`unchanging_stored_specs` of `program`'s top-level graph for a decision made without
-    evaluation's probes (prepare's rewrites, inlining a ``cond``, QNN's partition fold): a
-    custom op, or a control-flow call whose bodies call one, is taken to write every tensor
-    it reads (`hops.unprobed_writes`), since what it writes is learnt only by running it."""
+    """`unchanging_stored_specs` for a decision made before evaluation probes custom ops
+    (prepare's rewrites, inlining a ``cond``, QNN's partition fold): a custom op, or a
+    control-flow call whose bodies call one, is taken to write every tensor it reads."""
     graph = program.graph
     return unchanging_stored_specs(graph, program.graph_signature, unprobed_writes(graph, in_body=True))

@@ -19,11 +19,8 @@ def holds_tensors(val: Any) -> bool:
     results of multi-output ops, which `getitem` nodes read); what folding can store."""
     if isinstance(val, torch.Tensor):
         return True
-    if isinstance(val, (list, tuple)) and val:
-        return all(v is None or isinstance(v, torch.Tensor) for v in val) and any(
-            isinstance(v, torch.Tensor) for v in val
-        )
-    return False
+    return (isinstance(val, (list, tuple)) and all(v is None or isinstance(v, torch.Tensor) for v in val)
+            and any(isinstance(v, torch.Tensor) for v in val))
 
 
 def tensors_in(val: Any) -> list[torch.Tensor]:

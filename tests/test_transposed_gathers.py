@@ -306,3 +306,25 @@ def test_a_tied_matrix_the_graph_writes_is_not_rewritten(before):
     result = fold_constants(ep)
     assert_same_over_calls(ep, result.program, (ids,))
     assert result.report.rewrites == []
+
+
+@pytest.mark.parametrize("dims", [(0, 1), (-2, -1), (1, 0)])
+def test_a_transpose_of_either_dim_order_is_read_through(dims):
+    """``w.transpose(0, 1)`` is the same 2-D transpose as ``w.transpose(1, 0)``: the gathers read
+    it and the matrix is stored once, whichever order names the two dims."""
+
+    class TiedTranspose(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(5000, 64)
+
+        def forward(self, ids):
+            return torch.tanh(self.emb(ids)) @ self.emb.weight.transpose(*dims)
+
+    ids = torch.randint(0, 5000, (2, 6))
+    ep = export(TiedTranspose().eval(), (ids,))
+    result = fold_constants(ep)
+    assert len(result.report.rewrites) == 1, result.report.rewrites
+    assert "p_emb_weight" in result.report.removed_placeholders
+    assert stored_constant_bytes(result.program) <= stored_constant_bytes(ep)
+    _check_against_unfolded(ep, result, 5000, (2, 6), 3)
