@@ -215,6 +215,71 @@ def same_fingerprint(a: tuple, b: tuple) -> Optional[str]:
     return None
 
 
+def tensor_record(t: torch.Tensor) -> tuple:
+    """What makes two stored tensors the same (docs/design.md invariant 8): type, dtype, shape,
+    strides, storage offset and the bytes of its elements (row-major; a NaN's payload and the
+    sign of a zero included); a wrapper subclass (torchao's) by its inner tensors."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    t = t.detach()
+    if is_traceable_wrapper_subclass(t):
+        names = t.__tensor_flatten__()[0]
+        return (type(t).__name__, t.dtype, tuple(t.shape), tuple((n, tensor_record(getattr(t, n))) for n in names))
+    flat = t.as_subclass(torch.Tensor).contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return (type(t).__name__, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(), data)
+
+
+def program_record(ep, report=None) -> dict:
+    """A fold's result as data, for comparing two folds of one program (invariant 8): the code of
+    every GraphModule (the bodies of its control flow too), the graph signature, the stored
+    tensors of ``state_dict``, ``constants`` and every GraphModule's attributes (`tensor_record`),
+    and the report's ``to_dict()`` without its timings."""
+    from tests.invariants import graph_module_attributes
+
+    modules = [(name, m) for name, m in ep.graph_module.named_modules() if isinstance(m, torch.fx.GraphModule)]
+    attributes = {f"{name}.{a}": t for name, m in modules for a, t in graph_module_attributes(m).items()
+                  if isinstance(t, torch.Tensor)}
+    record = {
+        "code": [(name, m.code) for name, m in modules],
+        "input specs": list(ep.graph_signature.input_specs),
+        "output specs": list(ep.graph_signature.output_specs),
+        "state_dict": {k: tensor_record(v) for k, v in ep.state_dict.items() if isinstance(v, torch.Tensor)},
+        "constants": {k: tensor_record(v) for k, v in ep.constants.items() if isinstance(v, torch.Tensor)},
+        "GraphModule tensors": {k: tensor_record(v) for k, v in attributes.items()},
+    }
+    if report is not None:
+        record["report"] = {k: v for k, v in report.to_dict().items() if k != "timings_s"}
+    return record
+
+
+def record_difference(a: dict, b: dict) -> Optional[str]:
+    """What differs between two `program_record`s (the first difference of each part), or None."""
+    import difflib
+
+    for part in a:
+        x, y = a[part], b.get(part)
+        if x == y:
+            continue
+        if part == "code":
+            for (name, cx), (_, cy) in zip(x, y):
+                if cx != cy:
+                    diff = "".join(list(difflib.unified_diff(cx.splitlines(True), cy.splitlines(True), n=0))[2:14])
+                    return f"code of {name or 'the root'} differs:\n{diff}"
+            return f"GraphModules differ: {[n for n, _ in x]} vs {[n for n, _ in y]}"
+        if isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return f"{part} keys differ: {sorted(set(x) ^ set(y))}"
+            key = next(k for k in x if x[k] != y[k])
+            if part == "report":
+                return f"report[{key!r}] differs: {str(x[key])[:300]} vs {str(y[key])[:300]}"
+            what = ("type", "dtype", "shape", "strides", "storage offset", "bytes")
+            fields = [w for w, u, v in zip(what, x[key], y[key]) if u != v]
+            return f"{part}[{key!r}] differs: {', '.join(fields)} ({[u for u in x[key][:5]]} vs {[v for v in y[key][:5]]})"
+        return f"{part} differ: {str(x)[:300]} vs {str(y)[:300]}"
+    return None
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit equality (NaN equals the same NaN; `torch.equal` says NaN != NaN); a wrapper
     subclass (torchao's ``Int8Tensor``) compares its inner tensors."""
@@ -361,8 +426,14 @@ class Case:
         its own, value by value (``fusion-numerics``, tests/fusion_bounds.py)."""
         return self._fusion(ep).program
 
-    def _fusion_problem(self, ep) -> Optional[str]:
+    def _fusion_problem(self, ep) -> Optional[tuple[str, str]]:
+        """The first value the weight-fusion rewrite moved beyond its rounding bound
+        (``fusion-numerics``, tests/fusion_bounds.py), or whose zero signs or mixed-precision
+        batch norm it changed (``fusion-zero-sign``, ``fusion-mixed-precision``:
+        `rewrites.rewrite_problems`), as ``(check, message)``."""
         from tests.fusion_bounds import rewrite_problem
+
+        from .rewrites import rewrite_problems
 
         fusion = self._fusion(ep)
         if not fusion.replaced:
@@ -371,7 +442,9 @@ class Case:
         for inputs, label in runs:
             problem = rewrite_problem(ep, fusion.program, fusion.replaced, inputs)
             if problem:
-                return problem + label
+                return "fusion-numerics", problem + label
+            for check, problem in rewrite_problems(ep, fusion.program, fusion.replaced, inputs):
+                return check, problem + label
         return None
 
     def _unfolded(self, ep, inputs) -> Callable[[], Optional[list]]:
@@ -442,7 +515,7 @@ class Case:
             raise exception_kind(stage, "second fold", exc)
         self._check(stage, "nondeterministic", same_fingerprint(fingerprint(folded), fingerprint(again.program)))
         self._check_outputs(stage, ep, folded)
-        self._check(stage, "fusion-numerics", self._fusion_problem(ep))
+        self._check(stage, *(self._fusion_problem(ep) or ("fusion-numerics", None)))
         return result
 
     def _check(self, stage: str, check: str, problem: Optional[str]) -> None:
@@ -505,6 +578,70 @@ class Case:
         self.aten_result = self.fold_and_check("aten", self.ep)
         if any(op.family in ("undeclared_write", "subclass_weight", "body_writer") for op in self.p.ops):
             self._check_in_place_keeps_stored_tensors("aten")
+        if self.aten_result is not None:
+            self._check_second_fold()
+
+    def _check_second_fold(self) -> None:
+        """docs/design.md invariant 8: a fold is a function of the program alone, also when the
+        program is folded again later in the same process. The first result is run
+        (``.module()``, which shares its stored tensors, and the caller's where unchanged),
+        saved with ``torch.export.save`` and loaded (and the loaded program run), then the
+        caller's program is folded again: both folds must give the same code in every
+        GraphModule, the same signature, the same stored tensors (dtype, shape, strides, bytes)
+        and the same report (without timings). Stage ``second-fold``; the caller's stored
+        tensors the run wrote are restored first (by value: their version counters move on)."""
+        import io
+
+        stage = "second-fold"
+        first = self.aten_result
+        record = program_record(first.program, first.report)
+        stored = {k: t for k, t in {**self.ep.state_dict, **self.ep.constants}.items() if type(t) in (torch.Tensor, torch.nn.Parameter)}
+        values = {k: t.detach().clone() for k, t in stored.items()}
+        try:
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+                torch.manual_seed(0)
+                first.program.module()(*self.inputs)
+        except Exception:
+            pass  # a folded program that does not run fails `wrong-output` (module_on_copies runs the same module)
+        buffer = io.BytesIO()
+        try:
+            torch.export.save(first.program, buffer)
+            buffer.seek(0)
+            loaded = torch.export.load(buffer)
+        except Exception as exc:
+            if self._saves(self.ep):
+                raise exception_kind(stage, "save and load", exc)
+            self.notes.append(f"{stage}: not saved, the unfolded program does not save and load either: {type(exc).__name__}")
+        else:
+            try:
+                with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+                    torch.manual_seed(0)
+                    self._module(loaded)(*self.inputs)
+            except Exception:
+                pass  # the loaded program's outputs are not this check's (torch.export.load's own faults)
+        with torch.no_grad():
+            for k, t in stored.items():
+                if not same_bits(t, values[k]):
+                    t.copy_(values[k])
+        try:
+            second = self.fold_fn(self.ep, self.policy, inplace=False)
+        except Exception as exc:
+            raise exception_kind(stage, "fold", exc)
+        self._check(stage, "differs", record_difference(record, program_record(second.program, second.report)))
+
+    @staticmethod
+    def _saves(ep) -> bool:
+        """`ep` saves with ``torch.export.save`` and loads back."""
+        import io
+
+        buffer = io.BytesIO()
+        try:
+            torch.export.save(ep, buffer)
+            buffer.seek(0)
+            torch.export.load(buffer)
+        except Exception:
+            return False
+        return True
 
     def _check_in_place_keeps_stored_tensors(self, stage: str) -> None:
         """An in-place fold replaces the caller's program, but evaluation never writes a tensor
