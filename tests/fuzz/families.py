@@ -9,6 +9,7 @@ sliced or permuted, so every kept program can be exported with a dynamic batch d
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional
 
 import torch
@@ -1121,37 +1122,64 @@ def _special_batch_norm(g: Gen, source: str, c: int, dtype: torch.dtype, value: 
 
 def kept_random(g: Gen) -> Optional[Proposal]:
     """A random op kept at runtime (``torch.rand``, ``randn``, ``rand_like``, ``dropout`` in
-    training mode, ``bernoulli``) among constant subgraphs, all feeding ``linear``, ``stack``,
-    ``bmm``, ``cat`` or ``matmul`` (issue 62: such a folded program failed XNNPACK's
-    partitioner, "Invalid partition, found dependency cycles", where the unfolded program
-    lowered). Constant code: stored weights scaled, transposed, concatenated or stacked."""
+    training mode, ``bernoulli``) among constant subgraphs (stored weights scaled, transposed,
+    concatenated, stacked), and 2-5 ops reading them with a runtime value: ``linear`` (a
+    constant weight, or one the random op changes), ``stack``, ``bmm``, ``cat``, ``matmul``
+    (issue 62: such a folded program failed XNNPACK's partitioner, "Invalid partition, found
+    dependency cycles", where the unfolded program lowered)."""
     rng = g.rng
-    x = g.pick(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() in (2, 3) and u.ex.dim() - 1 in u.static_dims
+    x = g.pick(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.dim() - 1 in u.static_dims
                and u.ex.shape[-1] <= 8, "runtime")
     if x is None:
         return None
     k = g.v(x).ex.shape[-1]
-    n = rng.choice([2, 3, 4])
-    w1 = g.random_state((n, k), torch.float32, "parameter", "randn")
-    w2 = g.random_state((n, k), torch.float32, rng.choice(["parameter", "buffer"]), "randn")
-    const = rng.choice(["($0 * 2.0)", "$0.tanh()", "($0 + $1)", "torch.cat([$0[:1], $1[1:]])", "($0 - $1 * 0.5)"])
-    rand = rng.choice([f"torch.rand({n}, {k})", f"torch.randn({n}, {k})", "torch.rand_like($0)",
-                       "F.dropout($0, 0.5, training=True)", "torch.bernoulli(torch.full_like($0, 0.5))"])
-    steps: list = [(const, (w1, w2)), (rand, ("@0",) if "$0" in rand else ())]
-    combine = rng.choice(["($0 + $1)", "($0 * $1)", "torch.stack([$0, $1]).sum(0)", "torch.cat([$0, $1])[:{n}]",
-                          "torch.bmm(torch.stack([$0, $1]), torch.stack([$0, $1]).transpose(1, 2)).sum(0)[:, :1].expand({n}, {k})",
-                          "torch.stack([$0, $1]).mean(0)"]).replace("{n}", str(n)).replace("{k}", str(k))
-    steps.append((combine, ("@0", "@1")))
-    weight = "@2"
-    uses = [("F.linear($0, $1)", (x, weight)), ("F.linear($0, $1)", (x, "@0")),
-            ("torch.matmul($0, $1.t())", (x, weight)),
-            ("torch.stack([F.linear($0, $1), F.linear($0, $2)]).sum(0)", (x, "@0", weight))]
-    if g.v(x).ex.dim() == 3:
-        uses.append(("torch.bmm($0, $1.t().unsqueeze(0).expand($0.shape[0], -1, -1))", (x, weight)))
-    for use in rng.sample(uses, rng.choice([1, 2])):
-        steps.append(use)
-    if len(steps) > 4:
-        steps.append(("torch.cat([$0, $1], -1)", (f"@{len(steps) - 2}", f"@{len(steps) - 1}")))
+    n = rng.choice([k, 2, 3, 4])
+    steps: list = []
+    if g.v(x).ex.dim() != 2:
+        steps.append((f"$0.reshape(-1, {k})", (x,)))
+        x = "@0"
+    consts, randoms, runtime = [], [], [x]
+
+    def add(expr: str, inputs: tuple, into: Optional[list]) -> str:
+        steps.append((expr, inputs))
+        ref = f"@{len(steps) - 1}"
+        if into is not None:
+            into.append(ref)
+        return ref
+
+    for _ in range(rng.choice([1, 2, 2, 3])):  # constant subgraphs of shape (n, k)
+        w = g.random_state((n, k), torch.float32, rng.choice(["parameter", "parameter", "buffer"]), "randn")
+        form = rng.choice(["($0 * 2.0)", "$0.tanh()", "$0", "($0 + $1)", "torch.cat([$0[:1], $1[1:]])",
+                           "torch.stack([$0, $1]).sum(0)", "$0.t().t().contiguous()"])
+        inputs = (w, consts[-1]) if "$1" in form and consts else (w, w) if "$1" in form else (w,)
+        add(form, inputs, consts)
+    for _ in range(rng.choice([1, 1, 2])):  # random ops of shape (n, k), kept at runtime
+        form = rng.choice([f"torch.rand({n}, {k})", f"torch.randn({n}, {k})", "torch.rand_like($0)",
+                           "F.dropout($0, 0.5, training=True)", "torch.bernoulli(torch.full_like($0, 0.5))",
+                           "($0 + torch.randn_like($0) * 0.01)"])
+        add(form, (rng.choice(consts),) if "$0" in form else (), randoms)
+    for _ in range(rng.randint(2, 6)):
+        c, r, y = rng.choice(consts), rng.choice(randoms), rng.choice(runtime)
+        use = rng.choice([
+            # values of shape (n, k) that read the random op, kept at runtime with it
+            ("F.relu($0)", (r,), randoms), ("torch.stack([$0, $1]).sum(0)", (r, c), randoms),
+            ("torch.cat([$1, $0], 0)[:{n}]", (r, c), randoms), ("($0 * $1)", (r, c), randoms),
+            # linears with a constant weight, of the input or of those values
+            ("F.linear($0, $1)", (y, c), None), ("F.linear($0, $1)", (r, c), None),
+            ("F.linear($0, $1 + $2)", (y, c, r), None), ("F.linear($0, $1, $2.sum(1))", (y, c, r), None),
+            ("torch.bmm(torch.stack([$1, $2]), $0.t().unsqueeze(0).expand(2, -1, -1)).sum(0).t()", (y, c, r), None),
+            ("torch.bmm(torch.stack([$1, $2]), torch.stack([$2, $1]).transpose(1, 2)).sum(0)", (y, c, r), None),
+            ("torch.matmul($0, $1.t()) + torch.matmul($0, $2.t())", (y, c, r), None),
+            ("torch.cat([F.linear($0, $1), F.linear($0, $2)], -1)", (y, c, r), None),
+            ("torch.stack([F.linear($0, $1), F.linear($0, $2)]).sum(0)", (y, c, r), None),
+        ])
+        expr, inputs, into = use
+        used = sorted({int(m) for m in re.findall(r"\$(\d+)", expr)})  # the slots it reads, renumbered
+        inputs = tuple(inputs[i] for i in used)
+        expr = re.sub(r"\$(\d+)", lambda m: f"${used.index(int(m.group(1)))}", expr).replace("{n}", str(n))
+        out = add(expr, inputs, into)
+        if expr.startswith(("F.linear", "torch.matmul", "torch.stack([F")) and n == k and inputs[0] in runtime:
+            runtime.append(out)  # (batch, n): another linear's input when n == k
     return Proposal("kept_random", steps)
 
 

@@ -438,6 +438,9 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
             proposal = families.FAMILIES[family](g)
         except Rejected:
             proposal = None
+        if proposal is not None and family in ISSUE_62_FAMILIES and len(g.ops) + len(proposal.steps) > config.max_ops:
+            proposal = None  # a long proposal of these families would overshoot the program's bound
+            g._undo(0, [])  # the stored tensors it made
         if proposal is not None:
             g.commit(proposal)
     g._pending.clear()
