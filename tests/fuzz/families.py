@@ -1158,6 +1158,17 @@ def kept_random(g: Gen) -> Optional[Proposal]:
                            "F.dropout($0, 0.5, training=True)", "torch.bernoulli(torch.full_like($0, 0.5))",
                            "($0 + torch.randn_like($0) * 0.01)"])
         add(form, (rng.choice(consts),) if "$0" in form else (), randoms)
+    if rng.random() < 0.3:
+        # one runtime value read by a stack (then a reduction XNNPACK does not take) and by a cat
+        # with a constant that a linear then reads as its weight: the shape executorch 1.5.1's
+        # GroupBasedPartitioner merges into two partitions that read each other
+        r, ca, cb = rng.choice(randoms), rng.choice(consts), rng.choice(consts)
+        u = add(rng.choice(["F.relu($0)", "($0 * 2.0)", "$0.neg()", "$0"]), (r,), randoms)
+        stacked = add(rng.choice(["torch.stack([$0, $1]).sum(0)", "torch.stack([$1, $0]).amax(0)",
+                                  "torch.bmm(torch.stack([$0, $1]), torch.stack([$1, $0]).transpose(1, 2)).sum(0)[:, :1].expand(-1, $0.shape[1])"]),
+                      (u, ca), randoms)
+        add(rng.choice(["torch.cat([$1, $0], 0)[:{n}]", "torch.cat([$1, $0], 0)"]).replace("{n}", str(n)), (u, cb), None)
+        add("F.linear($0, $1)", (stacked, cb), None)
     for _ in range(rng.randint(2, 6)):
         c, r, y = rng.choice(consts), rng.choice(randoms), rng.choice(runtime)
         use = rng.choice([

@@ -124,8 +124,7 @@ class Program:
 
     @property
     def has_while_loop(self) -> bool:
-        return any(op.family == "while_loop" or (op.family == "shared_body_eager" and "while_loop(" in op.expr)
-                   for op in self.ops)
+        return any(op.family == "while_loop" or "while_loop(" in op.expr for op in self.ops)
 
     @property
     def shares_bodies(self) -> bool:
