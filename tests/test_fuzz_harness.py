@@ -198,6 +198,9 @@ REPRODUCED = {  # check -> (program, what its reproducer prints for a correct fo
     "wrong-output-flipped": (CONTROL_FLOW_PROGRAM, "[[None], [None]]"),
     "dead-leftovers": (CONTROL_FLOW_PROGRAM, "[]"),
     "caller-changed": (CONTROL_FLOW_PROGRAM, ""),  # its asserts hold: nothing printed, exit 0
+    "differs": (CONTROL_FLOW_PROGRAM, "None"),  # the second fold: no part differs
+    "run-writes-caller": (SMALL, "[]"),  # the run wrote none of the caller's tensors
+    "fusion-zero-sign": (SMALL, "()\nNone\n[]"),  # nothing to fuse: nothing replaced, no problem
 }
 
 # Runs each script given on the command line as ``__main__`` in turn, in one fresh interpreter

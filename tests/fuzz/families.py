@@ -985,8 +985,12 @@ def mixed_precision(g: Gen) -> Optional[Proposal]:
         if name is None:
             return None
         c = g.v(name).ex.shape[1]
-        between = rng.choice(["$0.to({lo})", "$0.to({lo})", "F.relu($0.to({lo}))", "($0.to({lo}) * 2.0)",
-                              "$0.to({lo}).abs()", "($0 * 50.0).to({lo})"]).replace("{lo}", lo)
+        # activations about `offset` (a trained network's batch norm has its running mean there,
+        # and the normalised value is the small difference of two large ones), or about 0
+        offset = rng.choice([0.0, 0.0, 20.0, -50.0, 300.0])
+        between = rng.choice(["$0.to({lo})", "F.relu($0.to({lo}))", "($0.to({lo}) * 2.0)", "$0.to({lo}).abs()",
+                              "($0 * {scale} + {offset}).to({lo})"] + ["($0 * {scale} + {offset}).to({lo})"] * 3 * (offset != 0))
+        between = between.replace("{lo}", lo).replace("{scale}", repr(rng.choice([0.5, 2.0]))).replace("{offset}", repr(offset))
         steps: list = [(between, (name,))]
         if choice == 1 and g.v(name).ex.dim() in (3, 4) and c <= 8:  # an fp16/bf16 conv first: fusable
             r = g.v(name).ex.dim()
@@ -994,8 +998,16 @@ def mixed_precision(g: Gen) -> Optional[Proposal]:
             wt = g.random_state((cout, c) + (1,) * (r - 2), low, "parameter", "randn")
             steps.append((f"F.conv{r - 2}d($0, $1)", ("@0", wt)))
             c = cout
-        bn, inputs = _eval_batch_norm(g, f"@{len(steps) - 1}", c)  # fp32 statistics
-        steps.append((bn, inputs))
+        if offset != 0 and rng.random() < 0.7:  # fp32 statistics about the activations' offset
+            mean = g.new_state(f"torch.randn({c}, generator=_g({g.seed()})) + {offset!r}", "buffer", "b")
+            var = g.new_state(f"torch.empty({c}).uniform_(-9.0, 1.0, generator=_g({g.seed()})).exp()", "buffer", "b")
+            weight = g.new_state(f"torch.randn({c}, generator=_g({g.seed()}))", "parameter", "w")
+            bias = g.new_state(f"torch.randn({c}, generator=_g({g.seed()}))", "parameter", "w")
+            eps = rng.choice([1e-3, 1e-5])
+            steps.append((f"F.batch_norm($0, $1, $2, $3, $4, training=False, momentum=0.1, eps={eps})",
+                          (f"@{len(steps) - 1}", mean, var, weight, bias)))
+        else:
+            steps.append(_eval_batch_norm(g, f"@{len(steps) - 1}", c))  # fp32 statistics
     elif choice == 2:
         name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 2 and 1 in u.static_dims
                                and u.ex.dim() - 1 in u.static_dims)

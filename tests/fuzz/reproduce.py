@@ -58,12 +58,12 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
                 "assert str(again.program.graph) == str(result.program.graph)",
                 "for k, v in result.program.constants.items():",
                 "    assert torch.equal(v, again.program.constants[k]), k"]
-    if stage == "second-fold" and check == "differs":
+    if check == "differs":  # stage second-fold
         return ["import io",
                 "from tests.fuzz.check import program_record, record_difference",
                 "first = program_record(result.program, result.report)  # before it runs",
-                "initial = {k: t.detach().clone() for k, t in {**program.state_dict, **program.constants}.items()",
-                "           if isinstance(t, torch.Tensor)}",
+                "initial = {k: t.untyped_storage().clone() for k, t in {**program.state_dict, **program.constants}.items()",
+                "           if type(t) in (torch.Tensor, torch.nn.Parameter)}",
                 "with torch.no_grad(), torch.compiler.set_stance('force_eager'):",
                 "    torch.manual_seed(0)",
                 "    result.program.module()(*inputs)  # shares the caller's stored tensors where unchanged",
@@ -74,13 +74,18 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
                 "with torch.no_grad(), torch.compiler.set_stance('force_eager'):",
                 "    torch.manual_seed(0)",
                 "    loaded.module()(*inputs)",
-                "stored = {**program.state_dict, **program.constants}",
-                "with torch.no_grad():  # the caller's tensors the run wrote, back to their values (as the harness)",
-                "    for k, t in stored.items():",
-                "        if isinstance(t, torch.Tensor) and k in initial and not torch.equal(t, initial[k]):",
-                "            t.copy_(initial[k])",
+                "for k, t in {**program.state_dict, **program.constants}.items():  # the bytes the run wrote back (as the harness)",
+                "    if k in initial:",
+                "        t.untyped_storage().copy_(initial[k])",
                 "again = fold_constants(program, policy)",
                 "print(record_difference(first, program_record(again.program, again.report)))  # None: the same"]
+    if check == "run-writes-caller":  # stage second-fold
+        return ["before = {k: t.detach().clone() for k, t in {**program.state_dict, **program.constants}.items()}",
+                "with torch.no_grad(), torch.compiler.set_stance('force_eager'):",
+                "    torch.manual_seed(0)",
+                "    result.program.module()(*inputs)  # the folded program, on its own stored tensors",
+                "print([k for k, t in {**program.state_dict, **program.constants}.items()",
+                "       if not torch.equal(t, before[k])])  # the caller's tensors it wrote (the unfolded program's mutated buffers only)"]
     if check in ("fusion-numerics", "fusion-zero-sign", "fusion-mixed-precision"):
         return ["from folding.sizes import stored_constant_bytes",
                 "from folding.weight_fusion import fuse_into_weights",
