@@ -762,7 +762,10 @@ def strided_body(g: Gen) -> Optional[Proposal]:
     # element would not see the order)
     reader = rng.choice(["{v}.view(-1)[1:].cumsum(0)[-1]", "torch.as_strided({v}, {v}.shape, %s)[0].sum()" % strides,
                          "({v}.view(-1) * torch.arange({v}.numel())).sum()", "(torch.rand_like({v}) * {v}).sum()",
-                         "({v}.flatten() * torch.arange({v}.numel())).sum()"])
+                         "({v}.flatten() * torch.arange({v}.numel())).sum()",
+                         # with the body's runtime value: kept in the body, and the sum takes {v}'s strides
+                         "({v} + {a}.mean()).view(-1)[1:].cumsum(0)[-1]", "(torch.rand_like({v} * {a}.mean()) * {v}).sum()",
+                         "({v} * {a}.amax()).view(-1)[-1]"])
     main = g.pick_any_kind(_float)
     if main is None:
         return None
@@ -777,8 +780,8 @@ def strided_body(g: Gen) -> Optional[Proposal]:
         if pred is None:
             return None
         body_value = "v_" if outside else same.format(v=b.slot(stored))
-        t = f"a + {reader.format(v=body_value)}"
-        f = rng.choice(["a * 2.0", "a - 1.0", f"a - {reader.format(v=body_value)}"])
+        t = f"a + {reader.format(v=body_value, a='a')}"
+        f = rng.choice(["a * 2.0", "a - 1.0", f"a - {reader.format(v=body_value, a='a')}"])
         params = "a, v_" if outside else "a"
         ops = f"({b.slot(main)}, $" + "{V})" if outside else f"({b.slot(main)},)"
         expr = f"torch.cond({pred}, lambda {params}: ({t},), lambda {params}: ({f},), {ops})[0]"
@@ -790,7 +793,7 @@ def strided_body(g: Gen) -> Optional[Proposal]:
         b = b2
         body_value = "v_" if outside else same.format(v=b.slot(stored))
         params, args = ("s, v_", f"{xs_text}, $" + "{V}") if outside else ("s", xs_text)
-        expr = f"hop_map(lambda {params}: s + {reader.format(v=body_value)}, {args})"
+        expr = f"hop_map(lambda {params}: s + {reader.format(v=body_value, a='s')}, {args})"
     if outside:  # the top-level value is this proposal's step 0: its slot comes after the body's
         inputs = list(b.inputs) + ["@0"]
         expr = expr.replace("${V}", f"${len(inputs) - 1}")

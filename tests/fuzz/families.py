@@ -937,6 +937,10 @@ _STRIDE_READERS = ("$0.view(-1)", "$0.view({n})", "torch.as_strided($0, $0.shape
                    "F.dropout($0, 0.5, training=True)", "$0.flatten()", "$0.reshape(-1)", "$0.mT.reshape(-1)")
 
 
+_RUNTIME_STRIDE_READERS = ("($0 + $1.float().mean()).view(-1)", "($0 * $1.float().amax()).view(-1)[1:]",
+                           "torch.rand_like($0 * $1.float().mean())", "($0 - $1.float().mean()).view($0.numel())")
+
+
 def strided_state(g: Gen) -> Optional[Proposal]:
     """A stored tensor with non-contiguous strides (`_strided_init`), and a value the fold
     computes with its elements but contiguous strides (``contiguous() * 1.0``, ``+ 0.0``, a
@@ -954,7 +958,14 @@ def strided_state(g: Gen) -> Optional[Proposal]:
                        "$0.contiguous()", "($0 * 1.0).contiguous()", "torch.empty($0.shape).copy_($0)"])
     steps: list = [(same, (w,))]
     strides = shape_src(tuple(torch.empty(ex.shape).stride()))
+    r = g.pick(lambda u: u.is_float, "runtime")
     for _ in range(rng.choice([1, 1, 2])):
+        if r is not None and rng.random() < 0.5:
+            # with a runtime scalar: kept at runtime whatever the policy, and an elementwise op's
+            # result takes its tensor operand's strides (the stored tensor's, if it stands in)
+            reader = rng.choice(_RUNTIME_STRIDE_READERS)
+            steps.append((reader, ("@0", r)))
+            continue
         reader = rng.choice(_STRIDE_READERS).replace("{c}", strides).replace("{n}", str(ex.numel()))
         steps.append((reader, ("@0",)))
     x = g.pick(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.shape[-1] == ex.shape[-2]
