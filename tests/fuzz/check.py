@@ -7,7 +7,10 @@ Stages, in order (each stops the case at its first failure):
    `FoldInternalError` or `FoldInvariantError` is a bug, a failure), then the caller's
    program is unchanged, the folded program validates, the report's byte totals are true, the
    policy's limits hold, folding twice gives the same program, outputs equal eager (two calls,
-   so mutated buffers are compared too; a second batch size when the batch is dynamic);
+   so mutated buffers are compared too; a second batch size when the batch is dynamic); then
+   the second fold (stage ``second-fold``, `Case._check_second_fold`): the first result is run,
+   saved and loaded, and the caller's program folded again must give the same program and
+   report;
 3. Edge (a fraction of cases): the same on ``to_edge(ep)``, plus the serialised .pte: folding
    twice gives the same bytes, the growth budget holds in the .pte's constant bytes, the
    report's byte total equals what is serialised, and the .pte matches eager;
