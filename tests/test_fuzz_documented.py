@@ -54,6 +54,6 @@ def test_documented_programs_have_comparable_control_flow():
     programs = [generate(33 * 1_000_003 + i, CONTROL_FLOW_PTE) for i in range(8)]
     families = {op.family for p in programs for op in p.ops}
     assert not families & set(CONTROL_FLOW_PTE.without), families
-    calls = ("cond", "map", "scan", "cond_siblings", "shared_body")  # the families that call one
+    calls = ("cond", "map", "scan", "cond_siblings", "shared_body", "body_clones", "strided_body")  # the families that call one
     assert sum(any(op.family in calls for op in p.ops) for p in programs) >= 6
     assert all(p.flip_inputs and len(p.ops) <= 20 for p in programs)

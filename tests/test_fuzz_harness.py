@@ -198,6 +198,9 @@ REPRODUCED = {  # check -> (program, what its reproducer prints for a correct fo
     "wrong-output-flipped": (CONTROL_FLOW_PROGRAM, "[[None], [None]]"),
     "dead-leftovers": (CONTROL_FLOW_PROGRAM, "[]"),
     "caller-changed": (CONTROL_FLOW_PROGRAM, ""),  # its asserts hold: nothing printed, exit 0
+    "differs": (CONTROL_FLOW_PROGRAM, "None"),  # the second fold: no part differs
+    "run-writes-caller": (SMALL, "[]"),  # the run wrote none of the caller's tensors
+    "fusion-zero-sign": (SMALL, "()\nNone\n[]"),  # nothing to fuse: nothing replaced, no problem
 }
 
 # Runs each script given on the command line as ``__main__`` in turn, in one fresh interpreter
@@ -372,3 +375,154 @@ def test_the_fold_time_error_family_keeps_the_growth_budget(seed):
     missed = check(program, Options(fold=_fold_ignoring_evaluation_keeps))
     assert (missed.status, missed.check) == ("failure", "policy-growth"), missed
     assert "at_fold_time(fold_constants)" in reproducer(program, missed)
+
+
+# -- issue 62: the second fold, the rewrite checks and the families where its faults live ----------
+
+
+class _FoldThatRemembers:
+    """A fold with a memo that outlives it (what invariant 8 forbids): the third fold of a program
+    object (the harness folds it, folds it again at once, then once more after running, saving
+    and loading the first result) folds with a tiny ``max_tensor_bytes`` and so keeps what the
+    first two folded."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, int] = {}
+
+    def __call__(self, ep, policy, inplace=False):
+        n = self.calls[id(ep)] = self.calls.get(id(ep), 0) + 1
+        if n >= 3:
+            policy = dataclasses.replace(policy, max_tensor_bytes=0)
+        return folding.fold_constants(ep, policy, inplace=inplace)
+
+
+def test_the_second_fold_check_catches_a_fold_that_remembers_an_earlier_fold():
+    """`check._check_second_fold` (invariant 8): the real fold passes; a fold whose result depends
+    on an earlier fold in the process fails ``second-fold: differs``, with the part that differs,
+    and its reproducer prints the difference."""
+    assert check(SMALL).status == "ok"
+    outcome = check(SMALL, Options(fold=_FoldThatRemembers()))
+    assert (outcome.status, outcome.kind, outcome.stage) == ("failure", "second-fold: differs", "second-fold"), outcome
+    assert "differs" in outcome.message
+    assert "record_difference(first, program_record(again.program, again.report))" in reproducer(SMALL, outcome)
+
+
+def test_program_records_tell_strides_and_signed_zeros_apart():
+    """`check.program_record` compares stored tensors by dtype, shape, strides and bytes: a
+    transposed copy of the same values, and -0.0 for 0.0, are other tensors."""
+    from tests.fuzz.check import tensor_record
+
+    t = torch.randn(3, 4)
+    assert tensor_record(t) == tensor_record(t.clone())
+    assert tensor_record(t.t().contiguous().t()) != tensor_record(t)  # the same values, other strides
+    assert tensor_record(torch.tensor([0.0])) != tensor_record(torch.tensor([-0.0]))
+
+
+def _export(module: torch.nn.Module, *inputs):
+    return torch.export.export(module.eval(), inputs)
+
+
+def _rename_inserted(rewritten) -> None:
+    """Give the call nodes of a hand-written "rewritten" program names the original does not
+    have, as the rewrite's inserted nodes do: the check replays every other node by name."""
+    for n in rewritten.graph.nodes:
+        if n.op == "call_function" and n.target not in (torch.ops.aten.linear.default,):
+            n._rename(f"inserted_{n.name}")
+    rewritten.graph_module.recompile()
+
+
+class _LinearTimes(torch.nn.Module):
+    def __init__(self, w, zero_in_weight: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(w)
+        self.zero_in_weight = zero_in_weight
+
+    def forward(self, x):
+        if self.zero_in_weight:
+            return torch.nn.functional.linear(x, self.w * 0.0)
+        return torch.nn.functional.linear(x, self.w) * 0.0
+
+
+def test_a_rewrite_that_turns_negative_zeros_positive_is_caught():
+    """`rewrites.rewrite_problems`: ``linear(x) * 0.0`` rewritten as ``linear(x, W * 0.0)`` gives
+    +0.0 where the original gives -0.0 (and ``1 /`` of it +inf for -inf): ``fusion-zero-sign``.
+    The same rewrite of a product that is zero in the weight op itself is not."""
+    from tests.fuzz.rewrites import rewrite_problems
+
+    w, x = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)), torch.randn(3, 4)
+    original, rewritten = _export(_LinearTimes(w, False), x), _export(_LinearTimes(w, True), x)
+    _rename_inserted(rewritten)
+    mul = next(n.name for n in original.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    linear = next(n.name for n in rewritten.graph.nodes if n.target is torch.ops.aten.linear.default)
+    problems = list(rewrite_problems(original, rewritten, [(mul, linear)], (x,)))
+    assert [p[0] for p in problems] == ["fusion-zero-sign"], problems
+    assert not list(rewrite_problems(original, rewritten, [(mul, linear)], (torch.zeros(3, 4),)))
+
+
+class _MixedBatchNorm(torch.nn.Module):
+    """An fp16 activation, fp32 statistics (a large mean, a small variance), nothing to fuse
+    into; `rounded`: the batch norm as a multiply and add with its statistics rounded to fp16
+    first (what issue 62 found), else the batch norm."""
+
+    def __init__(self, rounded: bool):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.register_buffer("mean", torch.randn(4, generator=g) * 3 + 50)
+        self.register_buffer("var", torch.rand(4, generator=g) * 1e-3 + 1e-4)
+        self.rounded = rounded
+
+    def forward(self, x):
+        h = (x * 3 + 50).half()
+        if not self.rounded:
+            return torch.nn.functional.batch_norm(h, self.mean, self.var, training=False, eps=1e-5)
+        s = torch.rsqrt(self.var + 1e-5).half().view(-1, 1)
+        return torch.ops.aten.mul.Tensor(h - self.mean.half().view(-1, 1), s)
+
+
+def test_a_mixed_precision_batch_norm_rewritten_in_fp16_is_caught():
+    """`rewrites.rewrite_problems`: a batch norm of fp16 activations with fp32 statistics
+    rewritten with its statistics rounded to fp16 differs from the original by more than one
+    fp16 ulp plus the fp32 rounding: ``fusion-mixed-precision``; the original itself passes."""
+    from tests.fuzz.rewrites import rewrite_problems
+
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(4))
+    original, rewritten = _export(_MixedBatchNorm(False), x), _export(_MixedBatchNorm(True), x)
+    _rename_inserted(rewritten)
+    bn = next(n.name for n in original.graph.nodes if "batch_norm" in str(n.target))
+    out = next(n.name for n in rewritten.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    problems = list(rewrite_problems(original, rewritten, [(bn, out)], (x,)))
+    assert [p[0] for p in problems] == ["fusion-mixed-precision"], problems
+    assert not list(rewrite_problems(original, original, [(bn, bn)], (x,)))
+
+
+def _only(family: str, control_flow: bool = False, max_ops: int = 8):
+    from tests.fuzz.generate import GenConfig
+
+    base = CONTROL_FLOW if control_flow else GenConfig()
+    keep = {family}
+    return dataclasses.replace(base, min_ops=2, max_ops=max_ops, quantize_fraction=0.0,
+                               without=tuple(k for k in weights(False, control_flow) if k not in keep))
+
+
+@pytest.mark.parametrize("family, control_flow, shows", [
+    ("written_clones", False, ("_()", "_(")), ("strided_state", False, (".t()", "channels_last", "expand(", "[:, ::2]", "[1:")),
+    ("mixed_precision", False, ("torch.float16", "torch.bfloat16")),
+    ("special_scalars", False, ("inf", "nan", "0.0", "e-", "e+")), ("kept_random", False, ("rand", "dropout", "bernoulli")),
+    ("body_clones", True, ("_(",)), ("strided_body", True, (".t()", "channels_last", "expand(", "[:, ::2]", "[1:"))],
+    ids=lambda v: v if isinstance(v, str) else "")
+def test_the_issue_62_families_generate_their_programs(family, control_flow, shows):
+    """Each of issue 62's families, drawn alone, makes programs that run
+    eagerly (the generator keeps only those) and hold what the family is for: in-place writes of
+    copies, stored tensors with other strides, fp16/bf16 activations, special scalars, random ops
+    among constants; every value of the family that no later op reads is an output."""
+    from tests.fuzz.generate import LATER_FAMILIES
+
+    assert family in LATER_FAMILIES
+    programs = [generate(seed, _only(family, control_flow)) for seed in range(6)]
+    source = "\n".join(module_source(p) for p in programs)
+    assert sum(any(op.family == family for op in p.ops) for p in programs) >= 4, family
+    assert any(s in source for s in shows), source[-3000:]
+    for p in programs:
+        read = {i for op in p.ops for i in op.inputs}
+        leaves = [op.out for op in p.ops if op.family == family and op.out not in read]
+        assert set(leaves) <= set(p.outputs), (p.seed, leaves, p.outputs)

@@ -7,6 +7,7 @@ non-finite value (`tests/fuzz/extremes.py`), each case passes every check, .pte 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.fuzz import Options, check, generate
 from tests.fuzz.generate import CONTROL_FLOW, pinned
@@ -46,3 +47,36 @@ def test_control_flow_cases_where_inlining_handed_xnnpack_its_own_faults_pass(se
     assert outcome.status == "ok", (outcome.kind, outcome.message)
     if seed == 23000074:
         assert any("aten.sqrt.default reads a non-finite value" in n for n in outcome.notes), outcome.notes
+
+
+class _CrossedPartitions(torch.nn.Module):
+    """Issue 62, item 6, minimised from `families.kept_random`'s shape: a runtime value read by a
+    ``stack`` (then ``sum``, not an XNNPACK op) and by a ``cat`` with a parameter that a
+    ``linear`` reads as its weight. No fold: the weights are parameters, as a fold makes
+    ``w1.tanh()`` a lifted constant (docs/fuzzing.md, "XNNPACK's partition cycles")."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(62)
+        self.w0 = torch.nn.Parameter(torch.randn(4, 4, generator=g))
+        self.w1 = torch.nn.Parameter(torch.randn(4, 4, generator=g))
+
+    def forward(self, x):
+        v1 = torch.nn.functional.relu(x)
+        v2 = torch.stack([v1, self.w0]).sum(0)
+        v4 = torch.cat([self.w1, v1], 0)[:4]
+        return v4, torch.nn.functional.linear(v2, self.w1)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="executorch 1.5.1: GroupBasedPartitioner._merge_partitions merges two partitions that "
+                          "read each other (each acyclic alone): 'Invalid partition, found dependency cycles'")
+def test_xnnpack_lowers_two_partitions_that_read_each_other_without_folding():
+    """Upstream, without folding: XNNPACK's partitioner fails on this graph of parameters, with
+    executorch's own `XnnpackPartitioner`. The fuzzer's `kept_random` programs meet it once the fold
+    has made their computed weights static; a strict xfail, so a fixed executorch shows here."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(_CrossedPartitions().eval(), (torch.randn(4, 4),))
+    to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])

@@ -7,7 +7,10 @@ Stages, in order (each stops the case at its first failure):
    `FoldInternalError` or `FoldInvariantError` is a bug, a failure), then the caller's
    program is unchanged, the folded program validates, the report's byte totals are true, the
    policy's limits hold, folding twice gives the same program, outputs equal eager (two calls,
-   so mutated buffers are compared too; a second batch size when the batch is dynamic);
+   so mutated buffers are compared too; a second batch size when the batch is dynamic); then
+   the second fold (stage ``second-fold``, `Case._check_second_fold`): the first result is run,
+   saved and loaded, and the caller's program folded again must give the same program and
+   report;
 3. Edge (a fraction of cases): the same on ``to_edge(ep)``, plus the serialised .pte: folding
    twice gives the same bytes, the growth budget holds in the .pte's constant bytes, the
    report's byte total equals what is serialised, and the .pte matches eager;
@@ -215,6 +218,95 @@ def same_fingerprint(a: tuple, b: tuple) -> Optional[str]:
     return None
 
 
+class _StoredBytes:
+    """The bytes of the storages of a program's plain stored tensors (``state_dict`` and
+    ``constants``), to tell which a run wrote and to give them back (any layout: a storage is
+    copied whole, so an expanded or sliced tensor is restored too)."""
+
+    def __init__(self, ep) -> None:
+        self.tensors = {k: t for k, t in {**ep.state_dict, **ep.constants}.items()
+                        if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta"}
+        self.saved = {k: t.untyped_storage().clone() for k, t in self.tensors.items()}
+
+    @staticmethod
+    def _bytes(storage) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    def written(self) -> set[str]:
+        """The keys whose storage's bytes differ from the saved ones."""
+        return {k for k, t in self.tensors.items()
+                if not torch.equal(self._bytes(t.untyped_storage()), self._bytes(self.saved[k]))}
+
+    def restore(self) -> None:
+        for k in self.written():
+            self.tensors[k].untyped_storage().copy_(self.saved[k])
+
+
+def tensor_record(t: torch.Tensor) -> tuple:
+    """What makes two stored tensors the same (docs/design.md invariant 8): type, dtype, shape,
+    strides, storage offset and the bytes of its elements (row-major; a NaN's payload and the
+    sign of a zero included); a wrapper subclass (torchao's) by its inner tensors."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    t = t.detach()
+    if is_traceable_wrapper_subclass(t):
+        names = t.__tensor_flatten__()[0]
+        return (type(t).__name__, t.dtype, tuple(t.shape), tuple((n, tensor_record(getattr(t, n))) for n in names))
+    flat = t.as_subclass(torch.Tensor).contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return (type(t).__name__, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(), data)
+
+
+def program_record(ep, report=None) -> dict:
+    """A fold's result as data, for comparing two folds of one program (invariant 8): the code of
+    every GraphModule (the bodies of its control flow too), the graph signature, the stored
+    tensors of ``state_dict``, ``constants`` and every GraphModule's attributes (`tensor_record`),
+    and the report's ``to_dict()`` without its timings."""
+    from tests.invariants import graph_module_attributes
+
+    modules = [(name, m) for name, m in ep.graph_module.named_modules() if isinstance(m, torch.fx.GraphModule)]
+    attributes = {f"{name}.{a}": t for name, m in modules for a, t in graph_module_attributes(m).items()
+                  if isinstance(t, torch.Tensor)}
+    record = {
+        "code": [(name, m.code) for name, m in modules],
+        "input specs": list(ep.graph_signature.input_specs),
+        "output specs": list(ep.graph_signature.output_specs),
+        "state_dict": {k: tensor_record(v) for k, v in ep.state_dict.items() if isinstance(v, torch.Tensor)},
+        "constants": {k: tensor_record(v) for k, v in ep.constants.items() if isinstance(v, torch.Tensor)},
+        "GraphModule tensors": {k: tensor_record(v) for k, v in attributes.items()},
+    }
+    if report is not None:
+        record["report"] = {k: v for k, v in report.to_dict().items() if k != "timings_s"}
+    return record
+
+
+def record_difference(a: dict, b: dict) -> Optional[str]:
+    """What differs between two `program_record`s (the first difference of each part), or None."""
+    import difflib
+
+    for part in a:
+        x, y = a[part], b.get(part)
+        if x == y:
+            continue
+        if part == "code":
+            for (name, cx), (_, cy) in zip(x, y):
+                if cx != cy:
+                    diff = "".join(list(difflib.unified_diff(cx.splitlines(True), cy.splitlines(True), n=0))[2:14])
+                    return f"code of {name or 'the root'} differs:\n{diff}"
+            return f"GraphModules differ: {[n for n, _ in x]} vs {[n for n, _ in y]}"
+        if isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return f"{part} keys differ: {sorted(set(x) ^ set(y))}"
+            key = next(k for k in x if x[k] != y[k])
+            if part == "report":
+                return f"report[{key!r}] differs: {str(x[key])[:300]} vs {str(y[key])[:300]}"
+            what = ("type", "dtype", "shape", "strides", "storage offset", "bytes")
+            fields = [w for w, u, v in zip(what, x[key], y[key]) if u != v]
+            return f"{part}[{key!r}] differs: {', '.join(fields)} ({[u for u in x[key][:5]]} vs {[v for v in y[key][:5]]})"
+        return f"{part} differ: {str(x)[:300]} vs {str(y)[:300]}"
+    return None
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit equality (NaN equals the same NaN; `torch.equal` says NaN != NaN); a wrapper
     subclass (torchao's ``Int8Tensor``) compares its inner tensors."""
@@ -361,8 +453,14 @@ class Case:
         its own, value by value (``fusion-numerics``, tests/fusion_bounds.py)."""
         return self._fusion(ep).program
 
-    def _fusion_problem(self, ep) -> Optional[str]:
+    def _fusion_problem(self, ep) -> Optional[tuple[str, str]]:
+        """The first value the weight-fusion rewrite moved beyond its rounding bound
+        (``fusion-numerics``, tests/fusion_bounds.py), or whose zero signs or mixed-precision
+        batch norm it changed (``fusion-zero-sign``, ``fusion-mixed-precision``:
+        `rewrites.rewrite_problems`), as ``(check, message)``."""
         from tests.fusion_bounds import rewrite_problem
+
+        from .rewrites import rewrite_problems
 
         fusion = self._fusion(ep)
         if not fusion.replaced:
@@ -371,7 +469,9 @@ class Case:
         for inputs, label in runs:
             problem = rewrite_problem(ep, fusion.program, fusion.replaced, inputs)
             if problem:
-                return problem + label
+                return "fusion-numerics", problem + label
+            for check, problem in rewrite_problems(ep, fusion.program, fusion.replaced, inputs):
+                return check, problem + label
         return None
 
     def _unfolded(self, ep, inputs) -> Callable[[], Optional[list]]:
@@ -442,7 +542,7 @@ class Case:
             raise exception_kind(stage, "second fold", exc)
         self._check(stage, "nondeterministic", same_fingerprint(fingerprint(folded), fingerprint(again.program)))
         self._check_outputs(stage, ep, folded)
-        self._check(stage, "fusion-numerics", self._fusion_problem(ep))
+        self._check(stage, *(self._fusion_problem(ep) or ("fusion-numerics", None)))
         return result
 
     def _check(self, stage: str, check: str, problem: Optional[str]) -> None:
@@ -505,6 +605,83 @@ class Case:
         self.aten_result = self.fold_and_check("aten", self.ep)
         if any(op.family in ("undeclared_write", "subclass_weight", "body_writer") for op in self.p.ops):
             self._check_in_place_keeps_stored_tensors("aten")
+        if self.aten_result is not None:
+            self._check_second_fold()
+
+    def _check_second_fold(self) -> None:
+        """docs/design.md invariant 8: a fold is a function of the program alone, also when the
+        program is folded again later in the same process. The first result is run
+        (``.module()``, which shares its stored tensors, and the caller's where unchanged),
+        saved with ``torch.export.save`` and loaded (and the loaded program run), then the
+        caller's program is folded again: both folds must give the same code in every
+        GraphModule, the same signature, the same stored tensors (dtype, shape, strides, bytes)
+        and the same report (without timings). Stage ``second-fold``.
+
+        The run may write the caller's stored tensors only where running the unfolded program
+        writes them (its mutated buffers): a folded value stored as a caller's tensor that the
+        program then writes in place writes the caller's tensor (``run-writes-caller``). Before
+        the second fold, every stored tensor the runs wrote gets its bytes back (their version
+        counters move on)."""
+        import io
+
+        stage = "second-fold"
+        first = self.aten_result
+        record = program_record(first.program, first.report)
+        storages = _StoredBytes(self.ep)
+        self._run_module(self.ep)  # what the unfolded program writes of its own stored tensors
+        written_unfolded = storages.written()
+        storages.restore()
+        self._run_module(first.program)
+        written = storages.written() - written_unfolded
+        storages.restore()
+        self._check(stage, "run-writes-caller", written and
+                    f"running the folded program wrote the caller's {sorted(written)}, which the unfolded program does not write")
+        buffer = io.BytesIO()
+        try:
+            torch.export.save(first.program, buffer)
+            buffer.seek(0)
+            loaded = torch.export.load(buffer)
+        except Exception as exc:
+            if self._saves(self.ep):
+                raise exception_kind(stage, "save and load", exc)
+            self.notes.append(f"{stage}: not saved, the unfolded program does not save and load either: {type(exc).__name__}")
+        else:
+            try:
+                with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+                    torch.manual_seed(0)
+                    self._module(loaded)(*self.inputs)
+            except Exception:
+                pass  # the loaded program's outputs are not this check's (torch.export.load's own faults)
+        storages.restore()
+        try:
+            second = self.fold_fn(self.ep, self.policy, inplace=False)
+        except Exception as exc:
+            raise exception_kind(stage, "fold", exc)
+        self._check(stage, "differs", record_difference(record, program_record(second.program, second.report)))
+
+    def _run_module(self, ep) -> None:
+        """``ep.module()`` called once on the example inputs (the RNG seeded), on the program's
+        own stored tensors; an error is not this stage's (the outputs check runs the same)."""
+        try:
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+                torch.manual_seed(0)
+                ep.module()(*self.inputs)
+        except Exception:
+            pass
+
+    @staticmethod
+    def _saves(ep) -> bool:
+        """`ep` saves with ``torch.export.save`` and loads back."""
+        import io
+
+        buffer = io.BytesIO()
+        try:
+            torch.export.save(ep, buffer)
+            buffer.seek(0)
+            torch.export.load(buffer)
+        except Exception:
+            return False
+        return True
 
     def _check_in_place_keeps_stored_tensors(self, stage: str) -> None:
         """An in-place fold replaces the caller's program, but evaluation never writes a tensor

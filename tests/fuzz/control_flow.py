@@ -645,8 +645,166 @@ def _writes(g: Gen, forms: tuple) -> tuple:
     return tuple(f for f in forms if not (f.startswith("_no_grad") and nesting(g)))
 
 
+# -- issue 62: copies written in place in bodies, strided stored tensors read in bodies ---------
+
+
+def _fit(expr: str, ex: torch.Tensor, to: torch.Tensor) -> str:
+    """`expr` (a value like `ex`) as a term that adds to a value like `to`: itself when it
+    broadcasts, else its sum."""
+    return expr if _broadcasts(ex, to) else f"{expr}.sum()"
+
+
+def _written_pair(g: Gen, w: str, ex: torch.Tensor, other: Optional[str] = None) -> str:
+    """An expression of the float value `w` (text; `ex` its example): two fresh copies of it
+    (the same form most of the time: clones, or factory tensors of its shape), each written in
+    place differently (`families.copy_writes`), combined; the value of `ex`'s shape."""
+    from .families import _COPIES, _FACTORIES, copy_writes
+
+    rng = g.rng
+    s = shape_src(tuple(ex.shape))
+    forms = _COPIES if rng.random() < 0.7 else _FACTORIES
+    first = rng.choice(forms)
+    second = first if rng.random() < 0.75 else rng.choice(forms)
+    writes = copy_writes(g, "t_", ex, other)
+    w1 = rng.choice(writes)
+    w2 = rng.choice([x for x in writes if x != w1] or writes)
+    fa, fb = (f"(lambda t_: {w1})", f"(lambda t_: {w2})")
+    combine = rng.choice(["({a} - 2.0 * {b})", "({a} * {b})", "torch.maximum({a}, {b} + 1.0)"])
+    return combine.format(a=f"{fa}({first.format(w=w, s=s)})", b=f"{fb}({second.format(w=w, s=s)})")
+
+
+def body_clones(g: Gen) -> Optional[Proposal]:
+    """Fresh copies of a constant value (clones, factory tensors), each written in place
+    differently, in every kind of body (issue 62: hoisting out of control-flow bodies merged
+    two clones of one weight that were later written in place differently): both in a
+    ``no_grad`` or autocast region, one in each branch of a ``cond`` (runtime or constant
+    predicate), both in one branch, in a ``map`` or ``scan`` body, in a ``while_loop`` body.
+    The copied value is a stored tensor or constant code, an operand or a closure."""
+    rng = g.rng
+    b = Body(g)
+    w = g.pick(lambda v: closable(g)(v) and v.ex.dtype == torch.float32 and not v.dynamic, "const")
+    if w is None or rng.random() < 0.3:
+        w = g.random_state(Body(g)._broadcast_shape(torch.empty(rng.choice([(4,), (3, 4), (2, 3)]))) or (3,),
+                           torch.float32, rng.choice(["parameter", "buffer", "constant"]))
+    wex = g.v(w).ex
+    main = g.pick_any_kind(lambda v: _float(v) and v.ex.dtype == torch.float32, exclude=(w,))
+    if main is None:
+        return None
+    ex = g.v(main).ex
+    operand = rng.random() < 0.5  # the copied value as an operand of the call, else a closure
+    form = rng.choice(["region", "cond_each", "cond_each", "cond_one", "map", "scan", "while_loop"])
+    if (form == "region" and nesting(g)) or (form in ("region", "while_loop") and g.lowerable_bodies):
+        form = "cond_each"  # a region where the program nests conds fails export; `--documented` lowers neither
+    if form in ("map", "scan"):
+        sliced = _sliced(g)
+        if sliced is None:
+            return None
+        b, main, xs_text, ex = sliced
+        if ex.dtype != torch.float32:
+            return None
+    wt = "w_" if operand else b.slot(w)
+    if form == "region":
+        helper = rng.choice(["_no_grad", "_no_grad", "_autocast"])
+        body = f"a + {_fit(_written_pair(g, wt, wex), wex, ex)}"
+        if helper == "_autocast":
+            body = f"({body}).float()"
+        params, args = ("a, w_", f"{b.slot(main)}, {b.slot(w)}") if operand else ("a", b.slot(main))
+        return b.proposal("body_clones", f"{helper}(lambda {params}: {body}, {args})")
+    if form.startswith("cond"):
+        pred = _predicate(b, runtime=rng.random() < 0.6) or _predicate(b, runtime=False)
+        if pred is None:
+            return None
+        params = "a, w_" if operand else "a"
+        ops = f"({b.slot(main)}, {b.slot(w)})" if operand else f"({b.slot(main)},)"
+        if form == "cond_each":  # one written copy in each branch: the same copy, other writes
+            from .families import _COPIES, copy_writes
+
+            copy = rng.choice(_COPIES).format(w=wt, s=shape_src(tuple(wex.shape)))
+            writes = copy_writes(g, "t_", wex)
+            w1 = rng.choice(writes)
+            w2 = rng.choice([x for x in writes if x != w1])
+            t = f"a + {_fit(f'(lambda t_: {w1})({copy})', wex, ex)}"
+            f = f"a + {_fit(f'(lambda t_: {w2})({copy})', wex, ex)}"
+        else:
+            t = f"a + {_fit(_written_pair(g, wt, wex), wex, ex)}"
+            f = rng.choice(["a * 2.0", "a - 1.0", f"a + {_fit(wt, wex, ex)}"])
+        return b.proposal("body_clones", f"torch.cond({pred}, lambda {params}: ({t},), lambda {params}: ({f},), {ops})[0]")
+    if form == "map":
+        params, args = ("s, w_", f"{xs_text}, {b.slot(w)}") if operand else ("s", xs_text)
+        return b.proposal("body_clones", f"hop_map(lambda {params}: s + {_fit(_written_pair(g, wt, wex), wex, ex)}, {args})")
+    if form == "scan":
+        term = _fit(_written_pair(g, b.slot(w), wex), wex, ex)  # scan takes no extra operands: a closure
+        init = f"torch.zeros({shape_src(tuple(ex.shape))}, dtype={dtype_src(ex.dtype)})"
+        return b.proposal("body_clones", _use(rng, f"scan(lambda c, s: (c * 0.5 + s + {term}, c + {term}), {init}, {xs_text})", 2))
+    n = rng.randint(1, 3)
+    term = _fit(_written_pair(g, b.slot(w), wex), wex, ex)
+    call = (f"while_loop(lambda i, a: i < {n}, lambda i, a: (i + 1, a * 0.5 + {term}), "
+            f"(torch.zeros((), dtype=torch.int64), {b.slot(main)}))[1]")
+    return b.proposal("body_clones", call)
+
+
+def strided_body(g: Gen) -> Optional[Proposal]:
+    """A stored tensor with non-contiguous strides (`families._strided_init`) and a value with
+    its elements in contiguous strides, computed at the top level or in a body, read in a body
+    by an op that observes strides (``view``, ``as_strided``, ``rand_like``: issue 62's stored
+    tensor reused for a value of the same row-major bytes but other strides), as an operand or a
+    closure of a ``cond`` (runtime or constant predicate) or a ``map``."""
+    from .families import _strided_init
+
+    rng = g.rng
+    b = Body(g)
+    init, _ = _strided_init(g)
+    stored = g.new_state(init, rng.choice(["parameter", "buffer", "constant"]), "s")
+    sex = g.v(stored).ex
+    strides = shape_src(tuple(torch.empty(sex.shape).stride()))
+    same = rng.choice(["({v}.contiguous() * 1.0)", "({v} + 0.0)", "{v}.clone(memory_format=torch.contiguous_format)"])
+    # each reads the elements in memory order, or raises on other strides (a sum over every
+    # element would not see the order)
+    reader = rng.choice(["{v}.view(-1)[1:].cumsum(0)[-1]", "torch.as_strided({v}, {v}.shape, %s)[0].sum()" % strides,
+                         "({v}.view(-1) * torch.arange({v}.numel())).sum()", "(torch.rand_like({v}) * {v}).sum()",
+                         "({v}.flatten() * torch.arange({v}.numel())).sum()",
+                         # with the body's runtime value: kept in the body, and the sum takes {v}'s strides
+                         "({v} + {a}.mean()).view(-1)[1:].cumsum(0)[-1]", "(torch.rand_like({v} * {a}.mean()) * {v}).sum()",
+                         "({v} * {a}.amax()).view(-1)[-1]"])
+    main = g.pick_any_kind(_float)
+    if main is None:
+        return None
+    outside = rng.random() < 0.5  # the contiguous value computed at the top level, passed in
+    if outside:
+        steps = [(same.format(v="$0"), (stored,))]
+        value = "@0"
+    else:
+        steps, value = [], None
+    if rng.random() < 0.7:
+        pred = _predicate(b, runtime=rng.random() < 0.7) or _predicate(b, runtime=False)
+        if pred is None:
+            return None
+        body_value = "v_" if outside else same.format(v=b.slot(stored))
+        t = f"a + {reader.format(v=body_value, a='a')}"
+        f = rng.choice(["a * 2.0", "a - 1.0", f"a - {reader.format(v=body_value, a='a')}"])
+        params = "a, v_" if outside else "a"
+        ops = f"({b.slot(main)}, $" + "{V})" if outside else f"({b.slot(main)},)"
+        expr = f"torch.cond({pred}, lambda {params}: ({t},), lambda {params}: ({f},), {ops})[0]"
+    else:
+        sliced = _sliced(g)
+        if sliced is None:
+            return None
+        b2, main, xs_text, _ = sliced
+        b = b2
+        body_value = "v_" if outside else same.format(v=b.slot(stored))
+        params, args = ("s, v_", f"{xs_text}, $" + "{V}") if outside else ("s", xs_text)
+        expr = f"hop_map(lambda {params}: s + {reader.format(v=body_value, a='s')}, {args})"
+    if outside:  # the top-level value is this proposal's step 0: its slot comes after the body's
+        inputs = list(b.inputs) + ["@0"]
+        expr = expr.replace("${V}", f"${len(inputs) - 1}")
+        return Proposal("strided_body", steps + [(expr, tuple(inputs))])
+    return b.proposal("strided_body", expr)
+
+
 FAMILIES = {"cond": cond, "map": map_, "scan": scan_, "while_loop": while_loop_, "no_grad": no_grad,
             "autocast": autocast, "cond_siblings": cond_siblings, "shared_body": shared_body,
-            "shared_body_eager": shared_body_eager, "body_writer": body_writer, "stored_write": stored_write}
+            "shared_body_eager": shared_body_eager, "body_writer": body_writer, "stored_write": stored_write,
+            "body_clones": body_clones, "strided_body": strided_body}
 WEIGHTS = {"cond": 14, "map": 4, "scan": 4, "while_loop": 3, "no_grad": 5, "autocast": 4, "cond_siblings": 4,
-           "shared_body": 5, "shared_body_eager": 3, "body_writer": 2, "stored_write": 3}
+           "shared_body": 5, "shared_body_eager": 3, "body_writer": 2, "stored_write": 3, "body_clones": 5,
+           "strided_body": 3}

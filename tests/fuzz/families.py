@@ -9,6 +9,7 @@ sliced or permuted, so every kept program can be exported with a dynamic batch d
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional
 
 import torch
@@ -451,14 +452,16 @@ def _computed_weight(g: Gen, shape: tuple) -> tuple[list[tuple[str, tuple]], str
 _LOW = (torch.float16, torch.bfloat16)
 
 
-def _weight_op_step(g: Gen) -> Optional[tuple[list, int, int, int, Optional[int], torch.dtype]]:
+def _weight_op_step(g: Gen, dtype: Optional[torch.dtype] = None) -> Optional[tuple[list, int, int, int, Optional[int], torch.dtype]]:
     """A conv, transposed conv (1d/2d, grouped and depthwise; batched, or unbatched: channels on
     dim 0) or linear with stored weights, as steps (sometimes after a cast of its input to
-    fp16 or bf16); with its output's channel count, channel dim and rank, the size of its
-    dim 1 when known (what a batch norm after it normalises), and its dtype."""
+    fp16 or bf16, always when `dtype` says so); with its output's channel count, channel dim
+    and rank, the size of its dim 1 when known (what a batch norm after it normalises), and its
+    dtype."""
     rng = g.rng
     later = "fusion_kinds" not in g.without  # else the draws of the seeds the tests pin
-    dtype = (rng.choice(_LOW) if rng.random() < 0.2 else torch.float32) if later else torch.float32
+    if dtype is None:
+        dtype = (rng.choice(_LOW) if rng.random() < 0.2 else torch.float32) if later else torch.float32
     steps: list = []
 
     def cast(name):  # the weight op's input, cast to `dtype` first when low
@@ -836,6 +839,384 @@ def fold_time_error(g: Gen) -> Optional[Proposal]:
                                         ("torch.ops.fuzz_device.row_sum($0)", ("@0",))])
 
 
+# -- where issue 62's faults live ------------------------------------------------------------
+# A review and an outside fuzzer found faults in what the fold does beyond evaluating ops:
+# merging copies of one value that are later written differently, reusing a stored tensor for a
+# value of the same bytes but other strides, rewriting a batch norm or a scale in another dtype or
+# across a special scalar. Each family below grows the programs those faults need.
+
+# Fresh copies of a float value `{w}` (each a new tensor: writing one changes no other), and fresh
+# tensors of a shape `{s}` from factories. Two copies made by one form are the same op on the
+# same input: a fold that merges them before their writes gives both the writes of both.
+_COPIES = ("{w}.clone()", "{w}.clone()", "{w}.detach().clone()", "{w}.clone(memory_format=torch.contiguous_format)",
+           "({w} * 1.0)", "({w} + 0.0)", "{w}.to(torch.float32, copy=True)", "torch.empty_like({w}).copy_({w})")
+_FACTORIES = ("torch.zeros({s})", "torch.ones({s})", "torch.full({s}, 2.0)", "torch.empty({s}).fill_(0.5)",
+              "torch.zeros_like({w})", "torch.ones_like({w})", "{w}.new_zeros({s})", "{w}.new_full({s}, -1.5)")
+
+
+def copy_writes(g: Gen, t: str, ex: torch.Tensor, other: Optional[str] = None) -> list[str]:
+    """In-place writes of the fresh float tensor `t` (text; `ex` its example): whole-tensor
+    updates, writes through a view of it (a row, a narrowed slice, a transpose), and updates
+    by `other` (text of a value that broadcasts to it) when given."""
+    writes = ["{t}.add_(1.0)", "{t}.mul_(2.0)", "{t}.neg_()", "{t}.fill_(0.25)", "{t}.zero_()", "{t}.clamp_(-0.5, 0.5)",
+              "{t}.exp_()", "{t}.sub_(3.0)", "{t}.div_(-4.0)", "{t}.abs_()"]
+    if ex.dim() >= 1 and ex.shape[0] >= 1:
+        writes += ["{t}[0].fill_(-1.0)", "{t}.narrow(0, 0, 1).mul_(5.0)"]
+    if ex.dim() >= 2:
+        writes += ["{t}.transpose(0, 1).add_(0.5)", "{t}.select(-1, 0).zero_()"]
+    if other is not None:
+        writes += ["{t}.add_({o})", "{t}.mul_({o})", "{t}.copy_({o})", "{t}.sub_({o}, alpha=2.0)"]
+    return [w.replace("{t}", t).replace("{o}", other or "") for w in writes]
+
+
+def written_clones(g: Gen) -> Optional[Proposal]:
+    """Two fresh copies of one value (clones, or factory tensors of one shape), each written in
+    place differently, both read (issue 62: hoisting merged two clones of one weight that were
+    later written in place differently). The copies come from the same form most of the time
+    (the same op on the same input: what a merge keys on), the writes in either order, each
+    sometimes by a second constant or runtime value; the written copies are read by one op
+    with a runtime value or by each other."""
+    rng = g.rng
+    name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.numel() <= 256 and not u.dynamic)
+    if name is None or rng.random() < 0.3:
+        name = g.random_state(rand_shape(g, 3) or (4,), torch.float32, rng.choice(["parameter", "buffer", "constant"]))
+    v = g.v(name)
+    s = shape_src(tuple(v.ex.shape))
+    forms = _COPIES if rng.random() < 0.7 else _FACTORIES
+    first = rng.choice(forms)
+    second = first if rng.random() < 0.75 else rng.choice(forms)
+    other = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and broadcastable(v, u), exclude=(name,)) \
+        if rng.random() < 0.3 else None
+    writes = copy_writes(g, "$0", v.ex, "$1" if other else None)
+    w1 = rng.choice(writes)
+    w2 = rng.choice([w for w in writes if w != w1] or writes)
+    inputs_of = lambda w: ("@{}", other) if "$1" in w else ("@{}",)  # noqa: E731
+    copy1 = (first.format(w="$0", s=s), (name,))
+    copy2 = (second.format(w="$0", s=s), (name,))
+    if rng.random() < 0.5:  # copy, write, copy, write
+        steps = [copy1, (w1, tuple(i.format(0) for i in inputs_of(w1))), copy2, (w2, tuple(i.format(2) for i in inputs_of(w2)))]
+        a, b = "@1", "@3"
+    else:  # both copies first: a merge of the two copies must not happen before either write
+        steps = [copy1, copy2, (w1, tuple(i.format(0) for i in inputs_of(w1))), (w2, tuple(i.format(1) for i in inputs_of(w2)))]
+        a, b = "@2", "@3"
+    x = g.pick(lambda u: u.ex.dtype == torch.float32 and broadcastable(u, v), "runtime")
+    if x is not None and rng.random() < 0.6:
+        steps.append((rng.choice(["($2 * $0 + $1)", "($2 + $0 - 2.0 * $1)", "torch.maximum($2 - $0, $1)"]), (a, b, x)))
+    else:
+        steps.append((rng.choice(["($0 - 2.0 * $1)", "torch.cat([$0.reshape(-1), $1.reshape(-1)])", "($0 * $1)"]), (a, b)))
+    return Proposal("written_clones", steps)
+
+
+def _strided_init(g: Gen) -> tuple[str, str]:
+    """The source of a stored float tensor with non-contiguous strides, and how it is laid out:
+    transposed (a matrix, or two dims of a 3-D tensor), channels-last (4-D), expanded (a stride
+    of 0), sliced (a step, or an offset into a larger storage)."""
+    rng = g.rng
+    seed = g.seed()
+    form = rng.choice(["transposed", "transposed", "permuted", "channels_last", "expanded", "sliced", "offset"])
+    m, n = rng.choice([2, 3, 4, 6]), rng.choice([3, 4, 5])
+    if form == "transposed":
+        return f"torch.randn({m}, {n}, generator=_g({seed})).t()", form
+    if form == "permuted":
+        return f"torch.randn(2, {m}, {n}, generator=_g({seed})).permute(0, 2, 1)", form
+    if form == "channels_last":
+        return (f"torch.randn(2, {m}, 3, {n}, generator=_g({seed})).contiguous(memory_format=torch.channels_last)",
+                form)
+    if form == "expanded":
+        return f"torch.randn({m}, 1, generator=_g({seed})).expand({m}, {n})", form
+    if form == "sliced":
+        return f"torch.randn({m}, {2 * n}, generator=_g({seed}))[:, ::2]", form
+    return f"torch.randn({m + 2}, {n}, generator=_g({seed}))[1:{m + 1}]", form
+
+
+# What a reader of a value observes beyond its elements: its strides. `view` raises on strides it
+# cannot merge, `as_strided` reads the storage in the order it is told, a `*_like` random op draws
+# its numbers in memory order (empty_like keeps a dense layout); `{c}` is the value's
+# contiguous strides, `{n}` its element count.
+_STRIDE_READERS = ("$0.view(-1)", "$0.view({n})", "torch.as_strided($0, $0.shape, {c})", "torch.rand_like($0)",
+                   "F.dropout($0, 0.5, training=True)", "$0.flatten()", "$0.reshape(-1)", "$0.mT.reshape(-1)")
+
+
+_RUNTIME_STRIDE_READERS = ("($0 + $1.float().mean()).view(-1)", "($0 * $1.float().amax()).view(-1)[1:]",
+                           "torch.rand_like($0 * $1.float().mean())", "($0 - $1.float().mean()).view($0.numel())")
+
+
+def strided_state(g: Gen) -> Optional[Proposal]:
+    """A stored tensor with non-contiguous strides (`_strided_init`), and a value the fold
+    computes with its elements but contiguous strides (``contiguous() * 1.0``, ``+ 0.0``, a
+    contiguous clone) read by ops that observe strides (`_STRIDE_READERS`) and by runtime ops
+    (issue 62: a folded value whose row-major bytes equal a stored tensor's was stored as that
+    tensor, its strides ignored: ``as_strided`` readers read other values, ``view`` raised).
+    The stored tensor itself is read too (by a runtime op, or by a view of it). A program with
+    this family skips ``view`` and ``as_strided`` in a third of its policies
+    (`generate._policy`), so those readers stay at runtime."""
+    rng = g.rng
+    init, form = _strided_init(g)
+    w = g.new_state(init, rng.choice(["parameter", "buffer", "buffer", "constant"]), "s")
+    ex = g.v(w).ex
+    same = rng.choice(["($0.contiguous() * 1.0)", "($0 + 0.0)", "$0.clone(memory_format=torch.contiguous_format)",
+                       "$0.contiguous()", "($0 * 1.0).contiguous()", "torch.empty($0.shape).copy_($0)"])
+    steps: list = [(same, (w,))]
+    strides = shape_src(tuple(torch.empty(ex.shape).stride()))
+    r = g.pick(lambda u: u.is_float, "runtime")
+    for _ in range(rng.choice([1, 1, 2])):
+        if r is not None and rng.random() < 0.5:
+            # with a runtime scalar: kept at runtime whatever the policy, and an elementwise op's
+            # result takes its tensor operand's strides (the stored tensor's, if it stands in)
+            reader = rng.choice(_RUNTIME_STRIDE_READERS)
+            steps.append((reader, ("@0", r)))
+            continue
+        reader = rng.choice(_STRIDE_READERS).replace("{c}", strides).replace("{n}", str(ex.numel()))
+        steps.append((reader, ("@0",)))
+    x = g.pick(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.shape[-1] == ex.shape[-2]
+               and ex.dim() == 2, "runtime") if ex.dim() == 2 else None
+    if x is not None:
+        steps.append((rng.choice(["($0 @ $1)", "($0 @ $1.contiguous())", "F.linear($0, $1.t())"]), (x, "@0")))
+        steps.append((rng.choice(["($0 @ $1)", "F.linear($0, $1.mT)"]), (x, w)))
+    elif rng.random() < 0.5:
+        steps.append((rng.choice(["$0.t()", "$0.transpose(0, -1)", "$0.reshape(-1)", "$0[..., :1]", "($0 * 2.0)"]), (w,)))
+    return Proposal("strided_state", steps)
+
+
+def mixed_precision(g: Gen) -> Optional[Proposal]:
+    """Ops whose activations are fp16 or bf16 and whose constants are fp32 (issue 62: a batch
+    norm with fp16 activations and fp32 running statistics, with nothing to fuse into, was
+    rewritten with its statistics rounded to fp16 first). A batch norm (eval mode, a trained
+    network's statistics: `_eval_batch_norm`) of a cast, of an op of a cast, or of an fp16/bf16
+    conv or linear (whose weight it may be fused into); a layer norm, group norm or RMS norm
+    with fp32 weights; a conv or linear in fp16/bf16 scaled or shifted by an fp32 tensor (per
+    channel or one element: type promotion makes the result fp32) or a 0-d one (no promotion).
+    The result is cast back to fp32 half of the time."""
+    rng = g.rng
+    low = rng.choice([torch.float16, torch.bfloat16])
+    lo = f"torch.{str(low).split('.')[-1]}"
+    choice = rng.randrange(4)
+    if choice in (0, 1):
+        name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and 2 <= u.ex.dim() <= 4 and 1 in u.static_dims)
+        if name is None:
+            return None
+        c = g.v(name).ex.shape[1]
+        # activations about `offset` (a trained network's batch norm has its running mean there,
+        # and the normalised value is the small difference of two large ones), or about 0
+        offset = rng.choice([0.0, 0.0, 20.0, -50.0, 300.0])
+        between = rng.choice(["$0.to({lo})", "F.relu($0.to({lo}))", "($0.to({lo}) * 2.0)", "$0.to({lo}).abs()",
+                              "($0 * {scale} + {offset}).to({lo})"] + ["($0 * {scale} + {offset}).to({lo})"] * 3 * (offset != 0))
+        between = between.replace("{lo}", lo).replace("{scale}", repr(rng.choice([0.5, 2.0]))).replace("{offset}", repr(offset))
+        steps: list = [(between, (name,))]
+        if choice == 1 and g.v(name).ex.dim() in (3, 4) and c <= 8:  # an fp16/bf16 conv first: fusable
+            r = g.v(name).ex.dim()
+            cout = rng.choice([2, 4])
+            wt = g.random_state((cout, c) + (1,) * (r - 2), low, "parameter", "randn")
+            steps.append((f"F.conv{r - 2}d($0, $1)", ("@0", wt)))
+            c = cout
+        if offset != 0 and rng.random() < 0.7:  # fp32 statistics about the activations' offset
+            mean = g.new_state(f"torch.randn({c}, generator=_g({g.seed()})) + {offset!r}", "buffer", "b")
+            var = g.new_state(f"torch.empty({c}).uniform_(-9.0, 1.0, generator=_g({g.seed()})).exp()", "buffer", "b")
+            weight = g.new_state(f"torch.randn({c}, generator=_g({g.seed()}))", "parameter", "w")
+            bias = g.new_state(f"torch.randn({c}, generator=_g({g.seed()}))", "parameter", "w")
+            eps = rng.choice([1e-3, 1e-5])
+            steps.append((f"F.batch_norm($0, $1, $2, $3, $4, training=False, momentum=0.1, eps={eps})",
+                          (f"@{len(steps) - 1}", mean, var, weight, bias)))
+        else:
+            steps.append(_eval_batch_norm(g, f"@{len(steps) - 1}", c))  # fp32 statistics
+    elif choice == 2:
+        name = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 2 and 1 in u.static_dims
+                               and u.ex.dim() - 1 in u.static_dims)
+        if name is None:
+            return None
+        shape = tuple(g.v(name).ex.shape)
+        c, last = shape[1], shape[-1]
+        wt = g.random_state((last,), torch.float32, "parameter", "randn")
+        bs = g.random_state((last,), torch.float32, "parameter", "randn")
+        gw = g.random_state((c,), torch.float32, "parameter", "randn")
+        forms = [(f"F.layer_norm($0.to({lo}), ({last},), $1, $2, eps=1e-5)", (name, wt, bs)),
+                 (f"F.rms_norm($0.to({lo}), ({last},), $1, eps=1e-5)", (name, wt))]
+        if len(shape) >= 3:
+            forms.append((f"F.group_norm($0.to({lo}), 1, $1, None)", (name, gw)))
+        steps = [rng.choice(forms)]
+    else:
+        found = _weight_op_step(g, low)
+        if found is None:
+            return None
+        steps, channels, axis, rank, _, _ = found
+        kind = rng.choice(["mul", "div", "add", "sub"])
+        full = [1] * rank
+        full[axis] = channels
+        shape = rng.choice([tuple(full), tuple(full[axis:]), (1,), ()])
+        style = "pos" if kind == "div" else "randn"
+        operand = g.random_state(shape, torch.float32, rng.choice(["parameter", "buffer", "constant"]), style)
+        op = {"mul": "*", "div": "/", "add": "+", "sub": "-"}[kind]
+        steps.append((f"$0 {op} $1", (f"@{len(steps) - 1}", operand)))
+    if rng.random() < 0.5:
+        steps.append(("$0.float()", (f"@{len(steps) - 1}",)))
+    return Proposal("mixed_precision", steps)
+
+
+# Special scalars of each float dtype: signed zeros, infinities, NaN, the smallest subnormal, the
+# smallest normal, and values near the largest finite one (`torch.finfo`).
+def special_values(dtype: torch.dtype) -> tuple[str, ...]:
+    f = torch.finfo(dtype)
+    sub = f.smallest_normal * f.eps  # the smallest subnormal
+    return ("0.0", "-0.0", "float('inf')", "float('-inf')", "float('nan')", repr(float(sub)), repr(-float(sub)),
+            repr(float(f.smallest_normal)), repr(float(f.max)), repr(-float(f.max)), repr(float(f.max) / 2),
+            repr(float(f.eps)), "1.0")
+
+
+# Ops after a rewritten value that show what an output comparison otherwise calls equal: the sign
+# of a zero (``1 / -0.0`` is -inf), NaN against a number, an infinity's sign.
+_EXPOSERS = ("(1.0 / $0)", "torch.signbit($0)", "torch.atan2($0, torch.full_like($0, -1.0))", "$0.isnan()",
+             "torch.copysign(torch.ones_like($0), $0)", "($0 * float('inf'))")
+
+
+def special_scalars(g: Gen) -> Optional[Proposal]:
+    """A conv or linear (`_weight_op_step`, fp32 or fp16/bf16), then 1-3 of what the fold
+    rewrites into its weight and bias (issue 54's rule), each by a special scalar of its dtype
+    (`special_values`: ±0, ±inf, NaN, subnormals, values near the dtype's limits) as a number,
+    a one-element tensor or a per-channel tensor holding one among ordinary values: ``* c``,
+    ``/ c``, ``+ c``, ``- c``, or an eval-mode batch norm whose statistics, weight or bias hold
+    one (a zero variance with eps 0 included); then, most of the time, an op that shows signed
+    zeros, NaN and infinities (`_EXPOSERS`; issue 62: ``linear(x) * 0.0`` folded into the
+    weights gave ``1 / +0.0`` where eager gave ``1 / -0.0``). The weight op's input sometimes
+    holds an infinity first (a NaN after ``* 0``)."""
+    rng = g.rng
+    dtype = rng.choice([torch.float32, torch.float32, torch.float16, torch.bfloat16])
+    found = _weight_op_step(g, dtype)
+    if found is None:
+        return None
+    steps, channels, axis, rank, dim1, dtype = found
+    if rng.random() < 0.25:  # an infinity in the weight op's input
+        first_inputs = steps[0][1]
+        steps = [("torch.where($0 > 1.5, float('inf'), $0)", (first_inputs[0],))] + [
+            (e, tuple("@0" if k == 0 and i == first_inputs[0] else (f"@{int(i[1:]) + 1}" if i.startswith("@") else i)
+                      for k, i in enumerate(ins))) for e, ins in steps]
+    values = special_values(dtype)
+    tail = f".to(torch.{str(dtype).split('.')[-1]})" if dtype != torch.float32 else ""
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        prev = f"@{len(steps) - 1}"
+        kind = rng.choice(["mul", "mul", "div", "add", "sub", "bn"])
+        value = rng.choice(values)
+        if kind == "bn" and dim1 is not None and rank >= 2:
+            steps.append(_special_batch_norm(g, prev, dim1, dtype, value))
+            continue
+        u = rng.random()
+        if u < 0.4:
+            operand, state = value, ()
+        else:
+            full = [1] * rank
+            full[axis] = channels
+            shape = (1,) if u < 0.6 else tuple(full)
+            n = numel(shape)
+            entries = [value] + [repr(round(rng.uniform(-2, 2), 3)) for _ in range(n - 1)]
+            rng.shuffle(entries)
+            init = f"torch.tensor([{', '.join(entries)}]).reshape({shape_src(shape)}){tail}"
+            operand, state = "$1", (g.new_state(init, rng.choice(["parameter", "buffer", "constant"]), "z"),)
+        op = {"mul": "*", "div": "/", "add": "+", "sub": "-"}.get(kind, "*")
+        expr = f"$0 {op} {operand}" if kind in ("div", "sub") or rng.random() < 0.5 else f"{operand} {op} $0"
+        steps.append((expr, (prev,) + state))
+    if rng.random() < 0.8:
+        steps.append((rng.choice(_EXPOSERS), (f"@{len(steps) - 1}",)))
+    return Proposal("special_scalars", steps)
+
+
+def _special_batch_norm(g: Gen, source: str, c: int, dtype: torch.dtype, value: str) -> tuple[str, tuple]:
+    """An eval-mode batch norm of `source` with `c` channels (statistics in `dtype`) one of whose
+    vectors (running mean or variance, weight, bias) holds `value` in one channel; or a zero
+    variance with eps 0."""
+    rng = g.rng
+    tail = f".to(torch.{str(dtype).split('.')[-1]})" if dtype != torch.float32 else ""
+    which = rng.choice(["mean", "var", "weight", "bias", "zero_var"])
+    vectors = {"mean": f"torch.randn({c}, generator=_g({g.seed()}))",
+               "var": f"(torch.rand({c}, generator=_g({g.seed()})) + 0.5)",
+               "weight": f"torch.randn({c}, generator=_g({g.seed()}))",
+               "bias": f"torch.randn({c}, generator=_g({g.seed()}))"}
+    k = rng.randrange(c)
+    for key in vectors:
+        if key == which or (which == "zero_var" and key == "var"):
+            special = "0.0" if which == "zero_var" else value
+            vectors[key] = f"{vectors[key]}.index_fill(0, torch.tensor([{k}]), {special})"
+    eps = 0.0 if which == "zero_var" else rng.choice([1e-5, 0.0])
+    mean = g.new_state(vectors["mean"] + tail, "buffer", "b")
+    var = g.new_state(vectors["var"] + tail, "buffer", "b")
+    weight = g.new_state(vectors["weight"] + tail, "parameter", "w")
+    bias = g.new_state(vectors["bias"] + tail, "parameter", "w")
+    return (f"F.batch_norm($0, $1, $2, $3, $4, training=False, momentum=0.1, eps={eps})",
+            (source, mean, var, weight, bias))
+
+
+def kept_random(g: Gen) -> Optional[Proposal]:
+    """A random op kept at runtime (``torch.rand``, ``randn``, ``rand_like``, ``dropout`` in
+    training mode, ``bernoulli``) among constant subgraphs (stored weights scaled, transposed,
+    concatenated, stacked), and 2-5 ops reading them with a runtime value: ``linear`` (a
+    constant weight, or one the random op changes), ``stack``, ``bmm``, ``cat``, ``matmul``
+    (issue 62: such a folded program failed XNNPACK's partitioner, "Invalid partition, found
+    dependency cycles", where the unfolded program lowered)."""
+    rng = g.rng
+    x = g.pick(lambda u: u.ex.dtype == torch.float32 and u.ex.dim() >= 1 and u.ex.dim() - 1 in u.static_dims
+               and u.ex.shape[-1] <= 8, "runtime")
+    if x is None:
+        return None
+    k = g.v(x).ex.shape[-1]
+    n = rng.choice([k, 2, 3, 4])
+    steps: list = []
+    if g.v(x).ex.dim() != 2:
+        steps.append((f"$0.reshape(-1, {k})", (x,)))
+        x = "@0"
+    consts, randoms, runtime = [], [], [x]
+
+    def add(expr: str, inputs: tuple, into: Optional[list]) -> str:
+        steps.append((expr, inputs))
+        ref = f"@{len(steps) - 1}"
+        if into is not None:
+            into.append(ref)
+        return ref
+
+    for _ in range(rng.choice([1, 2, 2, 3])):  # constant subgraphs of shape (n, k)
+        w = g.random_state((n, k), torch.float32, rng.choice(["parameter", "parameter", "buffer"]), "randn")
+        form = rng.choice(["($0 * 2.0)", "$0.tanh()", "$0", "($0 + $1)", "torch.cat([$0[:1], $1[1:]])",
+                           "torch.stack([$0, $1]).sum(0)", "$0.t().t().contiguous()"])
+        inputs = (w, consts[-1]) if "$1" in form and consts else (w, w) if "$1" in form else (w,)
+        add(form, inputs, consts)
+    for _ in range(rng.choice([1, 1, 2])):  # random ops of shape (n, k), kept at runtime
+        form = rng.choice([f"torch.rand({n}, {k})", f"torch.randn({n}, {k})", "torch.rand_like($0)",
+                           "F.dropout($0, 0.5, training=True)", "torch.bernoulli(torch.full_like($0, 0.5))",
+                           "($0 + torch.randn_like($0) * 0.01)"])
+        add(form, (rng.choice(consts),) if "$0" in form else (), randoms)
+    if rng.random() < 0.3:
+        # one runtime value read by a stack (then a reduction XNNPACK does not take) and by a cat
+        # with a constant that a linear then reads as its weight: the shape executorch 1.5.1's
+        # GroupBasedPartitioner merges into two partitions that read each other
+        r, ca, cb = rng.choice(randoms), rng.choice(consts), rng.choice(consts)
+        u = add(rng.choice(["F.relu($0)", "($0 * 2.0)", "$0.neg()", "$0"]), (r,), randoms)
+        stacked = add(rng.choice(["torch.stack([$0, $1]).sum(0)", "torch.stack([$1, $0]).amax(0)",
+                                  "torch.bmm(torch.stack([$0, $1]), torch.stack([$1, $0]).transpose(1, 2)).sum(0)[:, :1].expand(-1, $0.shape[1])"]),
+                      (u, ca), randoms)
+        add(rng.choice(["torch.cat([$1, $0], 0)[:{n}]", "torch.cat([$1, $0], 0)"]).replace("{n}", str(n)), (u, cb), None)
+        add("F.linear($0, $1)", (stacked, cb), None)
+    for _ in range(rng.randint(2, 6)):
+        c, r, y = rng.choice(consts), rng.choice(randoms), rng.choice(runtime)
+        use = rng.choice([
+            # values of shape (n, k) that read the random op, kept at runtime with it
+            ("F.relu($0)", (r,), randoms), ("torch.stack([$0, $1]).sum(0)", (r, c), randoms),
+            ("torch.cat([$1, $0], 0)[:{n}]", (r, c), randoms), ("($0 * $1)", (r, c), randoms),
+            # linears with a constant weight, of the input or of those values
+            ("F.linear($0, $1)", (y, c), None), ("F.linear($0, $1)", (r, c), None),
+            ("F.linear($0, $1 + $2)", (y, c, r), None), ("F.linear($0, $1, $2.sum(1))", (y, c, r), None),
+            ("torch.bmm(torch.stack([$1, $2]), $0.t().unsqueeze(0).expand(2, -1, -1)).sum(0).t()", (y, c, r), None),
+            ("torch.bmm(torch.stack([$1, $2]), torch.stack([$2, $1]).transpose(1, 2)).sum(0)", (y, c, r), None),
+            ("torch.matmul($0, $1.t()) + torch.matmul($0, $2.t())", (y, c, r), None),
+            ("torch.cat([F.linear($0, $1), F.linear($0, $2)], -1)", (y, c, r), None),
+            ("torch.stack([F.linear($0, $1), F.linear($0, $2)]).sum(0)", (y, c, r), None),
+        ])
+        expr, inputs, into = use
+        used = sorted({int(m) for m in re.findall(r"\$(\d+)", expr)})  # the slots it reads, renumbered
+        inputs = tuple(inputs[i] for i in used)
+        expr = re.sub(r"\$(\d+)", lambda m: f"${used.index(int(m.group(1)))}", expr).replace("{n}", str(n))
+        out = add(expr, inputs, into)
+        if expr.startswith(("F.linear", "torch.matmul", "torch.stack([F")) and n == k and inputs[0] in runtime:
+            runtime.append(out)  # (batch, n): another linear's input when n == k
+    return Proposal("kept_random", steps)
+
+
 FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "elementwise": elementwise,
     "binary": binary,
@@ -855,15 +1236,22 @@ FAMILIES: dict[str, Callable[[Gen], Optional[Proposal]]] = {
     "subclass_weight": subclass_weight,
     "tied_gather": tied_gather,
     "fold_time_error": fold_time_error,
+    "written_clones": written_clones,
+    "strided_state": strided_state,
+    "mixed_precision": mixed_precision,
+    "special_scalars": special_scalars,
+    "kept_random": kept_random,
 }
 
 _WEIGHTS = {"elementwise": 12, "binary": 14, "reduce": 6, "cast": 8, "view": 16, "index": 8, "norm": 4, "conv": 6,
             "attention": 1, "inplace": 6, "factory": 5, "mutation": 3, "random": 2, "siblings": 2,
-            "undeclared_write": 2, "subclass_weight": 2, "tied_gather": 2, "fold_time_error": 2}
+            "undeclared_write": 2, "subclass_weight": 2, "tied_gather": 2, "fold_time_error": 2,
+            "written_clones": 3, "strided_state": 3, "mixed_precision": 3, "special_scalars": 3, "kept_random": 2}
 # no norms: a batch_norm makes torchao's convert_pt2e export ~100 conv-bn patterns (~100 s)
 # nor tensor-subclass weights or undeclared writes: PT2E's prepare/convert would have to trace them
 _QUANT_WEIGHTS = {**_WEIGHTS, "conv": 24, "binary": 18, "random": 0, "mutation": 1, "norm": 0, "subclass_weight": 0,
-                  "undeclared_write": 0, "tied_gather": 0, "fold_time_error": 0}
+                  "undeclared_write": 0, "tied_gather": 0, "fold_time_error": 0, "written_clones": 0, "strided_state": 0,
+                  "mixed_precision": 0, "special_scalars": 0, "kept_random": 0}
 
 
 def weights(quantize: bool, control_flow: bool = False) -> dict[str, float]:

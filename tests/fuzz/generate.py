@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .program import HEADER, MiB, Input, Op, PolicySpec, Program, State, execute, fill
+from .program import HEADER, MiB, Input, Op, PolicySpec, Program, State, draws_random, execute, fill
 
 BATCHES = (3, 5)  # example batch sizes: the program must run at both (never 0 or 1: export specialises those)
 # With flipped inputs (`Gen(flip=True)`), a third example: batch 3 with every float input negated.
@@ -112,6 +112,7 @@ class Gen:
         self._pending: list[str] = []
         self._counter = 0
         self.without: frozenset = frozenset()  # families never drawn (`GenConfig.without`)
+        self.lowerable_bodies = False  # `GenConfig.lowerable_bodies`
 
     # -- names and examples ------------------------------------------------------------------
 
@@ -209,7 +210,8 @@ class Gen:
                 name = self.fresh("v")
                 for env, out in zip(self.envs, outs):
                     env[name] = out
-                kind = "runtime" if any(self._kind(i) == "runtime" for i in resolved) or proposal.family == "random" else "const"
+                kind = "runtime" if any(self._kind(i) == "runtime" for i in resolved) or proposal.family == "random" \
+                    or draws_random(expr) else "const"
                 if proposal.mutates:
                     kind = "runtime"
                 v = Value(name, kind, tuple(outs), temp=self._is_temp(outs[0]))
@@ -233,7 +235,10 @@ class Gen:
         return self.values[name].kind
 
     def _state_copies(self, env) -> dict:
-        return {k: t.clone() for k, t in vars(env["self"]).items() if type(t) is torch.Tensor}  # subclasses: never written
+        # subclasses are never written, nor is an expanded tensor (elements sharing memory: an
+        # in-place write to it raises before it writes)
+        return {k: t.clone() for k, t in vars(env["self"]).items() if type(t) is torch.Tensor
+                and not any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))}
 
     def _is_temp(self, t: torch.Tensor) -> bool:
         owned = {self.envs[0][i.name].untyped_storage().data_ptr() for i in self.inputs}
@@ -320,6 +325,9 @@ class GenConfig:
             cond, map, scan, while_loop, no_grad and autocast regions), never quantized, with
             flipped inputs (`FLIP`) so that both branches of a runtime cond are checked.
         without: families never drawn.
+        lowerable_bodies: families that choose a kind of body (`control_flow.body_clones`) choose
+            only the control flow executorch 1.5.1 emits and keeps as such (cond, map, scan): no
+            while_loop, no no_grad or autocast region (`--documented`).
     """
 
     min_ops: int = 10
@@ -329,8 +337,16 @@ class GenConfig:
     input_name_fraction: float = 0.1
     control_flow: bool = False
     without: tuple[str, ...] = ()
+    lowerable_bodies: bool = False
 
 
+# Issue 62's families (`families`, `control_flow`): where its faults live (copies written in
+# place, stored tensors with other strides, mixed precision, special scalars, kept random ops
+# among constants, and the same in control-flow bodies).
+ISSUE_62_FAMILIES = ("written_clones", "strided_state", "mixed_precision", "special_scalars", "kept_random",
+                     "body_clones", "strided_body")
+# The families whose every value that no later op reads is an output (`_choose_outputs`).
+LEAF_OUTPUTS = frozenset(ISSUE_62_FAMILIES)
 # Families added after the campaign seeds the tests pin were drawn (issue 52's writes, siblings,
 # subclass weights and shared bodies): a pinned seed regenerates its program with `pinned(config)`.
 # "fusion_kinds": issue 54's later weight-chain kinds (unbatched convs, fp16/bf16 chains with
@@ -340,7 +356,7 @@ class GenConfig:
 # "fold_time_error": issue 52's op that raises only while folding (`tests.fuzz.device_ops`).
 LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
                   "shared_body", "shared_body_eager", "body_writer", "tied_gather", "stored_write",
-                  "fold_time_error")
+                  "fold_time_error") + ISSUE_62_FAMILIES
 
 
 def pinned(config: "GenConfig") -> "GenConfig":
@@ -360,11 +376,12 @@ CONTROL_FLOW = GenConfig(min_ops=6, max_ops=30, quantize_fraction=0.0, control_f
 # that requires grad is being used in an in-place operation"), no `fold_time_error` (its op has
 # no ExecuTorch kernel) nor `tied_gather` (not control flow; its five steps would overshoot the
 # bound, and the plain campaign's .pte cases lower it), and at most 20 ops, as each program is
-# lowered for the runtime (seconds per program).
+# lowered for the runtime (seconds per program). Issue 62's `kept_random` draws random ops;
+# `body_clones` draws no while_loop or region (`lowerable_bodies`).
 CONTROL_FLOW_PTE = GenConfig(min_ops=6, max_ops=20, quantize_fraction=0.0, control_flow=True,
                              without=("random", "while_loop", "no_grad", "autocast", "mutation", "shared_body_eager",
                                       "body_writer", "stored_write", "fold_time_error",
-                                      "tied_gather"))
+                                      "tied_gather", "kept_random"), lowerable_bodies=True)
 
 
 def generate(seed: int, config: GenConfig = GenConfig()) -> Program:
@@ -404,6 +421,7 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
 
     g = Gen(rng, flip=config.control_flow)
     g.without = frozenset(config.without)
+    g.lowerable_bodies = config.lowerable_bodies
     quantize = rng.random() < config.quantize_fraction
     dynamic = not quantize and rng.random() < config.dynamic_fraction
     arg = "input" if rng.random() < config.input_name_fraction else "x"
@@ -427,6 +445,9 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
             proposal = families.FAMILIES[family](g)
         except Rejected:
             proposal = None
+        if proposal is not None and family in ISSUE_62_FAMILIES and len(g.ops) + len(proposal.steps) > config.max_ops:
+            proposal = None  # a long proposal of these families would overshoot the program's bound
+            g._undo(0, [])  # the stored tensors it made
         if proposal is not None:
             g.commit(proposal)
     g._pending.clear()
@@ -441,7 +462,8 @@ def _generate(seed: int, rng: random.Random, config: GenConfig) -> Program:
         outputs=outputs,
         dynamic_batch=dynamic,
         quantize=quantize,
-        policy=_policy(rng, any(op.family == "undeclared_write" for op in g.ops)),
+        policy=_policy(rng, any(op.family == "undeclared_write" for op in g.ops),
+                       any(op.family in ("strided_state", "strided_body") for op in g.ops)),
         flip_inputs=config.control_flow,
     )
 
@@ -463,6 +485,10 @@ def _choose_outputs(g: Gen) -> tuple[str, ...]:
     # (and write) is an output, but a conv its batch norm reads (a second reader stops the fusion)
     inner = {i for op in g.ops if op.family == "stored_write" for i in op.inputs}
     outs += [op.out for op in g.ops if op.family == "stored_write" and op.out not in inner and op.out not in outs]
+    # the values of the families where issue 62's faults live show them only when read: each
+    # value of theirs that no later op reads is an output
+    read = {i for op in g.ops for i in op.inputs}
+    outs += [op.out for op in g.ops if op.family in LEAF_OUTPUTS and op.out not in read and op.out not in outs]
     consts = [n for n in op_values if g.values[n].kind == "const"]
     if consts and g.rng.random() < 0.3:
         name = g.rng.choice(consts)
@@ -484,13 +510,18 @@ _SKIPPABLE = ("aten.mul.Tensor", "aten.add.Tensor", "aten.permute.default", "ate
               "aten.reshape", "aten.index_select.default", "aten.conv2d.default", "aten.linear.default")
 
 
-def _policy(rng: random.Random, writes_undeclared: bool) -> PolicySpec:
+def _policy(rng: random.Random, writes_undeclared: bool, strided: bool = False) -> PolicySpec:
     """`random_policy`; a program with an ``undeclared_write`` op skips that op a third of the
     time: an op a limit or a skipped target keeps at runtime is probed for its writes
-    (`folding.plan.Plan.probed`), so the write must be learnt all the same (issue 52)."""
+    (`folding.plan.Plan.probed`), so the write must be learnt all the same (issue 52). A program
+    with a `families.strided_state` op skips ``view`` and ``as_strided`` a third of the time,
+    so that readers which observe strides stay at runtime next to folded values (issue 62)."""
     policy = random_policy(rng)
     if writes_undeclared and rng.random() < 1 / 3:
         policy = dataclasses.replace(policy, skip_targets=tuple(policy.skip_targets) + ("fuzz_writes.bump.default",))
+    if strided and rng.random() < 1 / 3:
+        policy = dataclasses.replace(policy, skip_targets=tuple(policy.skip_targets) + (
+            "aten.view.default", "aten.as_strided.default", "aten._unsafe_view.default"))
     return policy
 
 

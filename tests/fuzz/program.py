@@ -120,12 +120,11 @@ class Program:
 
     @property
     def has_random(self) -> bool:
-        return any(op.family == "random" for op in self.ops)
+        return any(op.family == "random" or draws_random(op.expr) for op in self.ops)
 
     @property
     def has_while_loop(self) -> bool:
-        return any(op.family == "while_loop" or (op.family == "shared_body_eager" and "while_loop(" in op.expr)
-                   for op in self.ops)
+        return any(op.family == "while_loop" or "while_loop(" in op.expr for op in self.ops)
 
     @property
     def shares_bodies(self) -> bool:
@@ -152,6 +151,16 @@ class Program:
 
 
 _SLOT = re.compile(r"\$(\d+)")
+# A call that draws from torch's RNG in an op's expression (stored tensors' initial values draw
+# from seeded generators in `State.init`, never in an op).
+_RANDOM_CALL = re.compile(r"\btorch\.(rand|randn|randint|randperm|bernoulli|normal|poisson|multinomial|rand_like|"
+                          r"randn_like|randint_like)\(|\bF\.(dropout|dropout1d|dropout2d|alpha_dropout|rrelu)\(|"
+                          r"\.(uniform_|normal_|bernoulli_|random_|exponential_|cauchy_|geometric_|log_normal_)\(")
+
+
+def draws_random(expr: str) -> bool:
+    """`expr` calls a random op (its value differs between calls and from the runtime's RNG)."""
+    return bool(_RANDOM_CALL.search(expr))
 
 
 def fill(expr: str, refs: list[str]) -> str:

@@ -58,6 +58,43 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
                 "assert str(again.program.graph) == str(result.program.graph)",
                 "for k, v in result.program.constants.items():",
                 "    assert torch.equal(v, again.program.constants[k]), k"]
+    if check == "differs":  # stage second-fold
+        return ["import io",
+                "from tests.fuzz.check import program_record, record_difference",
+                "first = program_record(result.program, result.report)  # before it runs",
+                "initial = {k: t.untyped_storage().clone() for k, t in {**program.state_dict, **program.constants}.items()",
+                "           if type(t) in (torch.Tensor, torch.nn.Parameter)}",
+                "with torch.no_grad(), torch.compiler.set_stance('force_eager'):",
+                "    torch.manual_seed(0)",
+                "    result.program.module()(*inputs)  # shares the caller's stored tensors where unchanged",
+                "buffer = io.BytesIO()",
+                "torch.export.save(result.program, buffer)",
+                "buffer.seek(0)",
+                "loaded = torch.export.load(buffer)",
+                "with torch.no_grad(), torch.compiler.set_stance('force_eager'):",
+                "    torch.manual_seed(0)",
+                "    loaded.module()(*inputs)",
+                "for k, t in {**program.state_dict, **program.constants}.items():  # the bytes the run wrote back (as the harness)",
+                "    if k in initial:",
+                "        t.untyped_storage().copy_(initial[k])",
+                "again = fold_constants(program, policy)",
+                "print(record_difference(first, program_record(again.program, again.report)))  # None: the same"]
+    if check == "run-writes-caller":  # stage second-fold
+        return ["before = {k: t.detach().clone() for k, t in {**program.state_dict, **program.constants}.items()}",
+                "with torch.no_grad(), torch.compiler.set_stance('force_eager'):",
+                "    torch.manual_seed(0)",
+                "    result.program.module()(*inputs)  # the folded program, on its own stored tensors",
+                "print([k for k, t in {**program.state_dict, **program.constants}.items()",
+                "       if not torch.equal(t, before[k])])  # the caller's tensors it wrote (the unfolded program's mutated buffers only)"]
+    if check in ("fusion-numerics", "fusion-zero-sign", "fusion-mixed-precision"):
+        return ["from folding.sizes import stored_constant_bytes",
+                "from folding.weight_fusion import fuse_into_weights",
+                "from tests.fusion_bounds import rewrite_problem",
+                "from tests.fuzz.rewrites import rewrite_problems",
+                "fusion = fuse_into_weights(program, policy, stored_constant_bytes(program))",
+                "print(fusion.replaced)",
+                f"print(rewrite_problem(program, fusion.program, fusion.replaced, {inputs}))  # None: within the bound",
+                f"print(list(rewrite_problems(program, fusion.program, fusion.replaced, {inputs})))  # []: none"]
     if check == "report-bytes":
         return ["from folding.sizes import stored_constant_bytes",
                 "print(result.report.constant_bytes_after, stored_constant_bytes(result.program))"]
