@@ -1,9 +1,6 @@
 """Eager evaluation of the nodes a plan evaluates (`Plan.evaluated`), one op at a time, freeing
-each value after its last use.
-
-What evaluation learns that the analysis missed (an undeclared write) it returns as data,
-``Evaluation.learnt``, and the ops it kept, ``Evaluation.kept``; the driver (`fold._fold_once`)
-records it in `fold.Constraints` and redoes the attempt."""
+each value after its last use. What the analysis missed (an undeclared write, an op kept) it
+returns as data; the driver records it in `fold.Constraints` and redoes the attempt."""
 
 from __future__ import annotations
 
@@ -46,8 +43,7 @@ class UndeclaredWrite:
 
 
 class _Stop(Exception):
-    """Ends `_Evaluator.run` early; never leaves this module (`evaluate` returns what
-    it carries as ``Evaluation.learnt``)."""
+    """Ends `_Evaluator.run` early; `evaluate` returns what it carries as ``Evaluation.learnt``."""
 
     def __init__(self, learnt: UndeclaredWrite) -> None:
         super().__init__(str(learnt))
@@ -109,22 +105,15 @@ class _OpRaised(Exception):
     """The op of a folded node raised (the only error evaluation turns into a kept node)."""
 
 
-# The ``env`` value of a node that evaluation holds no value for: a runtime input or op, a
-# kept node, an assertion.
-_NO_VALUE = object()
+_NO_VALUE = object()  # ``env`` of a runtime input or op, a kept node, an assertion
 
 
 class _Evaluator:
-    """Runs the ops of ``plan.evaluated`` in order, and only those (not a ``torch.fx.Interpreter``:
-    its ``run`` visits every node of the graph, and a fold evaluates a part of it). ``env``
-    holds each live value, `_NO_VALUE` for a node evaluation holds none; a placeholder's value
-    is its stored tensor (``placeholder_value``) when it is constant, a ``get_attr``'s the
-    module's attribute, read when a folded node first reads it (`_load`). Each op gets stand-ins
-    of the inputs it is not known to write (`_WriteGuard`), and each value is dropped after
-    ``plan.release`` says it is last used, the ``plan.materialise`` values stored first as
-    owned, canonical-layout tensors. Only an error raised by an op keeps a node
-    (``Reason.EVALUATION_ERROR``); an error in the framework itself propagates unchanged.
-    """
+    """Runs the ops of ``plan.evaluated`` in order, and only those (a ``torch.fx.Interpreter``
+    visits every node). Each op gets stand-ins of the inputs it is not known to write
+    (`_WriteGuard`); each value is dropped after ``plan.release`` says it is last used, the
+    ``plan.materialise`` values stored first as owned, canonical-layout tensors. Only an error
+    raised by an op keeps a node; an error in the framework itself propagates unchanged."""
 
     def __init__(
         self,
@@ -136,14 +125,16 @@ class _Evaluator:
         self.module, self.plan, self.analysis, self.placeholder_value = module, plan, analysis, placeholder_value
         self.env: dict[torch.fx.Node, object] = {}
         self.out = Evaluation()
-        self._due = _release_schedule(plan)
+        self._due: dict[int, list[torch.fx.Node]] = {}  # position -> the nodes last used there
+        for n, i in plan.release.items():
+            self._due.setdefault(i, []).append(n)
         self._released = 0  # ``_due`` is done for the positions before this one
         self._materialise = set(plan.materialise)  # grows where a kept node's folded inputs are stored
         self._caller_storages: set[int] = set()
-        self._live = _LiveBytes(self.out)
+        self._live: dict[torch.fx.Node, int] = {}  # bytes of each live intermediate tensor
+        self._live_total = 0
 
     def run(self) -> Evaluation:
-        """Evaluate ``plan.evaluated`` in order and return the `Evaluation`."""
         for position, node in enumerate(self.plan.evaluated):
             self._release_before(position)
             self.env[node] = self._evaluate_node(node)
@@ -180,8 +171,10 @@ class _Evaluator:
             return self._keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
         if facts.uninitialised:
             result.zero_()
-        if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):
-            self._live.add(node, result.nbytes)
+        if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):  # views count 0
+            self._live[node] = result.nbytes
+            self._live_total += result.nbytes
+            out.peak_intermediate_bytes = max(out.peak_intermediate_bytes, self._live_total)
         return result
 
     def _held(self, n: torch.fx.Node) -> object:
@@ -198,7 +191,7 @@ class _Evaluator:
         for index in range(self._released, position):
             for node in self._due.pop(index, ()):
                 value = self.env.pop(node, None)
-                self._live.drop(node)
+                self._live_total -= self._live.pop(node, 0)
                 if node in self._materialise and isinstance(value, torch.Tensor):
                     self.out.values[node] = owned_canonical(value, self._caller_storages)
                 elif node in self._materialise and isinstance(value, (int, float, bool)):
@@ -236,34 +229,13 @@ def _call(op: Callable, args, kwargs) -> object:
         raise _OpRaised(f"{type(e).__name__}: {e}".strip()) from e
 
 
-class _LiveBytes:
-    """The bytes of the live intermediate tensors an evaluation holds (views count 0); their
-    largest sum is its ``peak_intermediate_bytes``."""
-
-    def __init__(self, out: Evaluation) -> None:
-        self.out, self.total, self.of = out, 0, {}
-
-    def add(self, node: torch.fx.Node, nbytes: int) -> None:
-        self.of[node] = nbytes
-        self.total += nbytes
-        self.out.peak_intermediate_bytes = max(self.out.peak_intermediate_bytes, self.total)
-
-    def drop(self, node: torch.fx.Node) -> None:
-        self.total -= self.of.pop(node, 0)
-
-
 def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Node], object]) -> bool:
     """Run `node`, a custom op that stays in the program (`Plan.probed`), on stand-ins of its
-    inputs and drop its result: only to learn whether it writes one its schema does not
-    declare (a write to a constant it reads would leave the folded readers of that constant
-    stale from the next call on). `held`: the value evaluation holds for an input, or
-    `_NO_VALUE`; an input without one (a runtime input, a value kept at runtime) is a zero
-    tensor of its shape on the example inputs (a symbolic size's hint). The inputs the op is
-    known to write get private copies, unwatched. A result that shares storage with a constant
-    input's stand-in is an alias the schema does not declare: a later in-place update of the
-    result would write the constant, so the op is taken to write it. An op that raises on these
-    inputs, or an input whose size has no hint (data-dependent), teaches nothing: the op stays
-    as it is, and a write it hides stays hidden.
+    inputs and drop its result, only to learn whether it writes (or returns a view of) a
+    constant its schema does not declare. `held`: the value evaluation holds for an input, or
+    `_NO_VALUE`: then a zero tensor of its shape on the example inputs. The inputs the op is
+    known to write get private copies, unwatched. An op that raises on these inputs, or an
+    input whose size has no hint, teaches nothing: a write it hides stays hidden.
 
     Returns whether the op ran. Raises `_Stop` with an `UndeclaredWrite`."""
     guard = _WriteGuard(node, analysis)
@@ -292,14 +264,6 @@ def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Nod
     if aliased is not None:
         raise _Stop(UndeclaredWrite(node, aliased, aliased=True))
     return True
-
-
-def _release_schedule(plan: Plan) -> dict[int, list[torch.fx.Node]]:
-    """Position in ``plan.evaluated`` -> the nodes whose value is last used there."""
-    due: dict[int, list[torch.fx.Node]] = {}
-    for n, i in plan.release.items():
-        due.setdefault(i, []).append(n)
-    return due
 
 
 def _metadata_lookup(
@@ -342,16 +306,12 @@ def _zeros_like_meta(n: torch.fx.Node, sizes: Callable = concrete_ints) -> objec
     return torch.zeros_like(torch.empty_strided(shape, stride, dtype=val.dtype))
 
 
-def _storage_bytes(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """The bytes of `t`'s whole storage as a uint8 tensor sharing it (None on ``meta``, which
-    holds no bytes: two such never compare equal)."""
-    if t.device.type == "meta":
-        return None
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
-def _same_bytes(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
-    return a is not None and b is not None and torch.equal(a, b)
+def _same_storage_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the whole storages of `a` and `b` hold the same bytes (never on ``meta``)."""
+    if "meta" in (a.device.type, b.device.type):
+        return False
+    a, b = (torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()) for t in (a, b))
+    return torch.equal(a, b)
 
 
 class _WriteGuard:
@@ -390,9 +350,7 @@ class _WriteGuard:
             value = lookup(n)
             if n in self.passed_whole or not isinstance(value, torch.Tensor):
                 return value
-            if written_storages is None and not self.passed_whole:
-                written_storages = set()
-            elif written_storages is None:
+            if written_storages is None:
                 written = (lookup(m) for m in self.passed_whole if isinstance(m, torch.fx.Node))
                 written_storages = set().union(*(storage_pointers(w) for w in written if isinstance(w, torch.Tensor)))
             if written_storages and not storage_pointers(value).isdisjoint(written_storages):
@@ -425,7 +383,7 @@ class _WriteGuard:
         data pointer (``conv1d`` does, on some inputs, without writing): it is a write when its
         storage's bytes differ from the original's."""
         for n, original, clone in self.clones:
-            if not is_cow_tensor(clone) and not _same_bytes(_storage_bytes(clone), _storage_bytes(original)):
+            if not is_cow_tensor(clone) and not _same_storage_bytes(clone, original):
                 raise _Stop(UndeclaredWrite(self.node, n))
         for n, original, copy in self.copies:
             if raw_bytes(copy) != raw_bytes(original):

@@ -113,17 +113,9 @@ def fold_constants(
 
 @dataclass(frozen=True)
 class Working:
-    """Attributes:
-        program: what the attempt folds, read only from here on: a copy the rewrites made, or
-            the program being folded itself when none applied.
-        owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
-        transposes: names of the transposes that replace their matrix when folded
-            (`transposed_gathers.Rewrite.transposes`).
-        notes: one line per rewritten gather and per dequantize copied for the output
-            (`FoldReport.rewrites`).
-        body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
-        fusions: the report rows of `weight_fusion.fuse_into_weights` (`Fusion.rows`).
-    """
+    """What a round folds (read only): `program` after the prepare rewrites, the bodies they
+    made (`Hoisting.owned`), the transposes that replace their matrix (`Rewrite.transposes`),
+    the notes for `FoldReport.rewrites`, the hoisting's decisions and the fusion rows."""
 
     program: ExportedProgram
     owned_bodies: frozenset
@@ -135,24 +127,18 @@ class Working:
 
 def _prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: int, timer: PhaseTimer,
              last: Optional[Working] = None, spent: int = 0) -> Working:
-    """Prepare: the `Working` program of a round, made from `base`, the program it folds (never
-    edited), by the rewrites that come before analysis. The first of them that applies copies
-    the top-level graph (`hops.copy_uncompiled`: tensors and bodies shared) and the ones after it
-    edit that copy; when none applies, the working program is `base` itself, which analysis,
-    planning, evaluation and placement only read, and from which `lift` builds the folded graph
-    anew. So the working program outlives its attempts: a discarded attempt is redone on it.
+    """The `Working` program of a round: `base` (never edited) after the rewrites that come
+    before analysis. The first rewrite that applies copies the top-level graph and the ones
+    after it edit that copy; when none applies, it is `base` itself, which the later steps only
+    read. A discarded attempt is redone on it.
 
     Args:
-        clone_op: the program dialect's copy op (`hoist_body_constants`).
-        bytes_before: stored constant bytes of the caller's program (the growth budget's
-            reference).
+        bytes_before: stored constant bytes of the caller's program (the budget's reference).
         last: the working program of the round before, when `base` is that round's result with
-            a ``cond`` inlined since. `read_through_transposes` then does not run (`base` is
-            rewritten already; its transposes and notes carry over); `fuse_into_weights` runs
-            every round, on what the inlined body brought to the top level (the earlier rows
-            stay, a later round's replace them by node name).
-        spent: bytes of the growth budget the earlier rounds spent (`base` stores
-            ``bytes_before + spent``).
+            a ``cond`` inlined since: `read_through_transposes` does not run again (its
+            transposes and notes carry over); `fuse_into_weights` does, and its rows replace
+            the earlier ones by node name.
+        spent: bytes of the growth budget the earlier rounds spent.
     """
     with timer.phase("rewrites"):
         if last is None:
@@ -181,11 +167,9 @@ def _merged_rows(earlier: FusionRows, fusion: Fusion) -> Fusion:
 
 
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
-    """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
-    bodies included (`bodies`: constant code moves out of its bodies and folds at the top
-    level; what stays at runtime goes back); a ``cond`` whose predicate became a stored constant
-    is then inlined (`inline`) and the result folded again; a round that inlines nothing is the
-    last."""
+    """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), bodies
+    included; a ``cond`` whose predicate became a stored constant is then inlined and the
+    result folded again; a round that inlines nothing is the last."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("bodies"):
@@ -224,13 +208,10 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
 def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
                timer: PhaseTimer) -> tuple[ExportedProgram, FoldReport]:
     """One fold of the top-level graph of `working.program`: the folded program and its report.
-    `bytes_before`: the stored constant bytes of the caller's program (the growth budget's
-    reference). An attempt that learns a new constraint (an undeclared write, an op the plan
-    folded but evaluation kept, a tighter budget) is discarded and redone on the same program;
-    its time counts as ``reruns``."""
+    An attempt that learns a new constraint is discarded and redone; its time counts as
+    ``reruns``."""
     budget = policy.growth_budget(bytes_before)
     program, gm = working.program, working.program.graph_module
-    # the writes the fold assumes (`hops.unprobed_writes`), and those evaluation will learn
     constraints = Constraints(writes={n: set(ws) for n, ws in unprobed_writes(gm.graph, in_body=False).items()})
     with timer.phase("bytes"):
         placeholder_bytes = placeholder_savings(gm.graph, program)
@@ -242,7 +223,8 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
             with timer.phase("evaluation"):
-                evaluation = evaluate(plan, analysis, gm, _stored_value(program, analysis))
+                evaluation = evaluate(plan, analysis, gm, lambda n: stored_tensor(
+                    analysis.specs[n.name], program.state_dict, program.constants))
             if evaluation.learnt is not None:
                 logger.info("%s; folding again", evaluation.learnt)
                 constraints.learn(evaluation.learnt)
@@ -293,17 +275,13 @@ class Constraints:
     budget_misses: int = 0
 
     def learn(self, write: UndeclaredWrite) -> None:
-        """Record the write a stopped evaluation found (`Evaluation.learnt`)."""
         self.writes.setdefault(write.node, set()).add(write.written)
 
     def keep_failed(self, kept: Mapping[torch.fx.Node, tuple[Reason, str]]) -> bool:
         """Keep at runtime, from the next attempt on, the nodes an evaluation kept for a reason
-        of their own (`kept`: `Evaluation.kept`; an op that raised, a result that is not a
-        tensor); their readers then stay by the analysis (`Reason.DEPENDS_ON_KEPT`), as the
-        evaluation kept them. Returns whether one was new: the attempt must then be redone,
-        since its plan counted those nodes' folded inputs as released and the placeholders
-        only they read as dropped, so the bytes it stores were never held to the size limits
-        (docs/design.md, "One attempt, one loop")."""
+        of their own (`Evaluation.kept`). Returns whether one was new: the attempt must then be
+        redone, since its plan's byte counts assumed them folded (docs/design.md, "One
+        attempt, one loop")."""
         new = {n: why for n, why in kept.items() if why[0] is not Reason.DEPENDS_ON_KEPT and n not in self.forced}
         self.forced.update(new)
         return bool(new)
@@ -317,18 +295,11 @@ class Constraints:
         return bytes_after - bytes_before - (budget - self.budget_cut) <= 0
 
     def tighten_if_over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
-        """When the lifted program's stored bytes exceed what planning was allowed (`budget`,
-        None: no limit, less ``budget_cut``), raise ``budget_cut`` by the excess and return True
-        (the attempt is redone); else False. A plan with no budget left at all is final."""
+        """When `fits` is false, raise ``budget_cut`` by the excess and return True (the
+        attempt is redone)."""
         if self.fits(budget, bytes_before, bytes_after):
             return False
         excess = bytes_after - bytes_before - (budget - self.budget_cut)
         self.budget_misses += 1
         self.budget_cut = self.budget_cut + excess if self.budget_misses < 2 else budget + 1
         return True
-
-
-def _stored_value(program: ExportedProgram, analysis):
-    """The stored tensor of a constant placeholder of `program` (read, never written)."""
-    state_dict, constants = program.state_dict, program.constants
-    return lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants)

@@ -86,17 +86,12 @@ HOPS: dict[object, HopKind] = {
 
 def hop_kind(node: torch.fx.Node) -> Optional[HopKind]:
     """The `HopKind` of a call_function node, or None when it is not a HOP with plain bodies."""
-    if node.op != "call_function":
-        return None
-    try:
-        return HOPS.get(node.target)
-    except TypeError:
-        return None
+    return HOPS.get(node.target) if node.op == "call_function" else None
 
 
 def hop_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """The nodes of `graph` that call a HOP with plain bodies (`HOPS`), in graph order: found
-    through torch.fx's index of nodes by target, not a walk over the graph."""
+    """The nodes of `graph` that call a HOP of `HOPS`, in graph order (from torch.fx's index
+    of nodes by target)."""
     return sorted(n for target in HOPS for n in graph.find_nodes(op="call_function", target=target, sort=False))
 
 
@@ -105,22 +100,18 @@ def unprobed_writes(graph: torch.fx.Graph, in_body: bool) -> dict[torch.fx.Node,
     may write an input its schema does not declare). Only the top level's custom ops are run
     at fold time (`plan.Plan.probed`); so, in a body (`in_body`), a custom op is taken to write
     every tensor it reads, and, at any level, a control-flow call whose bodies (nested ones
-    included) call a custom op is taken to write every operand it passes. Empty when `graph`
-    calls no control flow and is not a body. For `analysis.analyze`'s ``extra_writes``."""
-    hops = hop_nodes(graph)
-    if not hops and not in_body:
-        return {}
+    included) call a custom op is taken to write every operand it passes. For
+    `analysis.analyze`'s ``extra_writes``."""
     out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     if in_body:
         out.update((n, list(n.all_input_nodes)) for n in graph.nodes if n.op == "call_function" and is_probed(n))
-    for hop in hops:
+    for hop in hop_nodes(graph):
         if any(_calls_custom_op(body) for _, body in bodies(hop)):
             out[hop] = [i for i in hop.all_input_nodes if i.op != "get_attr"]
     return out
 
 
 def _calls_custom_op(body: torch.fx.GraphModule) -> bool:
-    """`body`, or a body it calls, calls a custom op `ops.is_probed` names."""
     return any(n.op == "call_function" and is_probed(n) for n in body.graph.nodes) or any(
         _calls_custom_op(inner) for hop in hop_nodes(body.graph) for _, inner in bodies(hop))
 
@@ -128,11 +119,9 @@ def _calls_custom_op(body: torch.fx.GraphModule) -> bool:
 def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
     """(attribute name, GraphModule) of each body of a HOP node, in argument order."""
     kind = hop_kind(node)
-    if kind is None:
-        return []
     owner = node.graph.owning_module
     out = []
-    for position in kind.bodies:
+    for position in kind.bodies if kind else ():
         attr = node.args[position]
         if isinstance(attr, torch.fx.Node) and attr.op == "get_attr":
             module = getattr(owner, attr.target, None)
@@ -158,14 +147,10 @@ def evaluable(node: torch.fx.Node) -> bool:
 
 
 def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
-    """``torch.fx.GraphModule(attributes_from, graph)`` that compiles `graph` only, and only on
-    first use (`torch_internals.lazy_graph_module`: the programs the fold builds are mostly
-    read, by ``to_edge`` and the next fold, and never run as fx code).
-
-    GraphModule's constructor (and ``recompile``) also recompiles every GraphModule child
-    (``GraphModule._recompile_submodules``): a program with a thousand bodies would compile
-    them all again at each rebuild of its top-level graph. Here the bodies `graph` calls are
-    attached after construction, as they are (already compiled).
+    """``torch.fx.GraphModule(attributes_from, graph)`` that compiles `graph` only, on first use
+    (`torch_internals.lazy_graph_module`). GraphModule's constructor would also recompile every
+    GraphModule child (``GraphModule._recompile_submodules``); here the bodies are attached
+    after construction, as they are.
 
     Args:
         attributes_from: a module, or a dict from ``get_attr`` target to value.
@@ -194,9 +179,8 @@ def recompile_shallow(gm: torch.fx.GraphModule) -> None:
 
 
 def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
-    """Delete `gm`'s submodules and tensor attributes that no ``get_attr`` of its graph reads
-    (a body moved out, a tensor moved out as an operand): a folded program keeps no dead
-    attribute. Only for modules the stage owns (a copy it made or built)."""
+    """Delete `gm`'s submodules and tensor attributes that no ``get_attr`` of its graph reads.
+    Only for modules the stage owns (a copy it made or built)."""
     read = {n.target.split(".")[0] for n in gm.graph.find_nodes(op="get_attr")}
     names = [n for n, _ in gm.named_children()] + [n for n, _ in gm.named_parameters(recurse=False, remove_duplicate=False)]
     names += [n for n, _ in gm.named_buffers(recurse=False, remove_duplicate=False)]
@@ -220,15 +204,7 @@ def move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target:
 
 def free_attribute(gm: torch.fx.GraphModule, target: str) -> str:
     """An attribute name of `gm` not in use, derived from `target` (dots become ``_``)."""
-    return unique_name(target.replace(".", "_"), _Attributes(gm))
-
-
-class _Attributes:
-    def __init__(self, module) -> None:
-        self.module = module
-
-    def __contains__(self, name: object) -> bool:
-        return hasattr(self.module, str(name))
+    return unique_name(target.replace(".", "_"), set(dir(gm)))
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:

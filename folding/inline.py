@@ -1,10 +1,6 @@
-"""Replace a ``cond`` whose predicate is a stored constant by the branch it takes.
-
-After a fold, a predicate computed from constants is a lifted constant (or a literal), so the
-branch is known at fold time. `inline_constant_conds` copies the taken branch into the
-calling graph (new nodes get unique names; nodes already in the graph keep theirs) and
-deletes the ``cond``; a following fold then folds across the inlined code.
-"""
+"""Replace a ``cond`` whose predicate is a stored constant (after a fold, a lifted constant or
+a literal) by the branch it takes, copied into the calling graph; a following fold then folds
+across the inlined code."""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ from .unchanging import unchanging_before_probes
 
 @dataclass
 class Inlining:
-    """What `inline_constant_conds` did, by report name (body paths for code that came out of
-    a body).
+    """What `inline_constant_conds` did, by report name.
 
     Attributes:
         decisions: one per inlined cond and per getitem of its result an inlined node replaced
@@ -48,16 +43,13 @@ class Inlining:
 def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable[str] = ()) -> Inlining:
     """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
     is a literal or a parameter, buffer or lifted constant whose value is the same at every
-    call (`unchanging.unchanging_before_probes`: neither written back by the signature nor
-    written in place by an op of the graph, such as training IR's ``fill_`` of the buffer
-    after the ``cond``; nor read by a custom op, which may write it undeclared).
+    call (`unchanging.unchanging_before_probes`).
 
     Args:
         clone_op: the dialect's copy op, for a graph output that the taken branch returns
             unchanged from its operands (the output spec keeps naming a node of its own).
-        reserved: names an inlined node must not take although no node of the graph has them
-            now: the caller's node names, which the report uses (a node folded away earlier
-            keeps its decision under its name; invariant 6, docs/design.md).
+        reserved: names an inlined node must not take: the caller's node names, which the
+            report uses (invariant 6, docs/design.md).
 
     Returns:
         The `Inlining` (false when no cond was inlined).
@@ -105,8 +97,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable
 def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str,
             reserved: Iterable[str]) -> list[str]:
     """Copy `branch` into `gm` before `cond` and make the cond's getitems read its results;
-    `name`: the cond's report name (its body path when it came out of a body). Returns the
-    names of the getitems removed (an inlined node takes the name of the others)."""
+    `name`: the cond's report name. Returns the names of the getitems removed."""
     attr, body = branch
     path = f"{name}.{attr}/"
     graph = gm.graph
@@ -157,14 +148,9 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
 
 
 def _erase_unused_get_attrs(graph: torch.fx.Graph) -> None:
-    """Dead-code rule after inlining (`_inline` erased the conds and their getitems): only the
-    get_attrs of their bodies may go. Everything else stays, an unused node of the caller's
-    too (a ``getitem`` torch.export left without users keeps its name: invariant 6).
-
-    Not ``Graph.eliminate_dead_code``: torch 2.14 (``torch/fx/graph.py``) also runs it, with
-    its own side-effect rule, on every GraphModule child a get_attr reads, and recompiles them
-    in place, so a body shared with the caller's program (a region whose result is unused)
-    would lose its dead code in the caller's program too (docs/design.md invariant 7)."""
+    """Only the get_attrs of the inlined bodies go; an unused node of the caller's stays
+    (invariant 6). Not ``Graph.eliminate_dead_code``: it also edits every GraphModule child a
+    get_attr reads, which may be shared with the caller's program (invariant 7)."""
     for node in graph.find_nodes(op="get_attr"):
         if not node.users:
             graph.erase_node(node)

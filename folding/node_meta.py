@@ -19,16 +19,13 @@ HOISTED_FROM = "folding_hoisted_from"
 GLUE = "folding_glue"
 
 
-def _as_tuple(value) -> tuple[str, ...]:
-    return value if isinstance(value, tuple) else (value,)
-
-
 def report_names(node: torch.fx.Node, default: str) -> tuple[str, ...]:
     """The names the report lists `node` under: none for glue, else its `REPORT_NAME` (one,
     or several for a region) or `default`."""
     if node.meta.get(GLUE):
         return ()
-    return _as_tuple(node.meta.get(REPORT_NAME, default))
+    names = node.meta.get(REPORT_NAME, default)
+    return names if isinstance(names, tuple) else (names,)
 
 
 def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:

@@ -1,12 +1,6 @@
-"""What became of one node in one attempt: folded, checked, or kept at runtime, and why.
-
-Three records can keep a constant node at runtime: the analysis (`Analysis.reason`: it reads a
-runtime input, a mutated buffer, …, or a constraint forced it), the plan (`Plan.runtime`: a
-size limit, a kept encoding) and the evaluation (`Evaluation.kept`: the op raised, or its
-value cannot be stored). `outcome` is the one place their verdicts are merged, in that order
-of precedence (the latest stage that kept a node knows best why); the report reads it, and
-`folded_and_kept` says what `placement` and `lift` remove and keep.
-"""
+"""What became of one node in one attempt: folded, checked, or kept at runtime, and why. The
+analysis, the plan and the evaluation can each keep a node; `outcome` merges their verdicts,
+the latest stage first (it knows best why)."""
 
 from __future__ import annotations
 
