@@ -38,10 +38,8 @@ class Hoisting:
     """What `hoist_body_constants` made.
 
     Attributes:
-        program: the program with the constant code of its bodies moved out (a copy, or the
-            program given when it was its to edit or it calls no control flow).
-        owned: the GraphModules this call made (a copy of every body, new regions, the
-            top-level copy): the stages after it may edit them in place.
+        program: the program with the constant code of its bodies moved out.
+        owned: the GraphModules this call made: the stages after it may edit them in place.
         decisions: why each call_function node left in a body stays, under its body path.
     """
 
@@ -57,11 +55,9 @@ def hoist_body_constants(program: ExportedProgram, policy: FoldPolicy, clone_op,
     `program` itself when it calls no control flow.
 
     Args:
-        clone_op: the program dialect's copy op, inserted where a body returns a value that
-            is now one of its operands (a body output must not alias its input).
+        clone_op: the program dialect's copy op, for a body output that would alias an input.
         analyze: `analysis.analyze` (the driver passes it: a stage never imports another).
-        inplace: `program`'s top-level graph module is the caller's own copy (`copy_uncompiled`
-            of a program it must not change): edit it instead of copying it again.
+        inplace: `program`'s top-level graph module is the caller's own copy: edit it.
     """
     if not hop_nodes(program.graph):
         return Hoisting(program, frozenset())
@@ -81,12 +77,8 @@ def hoist_body_constants(program: ExportedProgram, policy: FoldPolicy, clone_op,
 def body_signature(placeholders: list[torch.fx.Node], constant: set[torch.fx.Node]) -> ExportGraphSignature:
     """A signature under which `analyze` treats a body's `constant` placeholders as stored
     constants and the others as runtime inputs."""
-    specs = [
-        InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(p.name), p.name)
-        if p in constant
-        else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None)
-        for p in placeholders
-    ]
+    specs = [InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(p.name), p.name) if p in constant
+             else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders]
     return ExportGraphSignature(input_specs=specs, output_specs=[])
 
 

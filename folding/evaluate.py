@@ -27,11 +27,9 @@ if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (
 
 @dataclass(frozen=True)
 class UndeclaredWrite:
-    """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
-    materialised), or a probed custom op returned a view of a constant input its schema does
-    not declare (`aliased`: whatever updates the result in place writes the input, so the
-    op is taken to write it): the write counts as an in-place update from then on, and the
-    attempt is redone with it known (`Analysis.writes`)."""
+    """An op wrote to an input that no rule says it writes to, or a probed custom op returned
+    a view of a constant input its schema does not declare (`aliased`: an in-place update of
+    the result writes the input); the attempt is redone with it known (`Analysis.writes`)."""
 
     node: torch.fx.Node
     written: torch.fx.Node
@@ -54,15 +52,13 @@ class _Stop(Exception):
 class Evaluation:
     """Attributes:
     values: the stored tensor of every materialised node: detached, contiguous, owning its
-        storage (never a view of a caller's tensor); or, for a scalar, its Python value.
+        storage; or, for a scalar, its Python value.
     kept: nodes planned as folded that had to stay, with reason and detail (an op that raised,
-        a result that is not a tensor, or a reader of such a node); the driver keeps them from
-        the next attempt on, whose plan counts what they keep (`Constraints.keep_failed`).
+        a result that is not a tensor, or a reader of such a node).
     evaluated: number of ops run.
     peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
     symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2), see `symbols`.
-    learnt: set when evaluation stopped early because the analysis missed a write (an
-        `UndeclaredWrite`): the rest is then incomplete, and the fold redoes the attempt with it.
+    learnt: set when evaluation stopped early on an `UndeclaredWrite` (the rest is incomplete).
     """
 
     values: dict[torch.fx.Node, torch.Tensor] = field(default_factory=dict)
@@ -79,20 +75,10 @@ def evaluate(
     module: torch.fx.GraphModule,
     placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
 ) -> Evaluation:
-    """Run the nodes of ``plan.evaluated`` eagerly under ``no_grad`` (`_Evaluator`).
-
-    Args:
-        plan: from `make_plan`; not changed. When a node planned as folded has to stay (it
-            raised, or its result is not a tensor), it is returned in ``Evaluation.kept`` and
-            its folded inputs are stored in its place.
-        analysis: from `analyze`.
-        module: the graph module the plan's nodes belong to (get_attr targets resolve in it).
-        placeholder_value: the stored tensor of a constant placeholder (read, never written).
-
-    Returns:
-        The `Evaluation`; its ``learnt`` is set when an op wrote to an input undeclared (the
-        attempt must be redone).
-    """
+    """Run the nodes of ``plan.evaluated`` (`plan` is not changed) eagerly under ``no_grad``.
+    A node planned as folded that has to stay is returned in ``Evaluation.kept``, its folded
+    inputs stored in its place. `module`: where get_attr targets resolve;
+    `placeholder_value`: the stored tensor of a constant placeholder (read, never written)."""
     evaluator = _Evaluator(module, plan, analysis, placeholder_value)
     try:
         with torch.no_grad():
@@ -128,7 +114,6 @@ class _Evaluator:
         self._due: dict[int, list[torch.fx.Node]] = {}  # position -> the nodes last used there
         for n, i in plan.release.items():
             self._due.setdefault(i, []).append(n)
-        self._released = 0  # ``_due`` is done for the positions before this one
         self._materialise = set(plan.materialise)  # grows where a kept node's folded inputs are stored
         self._caller_storages: set[int] = set()
         self._live: dict[torch.fx.Node, int] = {}  # bytes of each live intermediate tensor
@@ -136,9 +121,9 @@ class _Evaluator:
 
     def run(self) -> Evaluation:
         for position, node in enumerate(self.plan.evaluated):
-            self._release_before(position)
             self.env[node] = self._evaluate_node(node)
-        self._release_before(len(self.plan.evaluated))
+            for done in self._due.pop(position, ()):
+                self._release(done)
         return self.out
 
     def _evaluate_node(self, node: torch.fx.Node) -> object:
@@ -185,18 +170,14 @@ class _Evaluator:
             value = self._load(n)
         return value
 
-    def _release_before(self, position: int) -> None:
-        """Drop the values last used before ``plan.evaluated[position]``, storing each first if
-        it is materialised."""
-        for index in range(self._released, position):
-            for node in self._due.pop(index, ()):
-                value = self.env.pop(node, None)
-                self._live_total -= self._live.pop(node, 0)
-                if node in self._materialise and isinstance(value, torch.Tensor):
-                    self.out.values[node] = owned_canonical(value, self._caller_storages)
-                elif node in self._materialise and isinstance(value, (int, float, bool)):
-                    self.out.values[node] = value
-        self._released = position
+    def _release(self, node: torch.fx.Node) -> None:
+        """Drop the value of `node` after its last use, storing it first if it is materialised."""
+        value = self.env.pop(node, None)
+        self._live_total -= self._live.pop(node, 0)
+        if node in self._materialise and isinstance(value, torch.Tensor):
+            self.out.values[node] = owned_canonical(value, self._caller_storages)
+        elif node in self._materialise and isinstance(value, (int, float, bool)):
+            self.out.values[node] = value
 
     def _keep(self, node: torch.fx.Node, reason: Reason, detail: str) -> object:
         self.out.kept[node] = (reason, detail)  # a member of an in-place class: the plan keeps the class whole
@@ -208,11 +189,11 @@ class _Evaluator:
 
     def _load(self, node: torch.fx.Node) -> object:
         """The value of an input of a folded node; a placeholder's storages are the caller's."""
+        if node not in self.env and node.op == "placeholder":
+            self.env[node] = self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
+        elif node not in self.env and node.op == "get_attr":
+            self.env[node] = functools.reduce(getattr, node.target.split("."), self.module)
         value = self.env.get(node, _NO_VALUE)
-        if value is _NO_VALUE and node.op == "placeholder" and node not in self.env:
-            value = self.env[node] = self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
-        elif value is _NO_VALUE and node.op == "get_attr" and node not in self.env:
-            value = self.env[node] = functools.reduce(getattr, node.target.split("."), self.module)
         if value is _NO_VALUE:
             raise KeyError(f"{node.name} is read before it is evaluated")  # a planner bug
         if node.op == "placeholder" and isinstance(value, torch.Tensor):
@@ -269,9 +250,8 @@ def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Nod
 def _metadata_lookup(
     node: torch.fx.Node, load: Callable[[torch.fx.Node], object], analysis: Analysis
 ) -> Callable[[torch.fx.Node], object]:
-    """For an op reading only the metadata of its first argument (``size``, ``empty_like`` ...):
-    `load`, except that this argument, when it is not constant, is a zero tensor of its static
-    shape."""
+    """`load`, except that the first argument of an op reading only its metadata (``size``,
+    ``empty_like``), when it is not constant, is a zero tensor of its static shape."""
     meta_arg = node.args[0] if node.args else None
 
     def lookup(n: torch.fx.Node):
@@ -289,8 +269,7 @@ class _NoStaticValue(Exception):
 
 def _zeros_like_meta(n: torch.fx.Node, sizes: Callable = concrete_ints) -> object:
     """A zero tensor with the shape, strides and dtype of `n`'s ``meta["val"]`` (or, for a
-    size, the size), its sizes read by `sizes` (`symbols.concrete_ints`, or for a probe
-    `symbols.hinted_ints`: the example inputs' sizes).
+    size, the size), its sizes read by `sizes` (for a probe, `symbols.hinted_ints`).
 
     Raises:
         _NoStaticValue: the value is not a tensor or a size, or `sizes` cannot read a size."""
@@ -316,22 +295,15 @@ def _same_storage_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 class _WriteGuard:
     """Hands an op stand-ins for the inputs it is not known to write to or alias, so an
-    undeclared write can neither reach the caller's tensors nor go unnoticed, whatever the
-    input's Python type (a Parameter, a buffer registered as one, a lifted constant, a tensor
-    subclass):
+    undeclared write can neither reach the caller's tensors nor go unnoticed:
 
     - a tensor gets a copy-on-write clone (`torch_internals.lazy_clone`): a kernel that writes
-      materialises it (even one that, like ``batch_norm``'s, writes through the data pointer
-      without bumping the version counter);
+      materialises it (even one that writes through the data pointer, as ``batch_norm``'s);
     - a tensor whose storage cannot be shared copy-on-write (``torch.from_numpy``, a file
-      mapped by ``torch.load(mmap=True)``: ``_lazy_clone`` raises) gets a copy, compared bit
-      for bit with the original after the op;
-    - a wrapper subclass (torchao's quantized weights, which do not implement ``_lazy_clone``)
-      is rebuilt (``__tensor_flatten__`` / ``__tensor_unflatten__``) around stand-ins of its
-      inner tensors.
-
-    An op whose kernel is known to write only its results (`ops.op_facts(t).trusted`:
-    ATen's pointwise and view_copy ops) gets no guard (`_Evaluator._evaluate_node`)."""
+      mapped by ``torch.load(mmap=True)``) gets a copy, compared bit for bit after the op;
+    - a wrapper subclass (torchao's quantized weights: no ``_lazy_clone``) is rebuilt
+      (``__tensor_flatten__`` / ``__tensor_unflatten__``) around stand-ins of its inner tensors.
+    """
 
     def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:
         self.node = node
@@ -360,8 +332,7 @@ class _WriteGuard:
         return guarded
 
     def stand_in(self, n: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
-        """What the op reads in place of input `n`'s `value`: equal to it, sharing no
-        writable memory with it, and recorded so that `check` sees a write to it."""
+        """What the op reads in place of input `n`'s `value`, recorded for `check`."""
         if is_wrapper_subclass(value):
             names, context = value.__tensor_flatten__()
             inner = {name: self.stand_in(n, getattr(value, name)) for name in names}

@@ -253,17 +253,13 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
 
 @dataclass
 class Constraints:
-    """What one attempt teaches the next: the state of `_fold_once`'s fixpoint loop. Three
-    things only a later step can see send an attempt back to the start, each as data: an op
-    the plan folded had to stay (it raised when evaluated, or gave no tensor: `keep_failed`),
-    an op wrote to an input its schema does not declare (`learn`), the stored bytes measured
+    """What one attempt teaches the next (`_fold_once`'s fixpoint): an op the plan folded had
+    to stay (`keep_failed`), an op wrote to an input undeclared (`learn`), the bytes measured
     after lift exceed the growth budget (`tighten_if_over_budget`). Each repeat adds a forced
-    node, which is never evaluated again, one write, or one of at most two cuts, so a fold of
-    a graph with N nodes makes at most 2N + 3 attempts.
+    node, a write, or one of at most two cuts: at most 2N + 3 attempts for N nodes.
 
     Attributes:
-    forced: nodes the analysis must keep at runtime, with reason and detail (a node that
-        raised or gave no tensor when evaluated).
+    forced: nodes the analysis must keep at runtime, with reason and detail.
     writes: for an op, the inputs it was seen writing although its schema does not say so.
     budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
     budget_misses: how often the measured growth exceeded the planned budget.
@@ -287,9 +283,8 @@ class Constraints:
         return bool(new)
 
     def fits(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
-        """Whether a lifted program storing `bytes_after` bytes is within the growth budget
-        planning had (`budget` less ``budget_cut``; None: no limit; a plan with no budget left
-        at all is final, so it fits)."""
+        """Whether `bytes_after` stored bytes are within `budget` (None: no limit) less
+        ``budget_cut``; a plan with no budget left at all is final, so it fits."""
         if budget is None or budget - self.budget_cut < 0:
             return True
         return bytes_after - bytes_before - (budget - self.budget_cut) <= 0

@@ -1,9 +1,6 @@
-"""What each control-flow higher-order op (HOP) passes to its bodies.
-
-One table: for each HOP torch.export emits with plain-graph bodies, where its bodies are in
-its arguments, which operand feeds each body placeholder, and which operands are the same at
-every iteration (only those can be constant inside the body). Conventions from
-torch/_higher_order_ops (cond.py, while_loop.py, map.py, scan.py, wrap.py):
+"""What each control-flow higher-order op (HOP) passes to its bodies: where its bodies are in
+its arguments, which operand feeds each body placeholder, and which are the same at every
+iteration (only those can be constant inside the body). From torch/_higher_order_ops:
 
 - ``cond(pred, true_fn, false_fn, operands)``: both branches take ``operands``.
 - ``while_loop(cond_fn, body_fn, carried_inputs, additional_inputs)``: both take
@@ -13,8 +10,7 @@ torch/_higher_order_ops (cond.py, while_loop.py, map.py, scan.py, wrap.py):
   slice of each ``xs``, then ``additional_inputs``.
 - ``wrap_with_set_grad_enabled(enabled, body, *args)`` and
   ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *args)``: the body
-  takes ``args``, once. Code taken out of an autocast region must still run under it, so it is
-  wrapped in a region of its own (`HopKind.wraps`).
+  takes ``args``, once.
 """
 
 from __future__ import annotations
@@ -131,9 +127,8 @@ def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
 
 
 def evaluable(node: torch.fx.Node) -> bool:
-    """True for a HOP of `HOPS` whose bodies (and nested bodies) call only ops that give the
-    same result at fold time as at runtime: no random, effectful or memory-planning op. With
-    every operand constant, such a HOP node is evaluated whole by calling it."""
+    """True for a HOP of `HOPS` whose bodies (nested too) call no random, effectful or
+    memory-planning op: with every operand constant, it is evaluated whole by calling it."""
     for _, body in bodies(node):
         for n in body.graph.nodes:
             if n.op != "call_function":
@@ -193,10 +188,8 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
 def move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target: str,
                    graph: Optional[torch.fx.Graph] = None) -> torch.fx.Node:
     """Make `body`'s attribute `target` (a nested body or a tensor) an attribute of `gm`, under a
-    free name, and return a ``get_attr`` of it in `graph` (default ``gm.graph``).
-
-    The node is made with ``create_node``: ``Graph.get_attr`` warns about a plain tensor
-    attribute, which is how torch.export keeps a body's tensor constants (``_tensor_constant0``)."""
+    free name, and return a ``get_attr`` of it in `graph` (default ``gm.graph``); made with
+    ``create_node``, since ``Graph.get_attr`` warns about a plain tensor attribute."""
     name = free_attribute(gm, target)
     setattr(gm, name, operator.attrgetter(target)(body))
     return (gm.graph if graph is None else graph).create_node("get_attr", name)
@@ -209,9 +202,8 @@ def free_attribute(gm: torch.fx.GraphModule, target: str) -> str:
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
     """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
-    every attribute, bodies included, shared) in a new GraphModule, and the node map. Compiled
-    on first use (`torch_internals.lazy_graph_module`): the caller edits it freely, and a copy
-    that is never called is never compiled."""
+    every attribute, bodies included, shared) in a new GraphModule compiled on first use, and
+    the node map."""
     graph = torch.fx.Graph()
     copy_codegen(gm.graph, graph)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -226,8 +218,7 @@ def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dic
 
 
 def body_paths(gm: torch.fx.GraphModule, prefix: str = "") -> set[str]:
-    """The report paths (`node_meta.body_path`) of every body called from `gm`, nested ones
-    included."""
+    """The report paths (`node_meta.body_path`) of every body called from `gm`, nested too."""
     out: set[str] = set()
     for hop in hop_nodes(gm.graph):
         for attr, body in bodies(hop):

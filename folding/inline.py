@@ -4,6 +4,7 @@ across the inlined code."""
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -55,17 +56,14 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable
         The `Inlining` (false when no cond was inlined).
     """
     gm = program.graph_module
-    specs: Optional[dict] = None
+    specs = functools.cache(lambda: unchanging_before_probes(program))  # a walk, only when needed
 
     def constant_value(pred) -> Optional[bool]:
-        nonlocal specs
         if isinstance(pred, (bool, int)):
             return bool(pred)
         if not (isinstance(pred, torch.fx.Node) and pred.op == "placeholder"):
             return None
-        if specs is None:  # a walk over the graph, only for a cond whose predicate is a placeholder
-            specs = unchanging_before_probes(program)
-        spec = specs.get(pred.name)
+        spec = specs().get(pred.name)
         if spec is None:
             return None
         value = stored_tensor(spec, program.state_dict, program.constants)

@@ -24,30 +24,19 @@ if TYPE_CHECKING:  # the record `inline` returns; a stage never imports another
 def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting, bytes_before: int,
                 bytes_after: int) -> FoldReport:
     """The report of one fold of a graph, given its call_function nodes as analysed (nodes of
-    the program `lift` read, not of the folded program it built)."""
-    return FoldReport(
-        decisions=_fold_decisions(considered, analysis, plan, evaluation, lifting),
-        lifted=lifting.lifted,
-        removed_placeholders=lifting.removed,
-        constant_bytes_before=bytes_before,
-        constant_bytes_after=bytes_after,
-        peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
-        evaluated_nodes=evaluation.evaluated,
-    )
-
-
-def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting) -> list[Decision]:
-    """One decision per call_function node of `considered` (`outcome.outcome`; a kept encoding
-    is described as its copy in the folded program reads it), under each of its report names."""
+    the program `lift` read): one decision per node (`outcome.outcome`; a kept encoding is
+    described as its copy in the folded program reads it), under each of its report names."""
     lifted_as = lifting.lifted_as
-    out = []
+    decisions = []
     for n in considered:
         reason, detail = outcome(n, analysis, plan, evaluation)
         if reason is Reason.KEEPS_ENCODING:
             detail = describe_encoding(lifting.copies.get(n, n), lambda name: lifted_as.get(name, name))
         target, placeholder = op_name(n.target), lifted_as.get(n.name)
-        out.extend(Decision(name, target, reason, detail, placeholder) for name in report_names(n, n.name))
-    return out
+        decisions.extend(Decision(name, target, reason, detail, placeholder) for name in report_names(n, n.name))
+    return FoldReport(decisions=decisions, lifted=lifting.lifted, removed_placeholders=lifting.removed,
+                      constant_bytes_before=bytes_before, constant_bytes_after=bytes_after,
+                      peak_intermediate_bytes=evaluation.peak_intermediate_bytes, evaluated_nodes=evaluation.evaluated)
 
 
 def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> FoldReport:
