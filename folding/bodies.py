@@ -273,8 +273,7 @@ def _copy_returned_operands(graph: torch.fx.Graph, new: set[torch.fx.Node], clon
 
 
 def _drop_unused_operands(hop: torch.fx.Node) -> None:
-    """Remove the invariant operands that no body reads any more (a weight whose only reader
-    moved out), with their placeholders, so the caller stops passing (and storing) them."""
+    """Remove the invariant operands that no body reads any more, with their placeholders."""
     kind = hop_kind(hop)
     operands = kind.invariant_operands(hop)
     per_body = [[n for n in body.graph.nodes if n.op == "placeholder"][kind.varying(hop):] for _, body in bodies(hop)]

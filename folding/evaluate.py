@@ -136,7 +136,9 @@ class _Evaluator:
         if blocked is not None:
             return self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
         facts = op_facts(node.target)  # every evaluated node is a call_function
-        lookup = _metadata_lookup(node, self._load, self.analysis) if facts.metadata_only else self._load
+        lookup = self._load
+        if facts.metadata_only:  # ``size``, ``empty_like``: a runtime first argument is a zero tensor of its shape
+            lookup = functools.partial(self._metadata_or_load, node.args[0] if node.args else None)
         guard = None if facts.trusted else _WriteGuard(node, self.analysis)
         if guard is not None:
             lookup = guard.wrap(lookup)
@@ -187,6 +189,9 @@ class _Evaluator:
                 self._materialise.add(i)
         return _NO_VALUE
 
+    def _metadata_or_load(self, meta_arg: object, n: torch.fx.Node) -> object:
+        return _zeros_like_meta(n) if n is meta_arg and not self.analysis.is_constant(n) else self._load(n)
+
     def _load(self, node: torch.fx.Node) -> object:
         """The value of an input of a folded node; a placeholder's storages are the caller's."""
         if node not in self.env and node.op == "placeholder":
@@ -212,13 +217,10 @@ def _call(op: Callable, args, kwargs) -> object:
 
 def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Node], object]) -> bool:
     """Run `node`, a custom op that stays in the program (`Plan.probed`), on stand-ins of its
-    inputs and drop its result, only to learn whether it writes (or returns a view of) a
-    constant its schema does not declare. `held`: the value evaluation holds for an input, or
-    `_NO_VALUE`: then a zero tensor of its shape on the example inputs. The inputs the op is
-    known to write get private copies, unwatched. An op that raises on these inputs, or an
-    input whose size has no hint, teaches nothing: a write it hides stays hidden.
-
-    Returns whether the op ran. Raises `_Stop` with an `UndeclaredWrite`."""
+    inputs (a zero tensor where evaluation `held` none) and drop its result, only to learn
+    whether it writes (or returns a view of) a constant its schema does not declare: raises
+    `_Stop`. An op that raises, or an input size with no hint, teaches nothing. Returns
+    whether the op ran."""
     guard = _WriteGuard(node, analysis)
     constant_storages: dict[int, torch.fx.Node] = {}  # a constant input's stand-in's storage -> the input
 
@@ -247,24 +249,8 @@ def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Nod
     return True
 
 
-def _metadata_lookup(
-    node: torch.fx.Node, load: Callable[[torch.fx.Node], object], analysis: Analysis
-) -> Callable[[torch.fx.Node], object]:
-    """`load`, except that the first argument of an op reading only its metadata (``size``,
-    ``empty_like``), when it is not constant, is a zero tensor of its static shape."""
-    meta_arg = node.args[0] if node.args else None
-
-    def lookup(n: torch.fx.Node):
-        if n is meta_arg and not analysis.is_constant(n):
-            return _zeros_like_meta(n)  # a runtime tensor of static shape: only its metadata is read
-        return load(n)
-
-    return lookup
-
-
 class _NoStaticValue(Exception):
-    """A probed op's input has no value a stand-in can take (a data-dependent size without a
-    hint, a value that is neither a tensor nor a size)."""
+    """A probed op's input has no value a stand-in can take."""
 
 
 def _zeros_like_meta(n: torch.fx.Node, sizes: Callable = concrete_ints) -> object:

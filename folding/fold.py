@@ -1,7 +1,6 @@
-"""`fold_constants`: the constant-propagation stage, the driver and the only module that imports
-its steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
-then operands and inline between rounds (prepare's `bodies` runs `analyze` on each body, as a
-function the driver hands it; docs/design.md, "Pipeline inside `fold_constants`")."""
+"""`fold_constants`: the driver, the only module that imports its steps: check → prepare →
+analyze → plan → evaluate → place → lift → measure → report, then operands and inline between
+rounds (docs/design.md, "Pipeline inside `fold_constants`")."""
 
 from __future__ import annotations
 
@@ -43,10 +42,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class FoldResult:
-    """Attributes:
-    program: the folded ExportedProgram (the input object itself only when ``inplace=True``).
-    report: what was folded and kept, and why.
-    """
+    """The folded ExportedProgram (the input object itself only when ``inplace=True``) and its
+    report: what was folded and kept, and why."""
 
     program: ExportedProgram
     report: FoldReport
@@ -68,10 +65,8 @@ def fold_constants(
         program: an ``ExportedProgram`` from ``torch.export.export``, ``to_edge`` or a pass.
         policy: limits and switches; ``FoldPolicy()`` when None.
         inplace: put the folded program's contents into `program` itself once the fold has
-            succeeded (`torch_internals.replace_contents`). The fold works on a copy either way,
-            so on any error the caller's program is left unchanged (docs/design.md, invariant
-            7). When False the caller's program (graph, signature, dicts, tensors) is left
-            unchanged; unchanged tensors are shared, not copied.
+            succeeded. On any error, or when False, the caller's program is left unchanged
+            (invariant 7); unchanged tensors are shared, not copied.
 
     Returns:
         `FoldResult` with the folded program and its `FoldReport`.

@@ -28,10 +28,9 @@ class Inlining:
     """What `inline_constant_conds` did, by report name.
 
     Attributes:
-        decisions: one per inlined cond and per getitem of its result an inlined node replaced
-            (`Reason.INLINED`), and per op of the branches not taken (`Reason.BRANCH_NOT_TAKEN`).
-        untaken: the body path (``cond.false_graph_0/``) of each branch not taken: code that an
-            earlier fold moved out of it is not taken either.
+        decisions: `Reason.INLINED` per inlined cond and per getitem of its result removed,
+            `Reason.BRANCH_NOT_TAKEN` per op of the branches not taken.
+        untaken: the body path (``cond.false_graph_0/``) of each branch not taken.
     """
 
     decisions: list[Decision] = field(default_factory=list)
@@ -47,8 +46,8 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable
     call (`unchanging.unchanging_before_probes`).
 
     Args:
-        clone_op: the dialect's copy op, for a graph output that the taken branch returns
-            unchanged from its operands (the output spec keeps naming a node of its own).
+        clone_op: the dialect's copy op, for a graph output the taken branch returns unchanged
+            from its operands.
         reserved: names an inlined node must not take: the caller's node names, which the
             report uses (invariant 6, docs/design.md).
 

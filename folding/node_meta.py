@@ -20,8 +20,8 @@ GLUE = "folding_glue"
 
 
 def report_names(node: torch.fx.Node, default: str) -> tuple[str, ...]:
-    """The names the report lists `node` under: none for glue, else its `REPORT_NAME` (one,
-    or several for a region) or `default`."""
+    """The names the report lists `node` under: none for glue, else its `REPORT_NAME` or
+    `default`."""
     if node.meta.get(GLUE):
         return ()
     names = node.meta.get(REPORT_NAME, default)
@@ -30,28 +30,25 @@ def report_names(node: torch.fx.Node, default: str) -> tuple[str, ...]:
 
 def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
     """The report's path of the body `attr` of `hop`, a HOP in the graph at `prefix`
-    (``""`` at the top level): ``cond.true_graph_0/``; nested, the outer path first. A HOP
-    moved out of a body or inlined keeps the path it had (`REPORT_NAME`)."""
+    (``""`` at the top level): ``cond.true_graph_0/``; nested, the outer path first."""
     name = hop.meta.get(REPORT_NAME)
     return f"{name if isinstance(name, str) else prefix + hop.name}.{attr}/"
 
 
 def mark_hoisted(node: torch.fx.Node, paths: str | tuple[str, ...]) -> None:
-    """Record that `node` stands for the body node(s) at `paths` (kept when already set: a
-    node hoisted twice, through nested bodies, keeps its innermost path)."""
+    """Record that `node` stands for the body node(s) at `paths` (a node hoisted twice keeps its
+    innermost path)."""
     node.meta.setdefault(REPORT_NAME, paths)
     node.meta.setdefault(HOISTED_FROM, paths)
 
 
 def mark_inlined(node: torch.fx.Node, path: str) -> None:
-    """Record that `node` is a copy of the inlined branch's node at `path`: reported under the
-    path; it has no body to go back to."""
+    """Record that `node` is a copy of the inlined branch's node at `path`."""
     node.meta.setdefault(REPORT_NAME, path)
     node.meta.pop(HOISTED_FROM, None)
 
 
 def mark_glue(node: torch.fx.Node) -> None:
-    """Mark `node` as glue the fold inserted: no decision, no body to go back to."""
     for key in (REPORT_NAME, HOISTED_FROM):
         node.meta.pop(key, None)
     node.meta[GLUE] = True

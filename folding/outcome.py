@@ -23,7 +23,7 @@ def outcome(node: torch.fx.Node, analysis, plan, evaluation) -> tuple[Reason, st
 
 
 def folded_and_kept(plan, evaluation) -> tuple[set[torch.fx.Node], frozenset]:
-    """The plan's folded nodes that evaluation did not keep (what `lift` removes), and every
-    constant-only node kept at runtime by the plan or the evaluation."""
+    """The plan's folded nodes that evaluation did not keep, and every constant-only node kept
+    at runtime by the plan or the evaluation."""
     folded = {n for n in plan.candidates if plan.folded(n) and n not in evaluation.kept}
     return folded, frozenset(plan.runtime) | frozenset(evaluation.kept)
