@@ -1,15 +1,8 @@
-"""Constant code inside control-flow bodies: moved to the graph that calls the body, and what
-the fold keeps of it put back.
-
-A body placeholder fed by the same constant at every call (a weight passed to a branch, a
-loop's additional inputs; never the carry or a mapped slice) is constant inside the body.
-`hoist_body_constants` moves the body code that reads only such sources into the calling graph
-(loop-invariant code motion), innermost bodies first, and passes each value the body still reads
-as a new operand of the HOP; the top-level fold then folds it like any other constant code. What
-the fold keeps at runtime goes back into its body (`sink_kept_code`), so an op that raises in a
-branch not taken never runs. Code from an autocast region moves into a region of its own (same
-flags). Nothing is merged: a write may reach either of two equal nodes.
-"""
+"""Constant code inside control-flow bodies (code reading only operands that are the same
+constant at every call) moved to the calling graph, innermost bodies first, so the top-level
+fold folds it; what the fold keeps at runtime is put back (`sink_kept_code`), so an op that
+raises in a branch not taken never runs. Nothing is merged: a write may reach either of two
+equal nodes."""
 
 from __future__ import annotations
 
@@ -35,13 +28,8 @@ from .report import Decision
 
 @dataclass(frozen=True)
 class Hoisting:
-    """What `hoist_body_constants` made.
-
-    Attributes:
-        program: the program with the constant code of its bodies moved out.
-        owned: the GraphModules this call made: the stages after it may edit them in place.
-        decisions: why each call_function node left in a body stays, under its body path.
-    """
+    """What `hoist_body_constants` made: the program, the GraphModules it made (the stages
+    after it may edit them in place), why each call_function node left in a body stays."""
 
     program: ExportedProgram
     owned: frozenset
@@ -148,8 +136,6 @@ class _Hoist:
             args = list(hop.args)
             for position in hop_kind(hop).bodies:
                 a = args[position]
-                if not (isinstance(a, torch.fx.Node) and _is_body(gm, a)):
-                    continue
                 body, _ = copy_uncompiled(getattr(gm, a.target))
                 self.owned[body] = None
                 if a.target in taken:

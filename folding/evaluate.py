@@ -51,13 +51,12 @@ class _Stop(Exception):
 @dataclass
 class Evaluation:
     """Attributes:
-    values: the stored tensor of every materialised node: detached, contiguous, owning its
-        storage; or, for a scalar, its Python value.
-    kept: nodes planned as folded that had to stay, with reason and detail (an op that raised,
-        a result that is not a tensor, or a reader of such a node).
+    values: the stored tensor of every materialised node (detached, contiguous, owning its
+        storage), or a scalar's Python value.
+    kept: nodes planned as folded that had to stay, with reason and detail.
     evaluated: number of ops run.
     peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
-    symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2), see `symbols`.
+    symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2).
     learnt: set when evaluation stopped early on an `UndeclaredWrite` (the rest is incomplete).
     """
 
@@ -69,12 +68,8 @@ class Evaluation:
     learnt: Optional[UndeclaredWrite] = None
 
 
-def evaluate(
-    plan: Plan,
-    analysis: Analysis,
-    module: torch.fx.GraphModule,
-    placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
-) -> Evaluation:
+def evaluate(plan: Plan, analysis: Analysis, module: torch.fx.GraphModule,
+             placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]]) -> Evaluation:
     """Run the nodes of ``plan.evaluated`` (`plan` is not changed) eagerly under ``no_grad``.
     A node planned as folded that has to stay is returned in ``Evaluation.kept``, its folded
     inputs stored in its place. `module`: where get_attr targets resolve;
@@ -101,13 +96,8 @@ class _Evaluator:
     ``plan.materialise`` values stored first as owned, canonical-layout tensors. Only an error
     raised by an op keeps a node; an error in the framework itself propagates unchanged."""
 
-    def __init__(
-        self,
-        module: torch.fx.GraphModule,
-        plan: Plan,
-        analysis: Analysis,
-        placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
-    ) -> None:
+    def __init__(self, module: torch.fx.GraphModule, plan: Plan, analysis: Analysis,
+                 placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]]) -> None:
         self.module, self.plan, self.analysis, self.placeholder_value = module, plan, analysis, placeholder_value
         self.env: dict[torch.fx.Node, object] = {}
         self.out = Evaluation()
@@ -335,10 +325,8 @@ class _WriteGuard:
         return copy
 
     def check(self) -> None:
-        """Stops the evaluation (`_Stop`) with an `UndeclaredWrite` when the op wrote to one of
-        its inputs' stand-ins. A materialised clone is only a kernel that asked for a writable
-        data pointer (``conv1d`` does, on some inputs, without writing): it is a write when its
-        storage's bytes differ from the original's."""
+        """Raise `_Stop` when the op wrote to an input's stand-in. A materialised clone may be a
+        kernel that only asked for a writable pointer (``conv1d``): compare the bytes."""
         for n, original, clone in self.clones:
             if not is_cow_tensor(clone) and not _same_storage_bytes(clone, original):
                 raise _Stop(UndeclaredWrite(self.node, n))

@@ -95,10 +95,8 @@ def fold_constants(
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
-        raise FoldInternalError(
-            f"unexpected {type(e).__name__} while folding (a bug in the folding stage, please report it "
-            f"with the program): {e}"
-        ) from e
+        raise FoldInternalError(f"unexpected {type(e).__name__} while folding (a bug in the folding stage, "
+                                f"please report it with the program): {e}") from e
     result.report.repairs = [str(r) for r in repairs]
     if inplace:  # only a program that passed lift's checks replaces the caller's
         replace_contents(program, result.program)
@@ -122,19 +120,11 @@ class Working:
 
 def _prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: int, timer: PhaseTimer,
              last: Optional[Working] = None, spent: int = 0) -> Working:
-    """The `Working` program of a round: `base` (never edited) after the rewrites that come
-    before analysis. The first rewrite that applies copies the top-level graph and the ones
-    after it edit that copy; when none applies, it is `base` itself, which the later steps only
-    read. A discarded attempt is redone on it.
-
-    Args:
-        bytes_before: stored constant bytes of the caller's program (the budget's reference).
-        last: the working program of the round before, when `base` is that round's result with
-            a ``cond`` inlined since: `read_through_transposes` does not run again (its
-            transposes and notes carry over); `fuse_into_weights` does, and its rows replace
-            the earlier ones by node name.
-        spent: bytes of the growth budget the earlier rounds spent.
-    """
+    """The `Working` program of a round: `base` (never edited; a copy is made by the first
+    rewrite that applies) after the rewrites that come before analysis. `last`: the round
+    before's, when `base` is its result with a ``cond`` inlined since (its transposes and notes
+    carry over; fusion runs again, its rows replacing the earlier ones by node name); `spent`:
+    bytes of the growth budget the earlier rounds spent."""
     with timer.phase("rewrites"):
         if last is None:
             fusion = fuse_into_weights(base, policy, bytes_before)
@@ -193,10 +183,8 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
         report.decisions.extend(body_decisions(folded, working.body_decisions))
         report.decisions = with_rule_decisions(report.decisions, working.fusions)
     report.timings = timer.timings()
-    logger.info(
-        "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
-        len(report.folded), len(report.lifted), report.constant_bytes_before, report.constant_bytes_after,
-    )
+    logger.info("folded %d nodes into %d lifted constants; constant bytes %d -> %d", len(report.folded),
+                len(report.lifted), report.constant_bytes_before, report.constant_bytes_after)
     return FoldResult(folded, report)
 
 
@@ -248,17 +236,10 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
 
 @dataclass
 class Constraints:
-    """What one attempt teaches the next (`_fold_once`'s fixpoint): an op the plan folded had
-    to stay (`keep_failed`), an op wrote to an input undeclared (`learn`), the bytes measured
-    after lift exceed the growth budget (`tighten_if_over_budget`). Each repeat adds a forced
-    node, a write, or one of at most two cuts: at most 2N + 3 attempts for N nodes.
-
-    Attributes:
-    forced: nodes the analysis must keep at runtime, with reason and detail.
-    writes: for an op, the inputs it was seen writing although its schema does not say so.
-    budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
-    budget_misses: how often the measured growth exceeded the planned budget.
-    """
+    """What one attempt teaches the next (`_fold_once`'s fixpoint): nodes the analysis must keep
+    (`forced`: an op the plan folded had to stay), undeclared `writes`, bytes taken off the
+    growth budget for planning (`budget_cut`, after `budget_misses` overruns). Each repeat adds
+    a forced node, a write, or one of at most two cuts: at most 2N + 3 attempts for N nodes."""
 
     forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
     writes: dict[torch.fx.Node, set[torch.fx.Node]] = field(default_factory=dict)

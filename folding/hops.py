@@ -49,16 +49,13 @@ class HopKind:
     wraps: bool = False
 
     def invariant_operands(self, node: torch.fx.Node) -> list:
-        if self.invariant_arg is None:
-            return list(node.args[self.first_arg:])
-        return list(node.args[self.invariant_arg])
+        return list(node.args[self.first_arg:] if self.invariant_arg is None else node.args[self.invariant_arg])
 
     def varying_operands(self, node: torch.fx.Node) -> list:
         """The operands that change per call of the body (a loop's carry, the mapped or scanned
         inputs): the sequences between the bodies and the invariant operands."""
-        if self.invariant_arg is None:
-            return []
-        return [a for seq in node.args[max(self.bodies) + 1: self.invariant_arg] for a in seq]
+        end = max(self.bodies) + 1 if self.invariant_arg is None else self.invariant_arg
+        return [a for seq in node.args[max(self.bodies) + 1: end] for a in seq]
 
     def with_operands(self, node: torch.fx.Node, operands: list) -> tuple:
         """`node`'s arguments with `operands` as its invariant operands."""
@@ -142,14 +139,9 @@ def evaluable(node: torch.fx.Node) -> bool:
 
 
 def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
-    """``torch.fx.GraphModule(attributes_from, graph)`` that compiles `graph` only, on first use
-    (`torch_internals.lazy_graph_module`). GraphModule's constructor would also recompile every
-    GraphModule child (``GraphModule._recompile_submodules``); here the bodies are attached
-    after construction, as they are.
-
-    Args:
-        attributes_from: a module, or a dict from ``get_attr`` target to value.
-    """
+    """``torch.fx.GraphModule(attributes_from, graph)`` (a module, or a dict from ``get_attr``
+    target to value) that compiles `graph` only, on first use. The constructor would also
+    recompile every GraphModule child; here the bodies are attached afterwards, as they are."""
     attributes: dict[str, object] = {}
     later: dict[str, torch.fx.GraphModule] = {}
     for n in graph.nodes:

@@ -43,17 +43,9 @@ class Inlining:
 def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable[str] = ()) -> Inlining:
     """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
     is a literal or a parameter, buffer or lifted constant whose value is the same at every
-    call (`unchanging.unchanging_before_probes`).
-
-    Args:
-        clone_op: the dialect's copy op, for a graph output the taken branch returns unchanged
-            from its operands.
-        reserved: names an inlined node must not take: the caller's node names, which the
-            report uses (invariant 6, docs/design.md).
-
-    Returns:
-        The `Inlining` (false when no cond was inlined).
-    """
+    call (`unchanging.unchanging_before_probes`). `clone_op`: the dialect's copy op, for a graph
+    output the branch returns unchanged from its operands; `reserved`: names an inlined node
+    must not take (invariant 6). Returns the `Inlining`, false when no cond was inlined."""
     gm = program.graph_module
     specs = functools.cache(lambda: unchanging_before_probes(program))  # a walk, only when needed
 
