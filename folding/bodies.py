@@ -38,15 +38,10 @@ class Hoisting:
 
 def hoist_body_constants(program: ExportedProgram, policy: FoldPolicy, clone_op, *, analyze,
                          inplace: bool = False) -> Hoisting:
-    """`program` with the constant code of every body moved to its caller: a copy (its graphs
-    copied, every body slot given a body of its own; tensors, signature and dicts shared), or
-    `program` itself when it calls no control flow.
-
-    Args:
-        clone_op: the program dialect's copy op, for a body output that would alias an input.
-        analyze: `analysis.analyze` (the driver passes it: a stage never imports another).
-        inplace: `program`'s top-level graph module is the caller's own copy: edit it.
-    """
+    """`program` with the constant code of every body moved to its caller: a copy (tensors,
+    signature and dicts shared), or `program` itself when it calls no control flow. `clone_op`:
+    the dialect's copy op; `analyze`: `analysis.analyze` (a stage never imports another);
+    `inplace`: `program`'s top-level graph module is the caller's own copy: edit it."""
     if not hop_nodes(program.graph):
         return Hoisting(program, frozenset())
     gm = program.graph_module if inplace else copy_uncompiled(program.graph_module)[0]
@@ -118,9 +113,9 @@ def split_body(body: torch.fx.GraphModule, sources: dict, policy: FoldPolicy, pa
 
 
 class _Hoist:
-    """Rewrites what `split_body` decided, on copies of the bodies (`own_bodies`): the moved
-    nodes go before the HOP, or into a new region for autocast (``no_grad`` needs none: folding
-    computes no gradients); the body reads them as new operands."""
+    """Rewrites what `split_body` decided, on copies of the bodies: the moved nodes go before
+    the HOP (into a new region for autocast; folding computes no gradients, so ``no_grad``
+    needs none) and the body reads them as new operands."""
 
     def __init__(self, policy: FoldPolicy, clone_op, analyze, top: torch.fx.GraphModule) -> None:
         self.policy, self.clone_op, self.analyze = policy, clone_op, analyze
@@ -271,12 +266,10 @@ def _drop_unused_operands(hop: torch.fx.Node) -> None:
 
 
 def sink_kept_code(gm: torch.fx.GraphModule, prefix: str = "") -> bool:
-    """Put the code that `hoist_body_constants` moved out of a ``cond``, ``while_loop``,
-    ``map_impl`` or ``scan`` body and that the fold kept at runtime back into that body, reading
-    its folded inputs as operands. Code out of a region that runs once (``no_grad``, autocast)
-    stays before it, unless it came from a body nested in the region. `gm`: the folded
-    program's graph module, edited in place, nested bodies included. Returns whether it
-    changed `gm`."""
+    """Put the code that `hoist_body_constants` moved out of a body and that the fold kept at
+    runtime back into that body (code out of a region that runs once, ``no_grad`` or autocast,
+    stays before it). `gm`: the folded program's graph module, edited in place, nested bodies
+    included. Returns whether it changed `gm`."""
     changed = False
     reserve_node_names(gm)
     for hop in hop_nodes(gm.graph):

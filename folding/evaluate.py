@@ -40,9 +40,7 @@ class UndeclaredWrite:
         return f"{self.node.name} {how} {self.written.name}, which its schema does not declare"
 
 
-class _Stop(Exception):
-    """Ends `_Evaluator.run` early; `evaluate` returns what it carries as ``Evaluation.learnt``."""
-
+class _Stop(Exception):  # ends `_Evaluator.run` early; `evaluate` returns ``Evaluation.learnt``
     def __init__(self, learnt: UndeclaredWrite) -> None:
         super().__init__(str(learnt))
         self.learnt = learnt
@@ -117,7 +115,6 @@ class _Evaluator:
         return self.out
 
     def _evaluate_node(self, node: torch.fx.Node) -> object:
-        """Run `node`; returns the value ``env`` holds for it."""
         out = self.out
         if node in self.plan.probed:
             out.evaluated += _probe(node, self.analysis, self._held)
@@ -155,8 +152,7 @@ class _Evaluator:
         return result
 
     def _held(self, n: torch.fx.Node) -> object:
-        """The value evaluation holds for `n` (a constant placeholder or get_attr is loaded),
-        else `_NO_VALUE`."""
+        """The value evaluation holds for `n` (loaded if a constant input), else `_NO_VALUE`."""
         value = self.env.get(n, _NO_VALUE)
         if value is _NO_VALUE and self.analysis.is_constant(n) and n.op in ("placeholder", "get_attr"):
             value = self._load(n)
@@ -245,10 +241,7 @@ class _NoStaticValue(Exception):
 
 def _zeros_like_meta(n: torch.fx.Node, sizes: Callable = concrete_ints) -> object:
     """A zero tensor with the shape, strides and dtype of `n`'s ``meta["val"]`` (or, for a
-    size, the size), its sizes read by `sizes` (for a probe, `symbols.hinted_ints`).
-
-    Raises:
-        _NoStaticValue: the value is not a tensor or a size, or `sizes` cannot read a size."""
+    size, the size), its sizes read by `sizes`; `_NoStaticValue` when there is none."""
     val = n.meta.get("val")
     try:
         if isinstance(val, (int, torch.SymInt)):

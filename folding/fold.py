@@ -142,8 +142,7 @@ def _prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: 
 
 def _merged_rows(earlier: FusionRows, fusion: Fusion) -> Fusion:
     """`fusion` (a later round's) with the rows of the rounds before it: a later row replaces an
-    earlier one of the same node name; rows for nodes an earlier round inserted (its runtime
-    multiply and add, read again by the candidate search) are dropped."""
+    earlier one of the same node name; rows for nodes an earlier round inserted are dropped."""
     later = [d for d in fusion.rows.decisions if d.node not in earlier.inserted]
     names = {d.node for d in later}
     rows = FusionRows(tuple(d for d in earlier.decisions if d.node not in names) + tuple(later),
@@ -152,9 +151,8 @@ def _merged_rows(earlier: FusionRows, fusion: Fusion) -> Fusion:
 
 
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
-    """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), bodies
-    included; a ``cond`` whose predicate became a stored constant is then inlined and the
-    result folded again; a round that inlines nothing is the last."""
+    """Fold `program` in rounds: after each fold (`_fold_once`), a ``cond`` whose predicate became
+    a stored constant is inlined and the result folded again, until nothing is inlined."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("bodies"):
@@ -191,8 +189,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
 def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
                timer: PhaseTimer) -> tuple[ExportedProgram, FoldReport]:
     """One fold of the top-level graph of `working.program`: the folded program and its report.
-    An attempt that learns a new constraint is discarded and redone; its time counts as
-    ``reruns``."""
+    An attempt that learns a new constraint is discarded and redone (timed as ``reruns``)."""
     budget = policy.growth_budget(bytes_before)
     program, gm = working.program, working.program.graph_module
     constraints = Constraints(writes={n: set(ws) for n, ws in unprobed_writes(gm.graph, in_body=False).items()})

@@ -52,8 +52,7 @@ class HopKind:
         return list(node.args[self.first_arg:] if self.invariant_arg is None else node.args[self.invariant_arg])
 
     def varying_operands(self, node: torch.fx.Node) -> list:
-        """The operands that change per call of the body (a loop's carry, the mapped or scanned
-        inputs): the sequences between the bodies and the invariant operands."""
+        """The operands that change per call of the body (a loop's carry, the mapped inputs)."""
         end = max(self.bodies) + 1 if self.invariant_arg is None else self.invariant_arg
         return [a for seq in node.args[max(self.bodies) + 1: end] for a in seq]
 
@@ -83,18 +82,14 @@ def hop_kind(node: torch.fx.Node) -> Optional[HopKind]:
 
 
 def hop_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """The nodes of `graph` that call a HOP of `HOPS`, in graph order (from torch.fx's index
-    of nodes by target)."""
+    """The nodes of `graph` that call a HOP of `HOPS`, in graph order."""
     return sorted(n for target in HOPS for n in graph.find_nodes(op="call_function", target=target, sort=False))
 
 
 def unprobed_writes(graph: torch.fx.Graph, in_body: bool) -> dict[torch.fx.Node, list[torch.fx.Node]]:
-    """The writes the fold assumes because it cannot probe them (`ops.is_probed`: a custom op
-    may write an input its schema does not declare). Only the top level's custom ops are run
-    at fold time (`plan.Plan.probed`); so, in a body (`in_body`), a custom op is taken to write
-    every tensor it reads, and, at any level, a control-flow call whose bodies (nested ones
-    included) call a custom op is taken to write every operand it passes. For
-    `analysis.analyze`'s ``extra_writes``."""
+    """The writes the fold assumes because it cannot probe them (only the top level's custom
+    ops are probed, `plan.Plan.probed`): in a body (`in_body`), a custom op writes every tensor
+    it reads; a HOP whose bodies call one writes every operand it passes."""
     out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     if in_body:
         out.update((n, list(n.all_input_nodes)) for n in graph.nodes if n.op == "call_function" and is_probed(n))
@@ -126,15 +121,10 @@ def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
 def evaluable(node: torch.fx.Node) -> bool:
     """True for a HOP of `HOPS` whose bodies (nested too) call no random, effectful or
     memory-planning op: with every operand constant, it is evaluated whole by calling it."""
-    for _, body in bodies(node):
-        for n in body.graph.nodes:
-            if n.op != "call_function":
-                continue
-            k = op_facts(n.target).kind
-            if k in (OpKind.RANDOM, OpKind.EFFECTFUL, OpKind.MEMORY):
-                return False
-            if k is OpKind.CONTROL_FLOW and not (hop_kind(n) is not None and evaluable(n)):
-                return False
+    for n in (n for _, body in bodies(node) for n in body.graph.nodes if n.op == "call_function"):
+        k = op_facts(n.target).kind
+        if k in (OpKind.RANDOM, OpKind.EFFECTFUL, OpKind.MEMORY) or k is OpKind.CONTROL_FLOW and not evaluable(n):
+            return False
     return hop_kind(node) is not None
 
 
@@ -179,9 +169,8 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
 
 def move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target: str,
                    graph: Optional[torch.fx.Graph] = None) -> torch.fx.Node:
-    """Make `body`'s attribute `target` (a nested body or a tensor) an attribute of `gm`, under a
-    free name, and return a ``get_attr`` of it in `graph` (default ``gm.graph``); made with
-    ``create_node``, since ``Graph.get_attr`` warns about a plain tensor attribute."""
+    """Make `body`'s attribute `target` an attribute of `gm`, under a free name, and return a
+    ``get_attr`` of it in `graph` (``create_node``: ``Graph.get_attr`` warns about a tensor)."""
     name = free_attribute(gm, target)
     setattr(gm, name, operator.attrgetter(target)(body))
     return (gm.graph if graph is None else graph).create_node("get_attr", name)
@@ -193,9 +182,8 @@ def free_attribute(gm: torch.fx.GraphModule, target: str) -> str:
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
-    """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
-    every attribute, bodies included, shared) in a new GraphModule compiled on first use, and
-    the node map."""
+    """A copy of `gm`'s graph (names and metadata kept; ``meta`` values and attributes shared)
+    in a new GraphModule compiled on first use, and the node map."""
     graph = torch.fx.Graph()
     copy_codegen(gm.graph, graph)
     env: dict[torch.fx.Node, torch.fx.Node] = {}

@@ -25,13 +25,9 @@ from .unchanging import unchanging_before_probes
 
 @dataclass
 class Inlining:
-    """What `inline_constant_conds` did, by report name.
-
-    Attributes:
-        decisions: `Reason.INLINED` per inlined cond and per getitem of its result removed,
-            `Reason.BRANCH_NOT_TAKEN` per op of the branches not taken.
-        untaken: the body path (``cond.false_graph_0/``) of each branch not taken.
-    """
+    """What `inline_constant_conds` did, by report name: `decisions` (`Reason.INLINED` per
+    inlined cond and per getitem removed, `Reason.BRANCH_NOT_TAKEN` per op of a branch not
+    taken) and `untaken`, the body path (``cond.false_graph_0/``) of each branch not taken."""
 
     decisions: list[Decision] = field(default_factory=list)
     untaken: list[str] = field(default_factory=list)
@@ -55,27 +51,24 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable
         if not (isinstance(pred, torch.fx.Node) and pred.op == "placeholder"):
             return None
         spec = specs().get(pred.name)
-        if spec is None:
-            return None
-        value = stored_tensor(spec, program.state_dict, program.constants)
+        value = None if spec is None else stored_tensor(spec, program.state_dict, program.constants)
         return bool(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else None
 
     reserve_node_names(gm)
     inlining = Inlining()
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
-            taken = constant_value(node.args[0])
-            if taken is None:
-                continue
-            branches = bodies(node)
-            name = node.meta.get(REPORT_NAME, node.name)
-            inlining.decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
-            attr, untaken = branches[1 if taken else 0]
-            inlining.untaken.append(f"{name}.{attr}/")
-            inlining.decisions.extend(Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
-                                      for n in untaken.graph.nodes if n.op == "call_function")
-            inlining.decisions.extend(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result")
-                                      for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved))
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.higher_order.cond):  # a list, in order
+        taken = constant_value(node.args[0])
+        if taken is None:
+            continue
+        branches = bodies(node)
+        name = node.meta.get(REPORT_NAME, node.name)
+        inlining.decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
+        attr, untaken = branches[1 if taken else 0]
+        inlining.untaken.append(f"{name}.{attr}/")
+        inlining.decisions.extend(Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
+                                  for n in untaken.graph.nodes if n.op == "call_function")
+        inlining.decisions.extend(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result")
+                                  for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved))
     if inlining:
         _erase_unused_get_attrs(gm.graph)
         drop_unused_attributes(gm)
@@ -137,9 +130,8 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
 
 
 def _erase_unused_get_attrs(graph: torch.fx.Graph) -> None:
-    """Only the get_attrs of the inlined bodies go; an unused node of the caller's stays
-    (invariant 6). Not ``Graph.eliminate_dead_code``: it also edits every GraphModule child a
-    get_attr reads, which may be shared with the caller's program (invariant 7)."""
+    """Only the get_attrs of the inlined bodies go (invariant 6). Not ``eliminate_dead_code``: it
+    also edits every GraphModule child a get_attr reads, maybe the caller's (invariant 7)."""
     for node in graph.find_nodes(op="get_attr"):
         if not node.users:
             graph.erase_node(node)

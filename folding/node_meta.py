@@ -1,11 +1,9 @@
 """The ``node.meta`` keys the fold writes on nodes it moves or inserts; one meaning per key.
 
-- `REPORT_NAME`: the name (or, for a region standing for several moved nodes, the names) the
-  report lists a node under when it is not the node's own: its body path
-  (``cond.true_graph_0/linear``) after it moved out of a body or a cond was inlined.
-- `HOISTED_FROM`: the body path(s) a node was moved out of by `bodies.hoist_body_constants`:
-  a hoisted node the fold keeps at runtime goes back into that body (`bodies.sink_kept_code`).
-  Only hoisting sets it; inlined code has no body left to go back to.
+- `REPORT_NAME`: the name(s) the report lists a node under when it is not the node's own: its
+  body path (``cond.true_graph_0/linear``) after it moved out of a body or a cond was inlined.
+- `HOISTED_FROM`: the body path(s) a node was hoisted out of: kept at runtime, it goes back
+  there (`bodies.sink_kept_code`). Inlined code has no body left to go back to.
 - `GLUE`: a node the fold inserted to keep the program valid (a region's getitem, the copy of
   an operand a body returns); it carries no decision.
 """
@@ -29,8 +27,7 @@ def report_names(node: torch.fx.Node, default: str) -> tuple[str, ...]:
 
 
 def body_path(prefix: str, hop: torch.fx.Node, attr: str) -> str:
-    """The report's path of the body `attr` of `hop`, a HOP in the graph at `prefix`
-    (``""`` at the top level): ``cond.true_graph_0/``; nested, the outer path first."""
+    """The report's path of the body `attr` of `hop` in the graph at `prefix`: ``cond.true_graph_0/``."""
     name = hop.meta.get(REPORT_NAME)
     return f"{name if isinstance(name, str) else prefix + hop.name}.{attr}/"
 

@@ -1,6 +1,5 @@
-"""What became of one node in one attempt: folded, checked, or kept at runtime, and why. The
-analysis, the plan and the evaluation can each keep a node; `outcome` merges their verdicts,
-the latest stage first (it knows best why)."""
+"""What became of one node in one attempt: folded, checked, or kept at runtime, and why
+(the analysis, the plan and the evaluation may keep it: the latest stage knows best why)."""
 
 from __future__ import annotations
 

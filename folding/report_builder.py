@@ -59,16 +59,11 @@ def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> Fold
     reports = [step for step in steps if isinstance(step, FoldReport)]
     lifted = {c.placeholder: c for r in reports for c in r.lifted if c.placeholder in placeholders}
     created = {c.placeholder for r in reports for c in r.lifted}
-    return FoldReport(
-        decisions=list(decisions.values()),
-        lifted=list(lifted.values()),
-        removed_placeholders=list(dict.fromkeys(p for r in reports for p in r.removed_placeholders if p not in created)),
-        constant_bytes_before=reports[0].constant_bytes_before,
-        constant_bytes_after=reports[-1].constant_bytes_after,
-        peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
-        evaluated_nodes=sum(r.evaluated_nodes for r in reports),
-        notes=notes,
-    )
+    removed = list(dict.fromkeys(p for r in reports for p in r.removed_placeholders if p not in created))
+    return FoldReport(list(decisions.values()), list(lifted.values()), removed, reports[0].constant_bytes_before,
+                      reports[-1].constant_bytes_after, notes=notes,
+                      evaluated_nodes=sum(r.evaluated_nodes for r in reports),
+                      peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports))
 
 
 def body_decisions(program: ExportedProgram, staying) -> list[Decision]:
