@@ -1,24 +1,8 @@
-"""Constant code inside control-flow bodies: moved to the graph that calls the body, and what
-the fold keeps of it put back.
-
-A body of ``cond``, ``while_loop``, ``map_impl``, ``scan`` or a ``wrap_with_*`` region sees
-its operands as placeholders. A placeholder fed by the same constant at every call (a weight
-passed to a branch, a loop's additional inputs; never the carry or a mapped slice) is a
-constant source inside the body, and the body code that reads only such sources is loop- and
-branch-invariant. `hoist_body_constants` moves that code out, node by node, into the graph that
-calls the body (loop-invariant code motion), and passes each value the body still reads back in
-as a new operand of the HOP. The top-level fold then folds the moved code like any other
-constant code: size limits, kept dequantizes and deduplication apply unchanged, and the value
-becomes a lifted constant fed to the HOP. What the fold keeps at runtime goes back into its body
-(`sink_kept_code`): a kept op runs where it ran before, so one that raises in a branch not taken
-never runs.
-
-Nested bodies are processed innermost first, so constant code climbs every level whose
-operands are constant. Code from an autocast region is moved into a region of its own (same
-device, dtype and flags) so that it computes exactly what it did. Nothing is merged: two nodes
-of one op on the same inputs move as two values, since a write may reach either (torch.fx's
-``cse_pass`` merges only in functional graphs).
-"""
+"""Constant code inside control-flow bodies (code reading only operands that are the same
+constant at every call) moved to the calling graph, innermost bodies first, so the top-level
+fold folds it; what the fold keeps at runtime is put back (`sink_kept_code`), so an op that
+raises in a branch not taken never runs. Nothing is merged: a write may reach either of two
+equal nodes."""
 
 from __future__ import annotations
 
@@ -44,15 +28,8 @@ from .report import Decision
 
 @dataclass(frozen=True)
 class Hoisting:
-    """What `hoist_body_constants` made.
-
-    Attributes:
-        program: the program with the constant code of its bodies moved out (a copy, or the
-            program given when it was its to edit or it calls no control flow).
-        owned: the GraphModules this call made (a copy of every body, new regions, the
-            top-level copy): the stages after it may edit them in place.
-        decisions: why each call_function node left in a body stays, under its body path.
-    """
+    """What `hoist_body_constants` made: the program, the GraphModules it made (the stages
+    after it may edit them in place), why each call_function node left in a body stays."""
 
     program: ExportedProgram
     owned: frozenset
@@ -61,18 +38,10 @@ class Hoisting:
 
 def hoist_body_constants(program: ExportedProgram, policy: FoldPolicy, clone_op, *, analyze,
                          inplace: bool = False) -> Hoisting:
-    """`program` with the constant code of every body moved to its caller: a copy (its graphs
-    copied, every body slot given a body of its own; tensors, signature and dicts shared), or
-    `program` itself when it calls no control flow. The copies compile on first use
-    (`copy_uncompiled`).
-
-    Args:
-        clone_op: the program dialect's copy op, inserted where a body returns a value that
-            is now one of its operands (a body output must not alias its input).
-        analyze: `analysis.analyze` (the driver passes it: a stage never imports another).
-        inplace: `program`'s top-level graph module is the caller's own copy (`copy_uncompiled`
-            of a program it must not change): edit it instead of copying it again.
-    """
+    """`program` with the constant code of every body moved to its caller: a copy (tensors,
+    signature and dicts shared), or `program` itself when it calls no control flow. `clone_op`:
+    the dialect's copy op; `analyze`: `analysis.analyze` (a stage never imports another);
+    `inplace`: `program`'s top-level graph module is the caller's own copy: edit it."""
     if not hop_nodes(program.graph):
         return Hoisting(program, frozenset())
     gm = program.graph_module if inplace else copy_uncompiled(program.graph_module)[0]
@@ -81,9 +50,9 @@ def hoist_body_constants(program: ExportedProgram, policy: FoldPolicy, clone_op,
     hoist.own_bodies(gm)  # before the analysis: it may add get_attr nodes to `gm`
     top = analyze(gm.graph, program.graph_signature, policy, extra_writes=unprobed_writes(gm.graph, in_body=False))
     hoist.graph(gm, top.is_constant, "")
-    for module in hoist.owned:  # what they no longer read goes
+    for module in hoist.owned:
         drop_unused_attributes(module)
-        recompile_shallow(module)  # the code is stale: compiled on first use
+        recompile_shallow(module)
     result = program if inplace else program_with(program, graph_module=gm)
     return Hoisting(result, frozenset(hoist.owned), tuple(hoist.decisions))
 
@@ -91,12 +60,8 @@ def hoist_body_constants(program: ExportedProgram, policy: FoldPolicy, clone_op,
 def body_signature(placeholders: list[torch.fx.Node], constant: set[torch.fx.Node]) -> ExportGraphSignature:
     """A signature under which `analyze` treats a body's `constant` placeholders as stored
     constants and the others as runtime inputs."""
-    specs = [
-        InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(p.name), p.name)
-        if p in constant
-        else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None)
-        for p in placeholders
-    ]
+    specs = [InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(p.name), p.name) if p in constant
+             else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders]
     return ExportGraphSignature(input_specs=specs, output_specs=[])
 
 
@@ -110,7 +75,6 @@ def _constant_placeholders(hop: torch.fx.Node, body: torch.fx.GraphModule, is_co
 
 
 def _analyze_body(body: torch.fx.GraphModule, sources, policy: FoldPolicy, analyze):
-    """`analyze` of a body whose `sources` placeholders are constant (the others runtime)."""
     placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
     return analyze(body.graph, body_signature(placeholders, set(sources)), policy,
                    extra_writes=unprobed_writes(body.graph, in_body=True))
@@ -122,11 +86,10 @@ def _is_body(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 def split_body(body: torch.fx.GraphModule, sources: dict, policy: FoldPolicy, path: str, analyze):
     """The nodes of `body` that move out, in graph order: the constant call_function nodes
-    whose inputs are constant operands (`sources`), nodes moved before them or nested bodies
-    (a nested body moves with the HOP that calls it); checks and what reads them stay. A
-    tensor attribute moves out whatever reads it: it becomes an operand, then a lifted
-    constant. Returns (moved nodes, those of them something left in the body reads, the
-    decisions of the call_function nodes that stay). `body` is only read."""
+    whose inputs are constant operands (`sources`), nodes moved before them or nested bodies;
+    checks and what reads them stay; tensor attributes always move. Returns (moved nodes, those
+    of them something left in the body reads, the decisions of the call_function nodes that
+    stay). `body` is only read."""
     analysis = _analyze_body(body, sources, policy, analyze)
     hoisted: set[torch.fx.Node] = set()
     for n in body.graph.nodes:
@@ -150,11 +113,9 @@ def split_body(body: torch.fx.GraphModule, sources: dict, policy: FoldPolicy, pa
 
 
 class _Hoist:
-    """Rewrites what `split_body` decided, on copies: every body slot gets a copy of its own
-    (`own_bodies`); the moved nodes go before the HOP (`_copy_hoisted`) or into a new autocast
-    region around them (`_wrap_hoisted`, autocast only: code moved out of a ``no_grad`` region
-    needs none, folding computes no gradients); the body then reads them as new operands
-    (`_replace_with_operands`)."""
+    """Rewrites what `split_body` decided, on copies of the bodies: the moved nodes go before
+    the HOP (into a new region for autocast; folding computes no gradients, so ``no_grad``
+    needs none) and the body reads them as new operands."""
 
     def __init__(self, policy: FoldPolicy, clone_op, analyze, top: torch.fx.GraphModule) -> None:
         self.policy, self.clone_op, self.analyze = policy, clone_op, analyze
@@ -164,15 +125,12 @@ class _Hoist:
     def own_bodies(self, gm: torch.fx.GraphModule) -> None:
         """Give every body slot of `gm`'s HOPs, nested ones included, a copy of its body under
         an attribute of its own: the caller's bodies are never edited (invariant 7), and a body
-        that two slots call (two ``cond`` nodes, both branches of one ``cond``: torch.export
-        never makes one, ``to_edge`` accepts it) is rewritten for each call separately."""
+        two slots call is rewritten for each call separately."""
         taken: set[str] = set()
         for hop in hop_nodes(gm.graph):
             args = list(hop.args)
             for position in hop_kind(hop).bodies:
                 a = args[position]
-                if not (isinstance(a, torch.fx.Node) and _is_body(gm, a)):
-                    continue
                 body, _ = copy_uncompiled(getattr(gm, a.target))
                 self.owned[body] = None
                 if a.target in taken:
@@ -213,8 +171,6 @@ class _Hoist:
 
 
 def _copy_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
-    """Copy the hoisted nodes into `gm` (before the HOP), one copy each; returns the copies of
-    `sinks`."""
     env: dict[torch.fx.Node, torch.fx.Node] = dict(sources)
     for n in hoisted:
         if n.op == "get_attr":
@@ -227,8 +183,8 @@ def _copy_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx
 
 
 def _wrap_hoisted(gm, hop, body, hoisted, sinks, sources, path) -> list[torch.fx.Node]:
-    """Move the hoisted nodes into a new region of the same HOP (same flags) called from
-    `gm`; returns that region's outputs (getitem nodes), one per sink."""
+    """Move the hoisted nodes into a new region of the same HOP (same flags); returns its
+    getitems, one per sink."""
     kind = hop_kind(hop)
     region = torch.fx.Graph()
     used = [p for p in sources if any(u in hoisted for u in p.users)]
@@ -268,8 +224,6 @@ def _replace_with_operands(body, hoisted, sinks, new_operands, value_of, clone_o
     operands), read its own sinks from them, and delete the `hoisted` nodes."""
     graph = body.graph
     own = {value_of[s]: s for s in sinks}
-    # After the existing placeholders; a body may have none (a region or branch whose code
-    # reads no operand), so insert before the first other node.
     with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
         placeholders = [_placeholder(graph, own[v].name if v in own else v.name, v.meta.get("val"))
                         for v in new_operands]
@@ -282,12 +236,9 @@ def _replace_with_operands(body, hoisted, sinks, new_operands, value_of, clone_o
 
 
 def _copy_returned_operands(graph: torch.fx.Graph, new: set[torch.fx.Node], clone_op) -> None:
-    """A body may return neither one of its inputs nor one value twice: torch's HOP
+    """Each place the body returns a moved value gets a copy of its own: torch's HOP
     functionalization rejects outputs that alias an operand or each other
-    (``torch/_higher_order_ops/utils.py``, ``_check_alias_and_mutation``: "cond_true might
-    be aliasing the input or the output!"), which `to_edge_transform_and_lower` runs. So
-    each place the body returns a moved value gets a copy of its own (a branch returning
-    ``c.clone(), c.clone()`` of one constant ``c`` returns two copies of its operand)."""
+    (``torch/_higher_order_ops/utils.py``, ``_check_alias_and_mutation``)."""
     output = graph.output_node()
 
     def copy_of(a: torch.fx.Node) -> torch.fx.Node:
@@ -303,8 +254,7 @@ def _copy_returned_operands(graph: torch.fx.Graph, new: set[torch.fx.Node], clon
 
 
 def _drop_unused_operands(hop: torch.fx.Node) -> None:
-    """Remove the invariant operands that no body reads any more (a weight whose only reader
-    moved out), with their placeholders, so the caller stops passing (and storing) them."""
+    """Remove the invariant operands that no body reads any more, with their placeholders."""
     kind = hop_kind(hop)
     operands = kind.invariant_operands(hop)
     per_body = [[n for n in body.graph.nodes if n.op == "placeholder"][kind.varying(hop):] for _, body in bodies(hop)]
@@ -316,14 +266,10 @@ def _drop_unused_operands(hop: torch.fx.Node) -> None:
 
 
 def sink_kept_code(gm: torch.fx.GraphModule, prefix: str = "") -> bool:
-    """Put the code that `hoist_body_constants` moved out of a ``cond``, ``while_loop``,
-    ``map_impl`` or ``scan`` body, and that the fold then kept at runtime (a size limit, a kept
-    encoding, an op that raised at fold time), back into that body, reading its folded inputs
-    as operands: a kept op runs where it ran before, so one that raises in a branch not taken,
-    or in a loop that does not run, never runs. Code out of a region that runs once
-    (``no_grad``, autocast) stays before it, unless it came from a body nested in the region.
-    `gm`: the folded program's graph module (its bodies are the hoisting's copies), edited in
-    place; nested bodies included. Returns whether it changed `gm`."""
+    """Put the code that `hoist_body_constants` moved out of a body and that the fold kept at
+    runtime back into that body (code out of a region that runs once, ``no_grad`` or autocast,
+    stays before it). `gm`: the folded program's graph module, edited in place, nested bodies
+    included. Returns whether it changed `gm`."""
     changed = False
     reserve_node_names(gm)
     for hop in hop_nodes(gm.graph):
@@ -342,9 +288,8 @@ def sink_kept_code(gm: torch.fx.GraphModule, prefix: str = "") -> bool:
 
 
 def _hoisted_code(operands: list[torch.fx.Node], came_from) -> list[torch.fx.Node]:
-    """The call_function nodes hoisted from a body path `came_from` accepts that compute
-    `operands`, with what they read of such nodes and the get_attrs of the regions among them,
-    in graph order."""
+    """The nodes hoisted from a body path `came_from` accepts that compute `operands`, with
+    what they read of such nodes, in graph order."""
     def moved(n: torch.fx.Node) -> bool:
         if n.op != "call_function":
             return n.op == "get_attr"
@@ -358,7 +303,6 @@ def _hoisted_code(operands: list[torch.fx.Node], came_from) -> list[torch.fx.Nod
 
 
 def _read(nodes: list[torch.fx.Node], within) -> set[torch.fx.Node]:
-    """`nodes` and the inputs they read, transitively, for which `within` is true."""
     out: set[torch.fx.Node] = set()
     work = list(nodes)
     while work:
@@ -370,8 +314,8 @@ def _read(nodes: list[torch.fx.Node], within) -> set[torch.fx.Node]:
 
 
 def _sink(gm: torch.fx.GraphModule, hop: torch.fx.Node, code: list[torch.fx.Node]) -> None:
-    """Copy `code` into each body of `hop` that reads one of its values; the body reads what
-    `code` reads (stored constants, operands) as operands, and `code` leaves `gm`."""
+    """Copy `code` into each body of `hop` that reads one of its values, reading what `code`
+    reads as operands; `code` leaves `gm`."""
     kind = hop_kind(hop)
     operands = kind.invariant_operands(hop)
     inputs = list(dict.fromkeys(i for n in code for i in n.all_input_nodes if i not in code))

@@ -1,9 +1,6 @@
 """Eager evaluation of the nodes a plan evaluates (`Plan.evaluated`), one op at a time, freeing
-each value after its last use.
-
-What evaluation learns that the analysis missed (an undeclared write) it returns as data,
-``Evaluation.learnt``, and the ops it kept, ``Evaluation.kept``; the driver (`fold._fold_once`)
-records it in `fold.Constraints` and redoes the attempt."""
+each value after its last use. What the analysis missed (an undeclared write, an op kept) it
+returns as data; the driver records it in `fold.Constraints` and redoes the attempt."""
 
 from __future__ import annotations
 
@@ -30,11 +27,9 @@ if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (
 
 @dataclass(frozen=True)
 class UndeclaredWrite:
-    """An op wrote to an input that no rule says it writes to (its copy-on-write clone was
-    materialised), or a probed custom op returned a view of a constant input its schema does
-    not declare (`aliased`: whatever updates the result in place writes the input, so the
-    op is taken to write it): the write counts as an in-place update from then on, and the
-    attempt is redone with it known (`Analysis.writes`)."""
+    """An op wrote to an input that no rule says it writes to, or a probed custom op returned
+    a view of a constant input its schema does not declare (`aliased`: an in-place update of
+    the result writes the input); the attempt is redone with it known (`Analysis.writes`)."""
 
     node: torch.fx.Node
     written: torch.fx.Node
@@ -45,10 +40,7 @@ class UndeclaredWrite:
         return f"{self.node.name} {how} {self.written.name}, which its schema does not declare"
 
 
-class _Stop(Exception):
-    """Ends `_Evaluator.run` early; never leaves this module (`evaluate` returns what
-    it carries as ``Evaluation.learnt``)."""
-
+class _Stop(Exception):  # ends `_Evaluator.run` early; `evaluate` returns ``Evaluation.learnt``
     def __init__(self, learnt: UndeclaredWrite) -> None:
         super().__init__(str(learnt))
         self.learnt = learnt
@@ -57,16 +49,13 @@ class _Stop(Exception):
 @dataclass
 class Evaluation:
     """Attributes:
-    values: the stored tensor of every materialised node: detached, contiguous, owning its
-        storage (never a view of a caller's tensor); or, for a scalar, its Python value.
-    kept: nodes planned as folded that had to stay, with reason and detail (an op that raised,
-        a result that is not a tensor, or a reader of such a node); the driver keeps them from
-        the next attempt on, whose plan counts what they keep (`Constraints.keep_failed`).
+    values: the stored tensor of every materialised node (detached, contiguous, owning its
+        storage), or a scalar's Python value.
+    kept: nodes planned as folded that had to stay, with reason and detail.
     evaluated: number of ops run.
     peak_intermediate_bytes: the largest sum of live intermediate tensor bytes (views count 0).
-    symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2), see `symbols`.
-    learnt: set when evaluation stopped early because the analysis missed a write (an
-        `UndeclaredWrite`): the rest is then incomplete, and the fold redoes the attempt with it.
+    symbols: the data-dependent symbols evaluated values fix (``u0`` -> 2).
+    learnt: set when evaluation stopped early on an `UndeclaredWrite` (the rest is incomplete).
     """
 
     values: dict[torch.fx.Node, torch.Tensor] = field(default_factory=dict)
@@ -77,26 +66,12 @@ class Evaluation:
     learnt: Optional[UndeclaredWrite] = None
 
 
-def evaluate(
-    plan: Plan,
-    analysis: Analysis,
-    module: torch.fx.GraphModule,
-    placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
-) -> Evaluation:
-    """Run the nodes of ``plan.evaluated`` eagerly under ``no_grad`` (`_Evaluator`).
-
-    Args:
-        plan: from `make_plan`; not changed. When a node planned as folded has to stay (it
-            raised, or its result is not a tensor), it is returned in ``Evaluation.kept`` and
-            its folded inputs are stored in its place.
-        analysis: from `analyze`.
-        module: the graph module the plan's nodes belong to (get_attr targets resolve in it).
-        placeholder_value: the stored tensor of a constant placeholder (read, never written).
-
-    Returns:
-        The `Evaluation`; its ``learnt`` is set when an op wrote to an input undeclared (the
-        attempt must be redone).
-    """
+def evaluate(plan: Plan, analysis: Analysis, module: torch.fx.GraphModule,
+             placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]]) -> Evaluation:
+    """Run the nodes of ``plan.evaluated`` (`plan` is not changed) eagerly under ``no_grad``.
+    A node planned as folded that has to stay is returned in ``Evaluation.kept``, its folded
+    inputs stored in its place. `module`: where get_attr targets resolve;
+    `placeholder_value`: the stored tensor of a constant placeholder (read, never written)."""
     evaluator = _Evaluator(module, plan, analysis, placeholder_value)
     try:
         with torch.no_grad():
@@ -109,49 +84,37 @@ class _OpRaised(Exception):
     """The op of a folded node raised (the only error evaluation turns into a kept node)."""
 
 
-# The ``env`` value of a node that evaluation holds no value for: a runtime input or op, a
-# kept node, an assertion.
-_NO_VALUE = object()
+_NO_VALUE = object()  # ``env`` of a runtime input or op, a kept node, an assertion
 
 
 class _Evaluator:
-    """Runs the ops of ``plan.evaluated`` in order, and only those (not a ``torch.fx.Interpreter``:
-    its ``run`` visits every node of the graph, and a fold evaluates a part of it). ``env``
-    holds each live value, `_NO_VALUE` for a node evaluation holds none; a placeholder's value
-    is its stored tensor (``placeholder_value``) when it is constant, a ``get_attr``'s the
-    module's attribute, read when a folded node first reads it (`_load`). Each op gets stand-ins
-    of the inputs it is not known to write (`_WriteGuard`), and each value is dropped after
-    ``plan.release`` says it is last used, the ``plan.materialise`` values stored first as
-    owned, canonical-layout tensors. Only an error raised by an op keeps a node
-    (``Reason.EVALUATION_ERROR``); an error in the framework itself propagates unchanged.
-    """
+    """Runs the ops of ``plan.evaluated`` in order, and only those (a ``torch.fx.Interpreter``
+    visits every node). Each op gets stand-ins of the inputs it is not known to write
+    (`_WriteGuard`); each value is dropped after ``plan.release`` says it is last used, the
+    ``plan.materialise`` values stored first as owned, canonical-layout tensors. Only an error
+    raised by an op keeps a node; an error in the framework itself propagates unchanged."""
 
-    def __init__(
-        self,
-        module: torch.fx.GraphModule,
-        plan: Plan,
-        analysis: Analysis,
-        placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]],
-    ) -> None:
+    def __init__(self, module: torch.fx.GraphModule, plan: Plan, analysis: Analysis,
+                 placeholder_value: Callable[[torch.fx.Node], Optional[torch.Tensor]]) -> None:
         self.module, self.plan, self.analysis, self.placeholder_value = module, plan, analysis, placeholder_value
         self.env: dict[torch.fx.Node, object] = {}
         self.out = Evaluation()
-        self._due = _release_schedule(plan)
-        self._released = 0  # ``_due`` is done for the positions before this one
+        self._due: dict[int, list[torch.fx.Node]] = {}  # position -> the nodes last used there
+        for n, i in plan.release.items():
+            self._due.setdefault(i, []).append(n)
         self._materialise = set(plan.materialise)  # grows where a kept node's folded inputs are stored
         self._caller_storages: set[int] = set()
-        self._live = _LiveBytes(self.out)
+        self._live: dict[torch.fx.Node, int] = {}  # bytes of each live intermediate tensor
+        self._live_total = 0
 
     def run(self) -> Evaluation:
-        """Evaluate ``plan.evaluated`` in order and return the `Evaluation`."""
         for position, node in enumerate(self.plan.evaluated):
-            self._release_before(position)
             self.env[node] = self._evaluate_node(node)
-        self._release_before(len(self.plan.evaluated))
+            for done in self._due.pop(position, ()):
+                self._release(done)
         return self.out
 
     def _evaluate_node(self, node: torch.fx.Node) -> object:
-        """Run `node`; returns the value ``env`` holds for it."""
         out = self.out
         if node in self.plan.probed:
             out.evaluated += _probe(node, self.analysis, self._held)
@@ -160,7 +123,9 @@ class _Evaluator:
         if blocked is not None:
             return self._keep(node, Reason.DEPENDS_ON_KEPT, f"{blocked.name}: {out.kept[blocked][0].name}")
         facts = op_facts(node.target)  # every evaluated node is a call_function
-        lookup = _metadata_lookup(node, self._load, self.analysis) if facts.metadata_only else self._load
+        lookup = self._load
+        if facts.metadata_only:  # ``size``, ``empty_like``: a runtime first argument is a zero tensor of its shape
+            lookup = functools.partial(self._metadata_or_load, node.args[0] if node.args else None)
         guard = None if facts.trusted else _WriteGuard(node, self.analysis)
         if guard is not None:
             lookup = guard.wrap(lookup)
@@ -180,30 +145,27 @@ class _Evaluator:
             return self._keep(node, Reason.NOT_A_TENSOR, type(result).__name__)
         if facts.uninitialised:
             result.zero_()
-        if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):
-            self._live.add(node, result.nbytes)
+        if node not in self.analysis.alias_root and isinstance(result, torch.Tensor):  # views count 0
+            self._live[node] = result.nbytes
+            self._live_total += result.nbytes
+            out.peak_intermediate_bytes = max(out.peak_intermediate_bytes, self._live_total)
         return result
 
     def _held(self, n: torch.fx.Node) -> object:
-        """The value evaluation holds for `n` (a constant placeholder or get_attr is loaded),
-        else `_NO_VALUE`."""
+        """The value evaluation holds for `n` (loaded if a constant input), else `_NO_VALUE`."""
         value = self.env.get(n, _NO_VALUE)
         if value is _NO_VALUE and self.analysis.is_constant(n) and n.op in ("placeholder", "get_attr"):
             value = self._load(n)
         return value
 
-    def _release_before(self, position: int) -> None:
-        """Drop the values last used before ``plan.evaluated[position]``, storing each first if
-        it is materialised."""
-        for index in range(self._released, position):
-            for node in self._due.pop(index, ()):
-                value = self.env.pop(node, None)
-                self._live.drop(node)
-                if node in self._materialise and isinstance(value, torch.Tensor):
-                    self.out.values[node] = owned_canonical(value, self._caller_storages)
-                elif node in self._materialise and isinstance(value, (int, float, bool)):
-                    self.out.values[node] = value
-        self._released = position
+    def _release(self, node: torch.fx.Node) -> None:
+        """Drop the value of `node` after its last use, storing it first if it is materialised."""
+        value = self.env.pop(node, None)
+        self._live_total -= self._live.pop(node, 0)
+        if node in self._materialise and isinstance(value, torch.Tensor):
+            self.out.values[node] = owned_canonical(value, self._caller_storages)
+        elif node in self._materialise and isinstance(value, (int, float, bool)):
+            self.out.values[node] = value
 
     def _keep(self, node: torch.fx.Node, reason: Reason, detail: str) -> object:
         self.out.kept[node] = (reason, detail)  # a member of an in-place class: the plan keeps the class whole
@@ -213,13 +175,16 @@ class _Evaluator:
                 self._materialise.add(i)
         return _NO_VALUE
 
+    def _metadata_or_load(self, meta_arg: object, n: torch.fx.Node) -> object:
+        return _zeros_like_meta(n) if n is meta_arg and not self.analysis.is_constant(n) else self._load(n)
+
     def _load(self, node: torch.fx.Node) -> object:
         """The value of an input of a folded node; a placeholder's storages are the caller's."""
+        if node not in self.env and node.op == "placeholder":
+            self.env[node] = self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
+        elif node not in self.env and node.op == "get_attr":
+            self.env[node] = functools.reduce(getattr, node.target.split("."), self.module)
         value = self.env.get(node, _NO_VALUE)
-        if value is _NO_VALUE and node.op == "placeholder" and node not in self.env:
-            value = self.env[node] = self.placeholder_value(node) if self.analysis.is_constant(node) else _NO_VALUE
-        elif value is _NO_VALUE and node.op == "get_attr" and node not in self.env:
-            value = self.env[node] = functools.reduce(getattr, node.target.split("."), self.module)
         if value is _NO_VALUE:
             raise KeyError(f"{node.name} is read before it is evaluated")  # a planner bug
         if node.op == "placeholder" and isinstance(value, torch.Tensor):
@@ -236,36 +201,12 @@ def _call(op: Callable, args, kwargs) -> object:
         raise _OpRaised(f"{type(e).__name__}: {e}".strip()) from e
 
 
-class _LiveBytes:
-    """The bytes of the live intermediate tensors an evaluation holds (views count 0); their
-    largest sum is its ``peak_intermediate_bytes``."""
-
-    def __init__(self, out: Evaluation) -> None:
-        self.out, self.total, self.of = out, 0, {}
-
-    def add(self, node: torch.fx.Node, nbytes: int) -> None:
-        self.of[node] = nbytes
-        self.total += nbytes
-        self.out.peak_intermediate_bytes = max(self.out.peak_intermediate_bytes, self.total)
-
-    def drop(self, node: torch.fx.Node) -> None:
-        self.total -= self.of.pop(node, 0)
-
-
 def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Node], object]) -> bool:
     """Run `node`, a custom op that stays in the program (`Plan.probed`), on stand-ins of its
-    inputs and drop its result: only to learn whether it writes one its schema does not
-    declare (a write to a constant it reads would leave the folded readers of that constant
-    stale from the next call on). `held`: the value evaluation holds for an input, or
-    `_NO_VALUE`; an input without one (a runtime input, a value kept at runtime) is a zero
-    tensor of its shape on the example inputs (a symbolic size's hint). The inputs the op is
-    known to write get private copies, unwatched. A result that shares storage with a constant
-    input's stand-in is an alias the schema does not declare: a later in-place update of the
-    result would write the constant, so the op is taken to write it. An op that raises on these
-    inputs, or an input whose size has no hint (data-dependent), teaches nothing: the op stays
-    as it is, and a write it hides stays hidden.
-
-    Returns whether the op ran. Raises `_Stop` with an `UndeclaredWrite`."""
+    inputs (a zero tensor where evaluation `held` none) and drop its result, only to learn
+    whether it writes (or returns a view of) a constant its schema does not declare: raises
+    `_Stop`. An op that raises, or an input size with no hint, teaches nothing. Returns
+    whether the op ran."""
     guard = _WriteGuard(node, analysis)
     constant_storages: dict[int, torch.fx.Node] = {}  # a constant input's stand-in's storage -> the input
 
@@ -294,42 +235,13 @@ def _probe(node: torch.fx.Node, analysis: Analysis, held: Callable[[torch.fx.Nod
     return True
 
 
-def _release_schedule(plan: Plan) -> dict[int, list[torch.fx.Node]]:
-    """Position in ``plan.evaluated`` -> the nodes whose value is last used there."""
-    due: dict[int, list[torch.fx.Node]] = {}
-    for n, i in plan.release.items():
-        due.setdefault(i, []).append(n)
-    return due
-
-
-def _metadata_lookup(
-    node: torch.fx.Node, load: Callable[[torch.fx.Node], object], analysis: Analysis
-) -> Callable[[torch.fx.Node], object]:
-    """For an op reading only the metadata of its first argument (``size``, ``empty_like`` ...):
-    `load`, except that this argument, when it is not constant, is a zero tensor of its static
-    shape."""
-    meta_arg = node.args[0] if node.args else None
-
-    def lookup(n: torch.fx.Node):
-        if n is meta_arg and not analysis.is_constant(n):
-            return _zeros_like_meta(n)  # a runtime tensor of static shape: only its metadata is read
-        return load(n)
-
-    return lookup
-
-
 class _NoStaticValue(Exception):
-    """A probed op's input has no value a stand-in can take (a data-dependent size without a
-    hint, a value that is neither a tensor nor a size)."""
+    """A probed op's input has no value a stand-in can take."""
 
 
 def _zeros_like_meta(n: torch.fx.Node, sizes: Callable = concrete_ints) -> object:
     """A zero tensor with the shape, strides and dtype of `n`'s ``meta["val"]`` (or, for a
-    size, the size), its sizes read by `sizes` (`symbols.concrete_ints`, or for a probe
-    `symbols.hinted_ints`: the example inputs' sizes).
-
-    Raises:
-        _NoStaticValue: the value is not a tensor or a size, or `sizes` cannot read a size."""
+    size, the size), its sizes read by `sizes`; `_NoStaticValue` when there is none."""
     val = n.meta.get("val")
     try:
         if isinstance(val, (int, torch.SymInt)):
@@ -342,36 +254,25 @@ def _zeros_like_meta(n: torch.fx.Node, sizes: Callable = concrete_ints) -> objec
     return torch.zeros_like(torch.empty_strided(shape, stride, dtype=val.dtype))
 
 
-def _storage_bytes(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """The bytes of `t`'s whole storage as a uint8 tensor sharing it (None on ``meta``, which
-    holds no bytes: two such never compare equal)."""
-    if t.device.type == "meta":
-        return None
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
-def _same_bytes(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
-    return a is not None and b is not None and torch.equal(a, b)
+def _same_storage_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the whole storages of `a` and `b` hold the same bytes (never on ``meta``)."""
+    if "meta" in (a.device.type, b.device.type):
+        return False
+    a, b = (torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()) for t in (a, b))
+    return torch.equal(a, b)
 
 
 class _WriteGuard:
     """Hands an op stand-ins for the inputs it is not known to write to or alias, so an
-    undeclared write can neither reach the caller's tensors nor go unnoticed, whatever the
-    input's Python type (a Parameter, a buffer registered as one, a lifted constant, a tensor
-    subclass):
+    undeclared write can neither reach the caller's tensors nor go unnoticed:
 
     - a tensor gets a copy-on-write clone (`torch_internals.lazy_clone`): a kernel that writes
-      materialises it (even one that, like ``batch_norm``'s, writes through the data pointer
-      without bumping the version counter);
+      materialises it (even one that writes through the data pointer, as ``batch_norm``'s);
     - a tensor whose storage cannot be shared copy-on-write (``torch.from_numpy``, a file
-      mapped by ``torch.load(mmap=True)``: ``_lazy_clone`` raises) gets a copy, compared bit
-      for bit with the original after the op;
-    - a wrapper subclass (torchao's quantized weights, which do not implement ``_lazy_clone``)
-      is rebuilt (``__tensor_flatten__`` / ``__tensor_unflatten__``) around stand-ins of its
-      inner tensors.
-
-    An op whose kernel is known to write only its results (`ops.op_facts(t).trusted`:
-    ATen's pointwise and view_copy ops) gets no guard (`_Evaluator._evaluate_node`)."""
+      mapped by ``torch.load(mmap=True)``) gets a copy, compared bit for bit after the op;
+    - a wrapper subclass (torchao's quantized weights: no ``_lazy_clone``) is rebuilt
+      (``__tensor_flatten__`` / ``__tensor_unflatten__``) around stand-ins of its inner tensors.
+    """
 
     def __init__(self, node: torch.fx.Node, analysis: Analysis) -> None:
         self.node = node
@@ -390,9 +291,7 @@ class _WriteGuard:
             value = lookup(n)
             if n in self.passed_whole or not isinstance(value, torch.Tensor):
                 return value
-            if written_storages is None and not self.passed_whole:
-                written_storages = set()
-            elif written_storages is None:
+            if written_storages is None:
                 written = (lookup(m) for m in self.passed_whole if isinstance(m, torch.fx.Node))
                 written_storages = set().union(*(storage_pointers(w) for w in written if isinstance(w, torch.Tensor)))
             if written_storages and not storage_pointers(value).isdisjoint(written_storages):
@@ -402,8 +301,7 @@ class _WriteGuard:
         return guarded
 
     def stand_in(self, n: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
-        """What the op reads in place of input `n`'s `value`: equal to it, sharing no
-        writable memory with it, and recorded so that `check` sees a write to it."""
+        """What the op reads in place of input `n`'s `value`, recorded for `check`."""
         if is_wrapper_subclass(value):
             names, context = value.__tensor_flatten__()
             inner = {name: self.stand_in(n, getattr(value, name)) for name in names}
@@ -420,12 +318,10 @@ class _WriteGuard:
         return copy
 
     def check(self) -> None:
-        """Stops the evaluation (`_Stop`) with an `UndeclaredWrite` when the op wrote to one of
-        its inputs' stand-ins. A materialised clone is only a kernel that asked for a writable
-        data pointer (``conv1d`` does, on some inputs, without writing): it is a write when its
-        storage's bytes differ from the original's."""
+        """Raise `_Stop` when the op wrote to an input's stand-in. A materialised clone may be a
+        kernel that only asked for a writable pointer (``conv1d``): compare the bytes."""
         for n, original, clone in self.clones:
-            if not is_cow_tensor(clone) and not _same_bytes(_storage_bytes(clone), _storage_bytes(original)):
+            if not is_cow_tensor(clone) and not _same_storage_bytes(clone, original):
                 raise _Stop(UndeclaredWrite(self.node, n))
         for n, original, copy in self.copies:
             if raw_bytes(copy) != raw_bytes(original):

@@ -1,7 +1,6 @@
-"""`fold_constants`: the constant-propagation stage, the driver and the only module that imports
-its steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
-then operands and inline between rounds (prepare's `bodies` runs `analyze` on each body, as a
-function the driver hands it; docs/design.md, "Pipeline inside `fold_constants`")."""
+"""`fold_constants`: the driver, the only module that imports its steps: check → prepare →
+analyze → plan → evaluate → place → lift → measure → report, then operands and inline between
+rounds (docs/design.md, "Pipeline inside `fold_constants`")."""
 
 from __future__ import annotations
 
@@ -43,10 +42,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class FoldResult:
-    """Attributes:
-    program: the folded ExportedProgram (the input object itself only when ``inplace=True``).
-    report: what was folded and kept, and why.
-    """
+    """The folded ExportedProgram (the input object itself only when ``inplace=True``) and its
+    report: what was folded and kept, and why."""
 
     program: ExportedProgram
     report: FoldReport
@@ -68,10 +65,8 @@ def fold_constants(
         program: an ``ExportedProgram`` from ``torch.export.export``, ``to_edge`` or a pass.
         policy: limits and switches; ``FoldPolicy()`` when None.
         inplace: put the folded program's contents into `program` itself once the fold has
-            succeeded (`torch_internals.replace_contents`). The fold works on a copy either way,
-            so on any error the caller's program is left unchanged (docs/design.md, invariant
-            7). When False the caller's program (graph, signature, dicts, tensors) is left
-            unchanged; unchanged tensors are shared, not copied.
+            succeeded. On any error, or when False, the caller's program is left unchanged
+            (invariant 7); unchanged tensors are shared, not copied.
 
     Returns:
         `FoldResult` with the folded program and its `FoldReport`.
@@ -100,10 +95,8 @@ def fold_constants(
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
-        raise FoldInternalError(
-            f"unexpected {type(e).__name__} while folding (a bug in the folding stage, please report it "
-            f"with the program): {e}"
-        ) from e
+        raise FoldInternalError(f"unexpected {type(e).__name__} while folding (a bug in the folding stage, "
+                                f"please report it with the program): {e}") from e
     result.report.repairs = [str(r) for r in repairs]
     if inplace:  # only a program that passed lift's checks replaces the caller's
         replace_contents(program, result.program)
@@ -113,17 +106,9 @@ def fold_constants(
 
 @dataclass(frozen=True)
 class Working:
-    """Attributes:
-        program: what the attempt folds, read only from here on: a copy the rewrites made, or
-            the program being folded itself when none applied.
-        owned_bodies: the body GraphModules this attempt made (`bodies.Hoisting.owned`).
-        transposes: names of the transposes that replace their matrix when folded
-            (`transposed_gathers.Rewrite.transposes`).
-        notes: one line per rewritten gather and per dequantize copied for the output
-            (`FoldReport.rewrites`).
-        body_decisions: why each node left in a body stays (`bodies.Hoisting.decisions`).
-        fusions: the report rows of `weight_fusion.fuse_into_weights` (`Fusion.rows`).
-    """
+    """What a round folds (read only): `program` after the prepare rewrites, the bodies they
+    made (`Hoisting.owned`), the transposes that replace their matrix (`Rewrite.transposes`),
+    the notes for `FoldReport.rewrites`, the hoisting's decisions and the fusion rows."""
 
     program: ExportedProgram
     owned_bodies: frozenset
@@ -135,25 +120,11 @@ class Working:
 
 def _prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: int, timer: PhaseTimer,
              last: Optional[Working] = None, spent: int = 0) -> Working:
-    """Prepare: the `Working` program of a round, made from `base`, the program it folds (never
-    edited), by the rewrites that come before analysis. The first of them that applies copies
-    the top-level graph (`hops.copy_uncompiled`: tensors and bodies shared) and the ones after it
-    edit that copy; when none applies, the working program is `base` itself, which analysis,
-    planning, evaluation and placement only read, and from which `lift` builds the folded graph
-    anew. So the working program outlives its attempts: a discarded attempt is redone on it.
-
-    Args:
-        clone_op: the program dialect's copy op (`hoist_body_constants`).
-        bytes_before: stored constant bytes of the caller's program (the growth budget's
-            reference).
-        last: the working program of the round before, when `base` is that round's result with
-            a ``cond`` inlined since. `read_through_transposes` then does not run (`base` is
-            rewritten already; its transposes and notes carry over); `fuse_into_weights` runs
-            every round, on what the inlined body brought to the top level (the earlier rows
-            stay, a later round's replace them by node name).
-        spent: bytes of the growth budget the earlier rounds spent (`base` stores
-            ``bytes_before + spent``).
-    """
+    """The `Working` program of a round: `base` (never edited; a copy is made by the first
+    rewrite that applies) after the rewrites that come before analysis. `last`: the round
+    before's, when `base` is its result with a ``cond`` inlined since (its transposes and notes
+    carry over; fusion runs again, its rows replacing the earlier ones by node name); `spent`:
+    bytes of the growth budget the earlier rounds spent."""
     with timer.phase("rewrites"):
         if last is None:
             fusion = fuse_into_weights(base, policy, bytes_before)
@@ -171,8 +142,7 @@ def _prepare(base: ExportedProgram, policy: FoldPolicy, clone_op, bytes_before: 
 
 def _merged_rows(earlier: FusionRows, fusion: Fusion) -> Fusion:
     """`fusion` (a later round's) with the rows of the rounds before it: a later row replaces an
-    earlier one of the same node name; rows for nodes an earlier round inserted (its runtime
-    multiply and add, read again by the candidate search) are dropped."""
+    earlier one of the same node name; rows for nodes an earlier round inserted are dropped."""
     later = [d for d in fusion.rows.decisions if d.node not in earlier.inserted]
     names = {d.node for d in later}
     rows = FusionRows(tuple(d for d in earlier.decisions if d.node not in names) + tuple(later),
@@ -181,11 +151,8 @@ def _merged_rows(earlier: FusionRows, fusion: Fusion) -> Fusion:
 
 
 def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> FoldResult:
-    """Fold `program` in rounds: a round folds the top-level graph (`_fold_once`), control-flow
-    bodies included (`bodies`: constant code moves out of its bodies and folds at the top
-    level; what stays at runtime goes back); a ``cond`` whose predicate became a stored constant
-    is then inlined (`inline`) and the result folded again; a round that inlines nothing is the
-    last."""
+    """Fold `program` in rounds: after each fold (`_fold_once`), a ``cond`` whose predicate became
+    a stored constant is inlined and the result folded again, until nothing is inlined."""
     with timer.phase("bytes"):
         bytes_before = stored_constant_bytes(program)
     with timer.phase("bodies"):
@@ -214,23 +181,17 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
         report.decisions.extend(body_decisions(folded, working.body_decisions))
         report.decisions = with_rule_decisions(report.decisions, working.fusions)
     report.timings = timer.timings()
-    logger.info(
-        "folded %d nodes into %d lifted constants; constant bytes %d -> %d",
-        len(report.folded), len(report.lifted), report.constant_bytes_before, report.constant_bytes_after,
-    )
+    logger.info("folded %d nodes into %d lifted constants; constant bytes %d -> %d", len(report.folded),
+                len(report.lifted), report.constant_bytes_before, report.constant_bytes_after)
     return FoldResult(folded, report)
 
 
 def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
                timer: PhaseTimer) -> tuple[ExportedProgram, FoldReport]:
     """One fold of the top-level graph of `working.program`: the folded program and its report.
-    `bytes_before`: the stored constant bytes of the caller's program (the growth budget's
-    reference). An attempt that learns a new constraint (an undeclared write, an op the plan
-    folded but evaluation kept, a tighter budget) is discarded and redone on the same program;
-    its time counts as ``reruns``."""
+    An attempt that learns a new constraint is discarded and redone (timed as ``reruns``)."""
     budget = policy.growth_budget(bytes_before)
     program, gm = working.program, working.program.graph_module
-    # the writes the fold assumes (`hops.unprobed_writes`), and those evaluation will learn
     constraints = Constraints(writes={n: set(ws) for n, ws in unprobed_writes(gm.graph, in_body=False).items()})
     with timer.phase("bytes"):
         placeholder_bytes = placeholder_savings(gm.graph, program)
@@ -242,7 +203,8 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
                 plan = make_plan(analysis, policy, placeholder_bytes, bytes_before, constraints.budget_cut,
                                  working.transposes)
             with timer.phase("evaluation"):
-                evaluation = evaluate(plan, analysis, gm, _stored_value(program, analysis))
+                evaluation = evaluate(plan, analysis, gm, lambda n: stored_tensor(
+                    analysis.specs[n.name], program.state_dict, program.constants))
             if evaluation.learnt is not None:
                 logger.info("%s; folding again", evaluation.learnt)
                 constraints.learn(evaluation.learnt)
@@ -271,21 +233,10 @@ def _fold_once(working: Working, policy: FoldPolicy, bytes_before: int,
 
 @dataclass
 class Constraints:
-    """What one attempt teaches the next: the state of `_fold_once`'s fixpoint loop. Three
-    things only a later step can see send an attempt back to the start, each as data: an op
-    the plan folded had to stay (it raised when evaluated, or gave no tensor: `keep_failed`),
-    an op wrote to an input its schema does not declare (`learn`), the stored bytes measured
-    after lift exceed the growth budget (`tighten_if_over_budget`). Each repeat adds a forced
-    node, which is never evaluated again, one write, or one of at most two cuts, so a fold of
-    a graph with N nodes makes at most 2N + 3 attempts.
-
-    Attributes:
-    forced: nodes the analysis must keep at runtime, with reason and detail (a node that
-        raised or gave no tensor when evaluated).
-    writes: for an op, the inputs it was seen writing although its schema does not say so.
-    budget_cut: bytes taken off the growth budget (`FoldPolicy.growth_budget`) for planning.
-    budget_misses: how often the measured growth exceeded the planned budget.
-    """
+    """What one attempt teaches the next (`_fold_once`'s fixpoint): nodes the analysis must keep
+    (`forced`: an op the plan folded had to stay), undeclared `writes`, bytes taken off the
+    growth budget for planning (`budget_cut`, after `budget_misses` overruns). Each repeat adds
+    a forced node, a write, or one of at most two cuts: at most 2N + 3 attempts for N nodes."""
 
     forced: dict[torch.fx.Node, tuple[Reason, str]] = field(default_factory=dict)
     writes: dict[torch.fx.Node, set[torch.fx.Node]] = field(default_factory=dict)
@@ -293,42 +244,30 @@ class Constraints:
     budget_misses: int = 0
 
     def learn(self, write: UndeclaredWrite) -> None:
-        """Record the write a stopped evaluation found (`Evaluation.learnt`)."""
         self.writes.setdefault(write.node, set()).add(write.written)
 
     def keep_failed(self, kept: Mapping[torch.fx.Node, tuple[Reason, str]]) -> bool:
         """Keep at runtime, from the next attempt on, the nodes an evaluation kept for a reason
-        of their own (`kept`: `Evaluation.kept`; an op that raised, a result that is not a
-        tensor); their readers then stay by the analysis (`Reason.DEPENDS_ON_KEPT`), as the
-        evaluation kept them. Returns whether one was new: the attempt must then be redone,
-        since its plan counted those nodes' folded inputs as released and the placeholders
-        only they read as dropped, so the bytes it stores were never held to the size limits
-        (docs/design.md, "One attempt, one loop")."""
+        of their own (`Evaluation.kept`). Returns whether one was new: the attempt must then be
+        redone, since its plan's byte counts assumed them folded (docs/design.md, "One
+        attempt, one loop")."""
         new = {n: why for n, why in kept.items() if why[0] is not Reason.DEPENDS_ON_KEPT and n not in self.forced}
         self.forced.update(new)
         return bool(new)
 
     def fits(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
-        """Whether a lifted program storing `bytes_after` bytes is within the growth budget
-        planning had (`budget` less ``budget_cut``; None: no limit; a plan with no budget left
-        at all is final, so it fits)."""
+        """Whether `bytes_after` stored bytes are within `budget` (None: no limit) less
+        ``budget_cut``; a plan with no budget left at all is final, so it fits."""
         if budget is None or budget - self.budget_cut < 0:
             return True
         return bytes_after - bytes_before - (budget - self.budget_cut) <= 0
 
     def tighten_if_over_budget(self, budget: Optional[int], bytes_before: int, bytes_after: int) -> bool:
-        """When the lifted program's stored bytes exceed what planning was allowed (`budget`,
-        None: no limit, less ``budget_cut``), raise ``budget_cut`` by the excess and return True
-        (the attempt is redone); else False. A plan with no budget left at all is final."""
+        """When `fits` is false, raise ``budget_cut`` by the excess and return True (the
+        attempt is redone)."""
         if self.fits(budget, bytes_before, bytes_after):
             return False
         excess = bytes_after - bytes_before - (budget - self.budget_cut)
         self.budget_misses += 1
         self.budget_cut = self.budget_cut + excess if self.budget_misses < 2 else budget + 1
         return True
-
-
-def _stored_value(program: ExportedProgram, analysis):
-    """The stored tensor of a constant placeholder of `program` (read, never written)."""
-    state_dict, constants = program.state_dict, program.constants
-    return lambda n: stored_tensor(analysis.specs[n.name], state_dict, constants)

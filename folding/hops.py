@@ -1,9 +1,6 @@
-"""What each control-flow higher-order op (HOP) passes to its bodies.
-
-One table: for each HOP torch.export emits with plain-graph bodies, where its bodies are in
-its arguments, which operand feeds each body placeholder, and which operands are the same at
-every iteration (only those can be constant inside the body). Conventions from
-torch/_higher_order_ops (cond.py, while_loop.py, map.py, scan.py, wrap.py):
+"""What each control-flow higher-order op (HOP) passes to its bodies: where its bodies are in
+its arguments, which operand feeds each body placeholder, and which are the same at every
+iteration (only those can be constant inside the body). From torch/_higher_order_ops:
 
 - ``cond(pred, true_fn, false_fn, operands)``: both branches take ``operands``.
 - ``while_loop(cond_fn, body_fn, carried_inputs, additional_inputs)``: both take
@@ -13,8 +10,7 @@ torch/_higher_order_ops (cond.py, while_loop.py, map.py, scan.py, wrap.py):
   slice of each ``xs``, then ``additional_inputs``.
 - ``wrap_with_set_grad_enabled(enabled, body, *args)`` and
   ``wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *args)``: the body
-  takes ``args``, once. Code taken out of an autocast region must still run under it, so it is
-  wrapped in a region of its own (`HopKind.wraps`).
+  takes ``args``, once.
 """
 
 from __future__ import annotations
@@ -53,16 +49,12 @@ class HopKind:
     wraps: bool = False
 
     def invariant_operands(self, node: torch.fx.Node) -> list:
-        if self.invariant_arg is None:
-            return list(node.args[self.first_arg:])
-        return list(node.args[self.invariant_arg])
+        return list(node.args[self.first_arg:] if self.invariant_arg is None else node.args[self.invariant_arg])
 
     def varying_operands(self, node: torch.fx.Node) -> list:
-        """The operands that change per call of the body (a loop's carry, the mapped or scanned
-        inputs): the sequences between the bodies and the invariant operands."""
-        if self.invariant_arg is None:
-            return []
-        return [a for seq in node.args[max(self.bodies) + 1: self.invariant_arg] for a in seq]
+        """The operands that change per call of the body (a loop's carry, the mapped inputs)."""
+        end = max(self.bodies) + 1 if self.invariant_arg is None else self.invariant_arg
+        return [a for seq in node.args[max(self.bodies) + 1: end] for a in seq]
 
     def with_operands(self, node: torch.fx.Node, operands: list) -> tuple:
         """`node`'s arguments with `operands` as its invariant operands."""
@@ -86,41 +78,28 @@ HOPS: dict[object, HopKind] = {
 
 def hop_kind(node: torch.fx.Node) -> Optional[HopKind]:
     """The `HopKind` of a call_function node, or None when it is not a HOP with plain bodies."""
-    if node.op != "call_function":
-        return None
-    try:
-        return HOPS.get(node.target)
-    except TypeError:
-        return None
+    return HOPS.get(node.target) if node.op == "call_function" else None
 
 
 def hop_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """The nodes of `graph` that call a HOP with plain bodies (`HOPS`), in graph order: found
-    through torch.fx's index of nodes by target, not a walk over the graph."""
+    """The nodes of `graph` that call a HOP of `HOPS`, in graph order."""
     return sorted(n for target in HOPS for n in graph.find_nodes(op="call_function", target=target, sort=False))
 
 
 def unprobed_writes(graph: torch.fx.Graph, in_body: bool) -> dict[torch.fx.Node, list[torch.fx.Node]]:
-    """The writes the fold assumes because it cannot probe them (`ops.is_probed`: a custom op
-    may write an input its schema does not declare). Only the top level's custom ops are run
-    at fold time (`plan.Plan.probed`); so, in a body (`in_body`), a custom op is taken to write
-    every tensor it reads, and, at any level, a control-flow call whose bodies (nested ones
-    included) call a custom op is taken to write every operand it passes. Empty when `graph`
-    calls no control flow and is not a body. For `analysis.analyze`'s ``extra_writes``."""
-    hops = hop_nodes(graph)
-    if not hops and not in_body:
-        return {}
+    """The writes the fold assumes because it cannot probe them (only the top level's custom
+    ops are probed, `plan.Plan.probed`): in a body (`in_body`), a custom op writes every tensor
+    it reads; a HOP whose bodies call one writes every operand it passes."""
     out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     if in_body:
         out.update((n, list(n.all_input_nodes)) for n in graph.nodes if n.op == "call_function" and is_probed(n))
-    for hop in hops:
+    for hop in hop_nodes(graph):
         if any(_calls_custom_op(body) for _, body in bodies(hop)):
             out[hop] = [i for i in hop.all_input_nodes if i.op != "get_attr"]
     return out
 
 
 def _calls_custom_op(body: torch.fx.GraphModule) -> bool:
-    """`body`, or a body it calls, calls a custom op `ops.is_probed` names."""
     return any(n.op == "call_function" and is_probed(n) for n in body.graph.nodes) or any(
         _calls_custom_op(inner) for hop in hop_nodes(body.graph) for _, inner in bodies(hop))
 
@@ -128,11 +107,9 @@ def _calls_custom_op(body: torch.fx.GraphModule) -> bool:
 def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
     """(attribute name, GraphModule) of each body of a HOP node, in argument order."""
     kind = hop_kind(node)
-    if kind is None:
-        return []
     owner = node.graph.owning_module
     out = []
-    for position in kind.bodies:
+    for position in kind.bodies if kind else ():
         attr = node.args[position]
         if isinstance(attr, torch.fx.Node) and attr.op == "get_attr":
             module = getattr(owner, attr.target, None)
@@ -142,34 +119,19 @@ def bodies(node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
 
 
 def evaluable(node: torch.fx.Node) -> bool:
-    """True for a HOP of `HOPS` whose bodies (and nested bodies) call only ops that give the
-    same result at fold time as at runtime: no random, effectful or memory-planning op. With
-    every operand constant, such a HOP node is evaluated whole by calling it."""
-    for _, body in bodies(node):
-        for n in body.graph.nodes:
-            if n.op != "call_function":
-                continue
-            k = op_facts(n.target).kind
-            if k in (OpKind.RANDOM, OpKind.EFFECTFUL, OpKind.MEMORY):
-                return False
-            if k is OpKind.CONTROL_FLOW and not (hop_kind(n) is not None and evaluable(n)):
-                return False
+    """True for a HOP of `HOPS` whose bodies (nested too) call no random, effectful or
+    memory-planning op: with every operand constant, it is evaluated whole by calling it."""
+    for n in (n for _, body in bodies(node) for n in body.graph.nodes if n.op == "call_function"):
+        k = op_facts(n.target).kind
+        if k in (OpKind.RANDOM, OpKind.EFFECTFUL, OpKind.MEMORY) or k is OpKind.CONTROL_FLOW and not evaluable(n):
+            return False
     return hop_kind(node) is not None
 
 
 def graph_module(attributes_from: object, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
-    """``torch.fx.GraphModule(attributes_from, graph)`` that compiles `graph` only, and only on
-    first use (`torch_internals.lazy_graph_module`: the programs the fold builds are mostly
-    read, by ``to_edge`` and the next fold, and never run as fx code).
-
-    GraphModule's constructor (and ``recompile``) also recompiles every GraphModule child
-    (``GraphModule._recompile_submodules``): a program with a thousand bodies would compile
-    them all again at each rebuild of its top-level graph. Here the bodies `graph` calls are
-    attached after construction, as they are (already compiled).
-
-    Args:
-        attributes_from: a module, or a dict from ``get_attr`` target to value.
-    """
+    """``torch.fx.GraphModule(attributes_from, graph)`` (a module, or a dict from ``get_attr``
+    target to value) that compiles `graph` only, on first use. The constructor would also
+    recompile every GraphModule child; here the bodies are attached afterwards, as they are."""
     attributes: dict[str, object] = {}
     later: dict[str, torch.fx.GraphModule] = {}
     for n in graph.nodes:
@@ -194,9 +156,8 @@ def recompile_shallow(gm: torch.fx.GraphModule) -> None:
 
 
 def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
-    """Delete `gm`'s submodules and tensor attributes that no ``get_attr`` of its graph reads
-    (a body moved out, a tensor moved out as an operand): a folded program keeps no dead
-    attribute. Only for modules the stage owns (a copy it made or built)."""
+    """Delete `gm`'s submodules and tensor attributes that no ``get_attr`` of its graph reads.
+    Only for modules the stage owns (a copy it made or built)."""
     read = {n.target.split(".")[0] for n in gm.graph.find_nodes(op="get_attr")}
     names = [n for n, _ in gm.named_children()] + [n for n, _ in gm.named_parameters(recurse=False, remove_duplicate=False)]
     names += [n for n, _ in gm.named_buffers(recurse=False, remove_duplicate=False)]
@@ -208,11 +169,8 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
 
 def move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target: str,
                    graph: Optional[torch.fx.Graph] = None) -> torch.fx.Node:
-    """Make `body`'s attribute `target` (a nested body or a tensor) an attribute of `gm`, under a
-    free name, and return a ``get_attr`` of it in `graph` (default ``gm.graph``).
-
-    The node is made with ``create_node``: ``Graph.get_attr`` warns about a plain tensor
-    attribute, which is how torch.export keeps a body's tensor constants (``_tensor_constant0``)."""
+    """Make `body`'s attribute `target` an attribute of `gm`, under a free name, and return a
+    ``get_attr`` of it in `graph` (``create_node``: ``Graph.get_attr`` warns about a tensor)."""
     name = free_attribute(gm, target)
     setattr(gm, name, operator.attrgetter(target)(body))
     return (gm.graph if graph is None else graph).create_node("get_attr", name)
@@ -220,22 +178,12 @@ def move_attribute(gm: torch.fx.GraphModule, body: torch.fx.GraphModule, target:
 
 def free_attribute(gm: torch.fx.GraphModule, target: str) -> str:
     """An attribute name of `gm` not in use, derived from `target` (dots become ``_``)."""
-    return unique_name(target.replace(".", "_"), _Attributes(gm))
-
-
-class _Attributes:
-    def __init__(self, module) -> None:
-        self.module = module
-
-    def __contains__(self, name: object) -> bool:
-        return hasattr(self.module, str(name))
+    return unique_name(target.replace(".", "_"), set(dir(gm)))
 
 
 def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
-    """A copy of `gm`'s graph (nodes keep their names and metadata; values in ``meta`` and
-    every attribute, bodies included, shared) in a new GraphModule, and the node map. Compiled
-    on first use (`torch_internals.lazy_graph_module`): the caller edits it freely, and a copy
-    that is never called is never compiled."""
+    """A copy of `gm`'s graph (names and metadata kept; ``meta`` values and attributes shared)
+    in a new GraphModule compiled on first use, and the node map."""
     graph = torch.fx.Graph()
     copy_codegen(gm.graph, graph)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -250,8 +198,7 @@ def copy_uncompiled(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dic
 
 
 def body_paths(gm: torch.fx.GraphModule, prefix: str = "") -> set[str]:
-    """The report paths (`node_meta.body_path`) of every body called from `gm`, nested ones
-    included."""
+    """The report paths (`node_meta.body_path`) of every body called from `gm`, nested too."""
     out: set[str] = set()
     for hop in hop_nodes(gm.graph):
         for attr, body in bodies(hop):

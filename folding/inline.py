@@ -1,13 +1,10 @@
-"""Replace a ``cond`` whose predicate is a stored constant by the branch it takes.
-
-After a fold, a predicate computed from constants is a lifted constant (or a literal), so the
-branch is known at fold time. `inline_constant_conds` copies the taken branch into the
-calling graph (new nodes get unique names; nodes already in the graph keep theirs) and
-deletes the ``cond``; a following fold then folds across the inlined code.
-"""
+"""Replace a ``cond`` whose predicate is a stored constant (after a fold, a lifted constant or
+a literal) by the branch it takes, copied into the calling graph; a following fold then folds
+across the inlined code."""
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -28,15 +25,9 @@ from .unchanging import unchanging_before_probes
 
 @dataclass
 class Inlining:
-    """What `inline_constant_conds` did, by report name (body paths for code that came out of
-    a body).
-
-    Attributes:
-        decisions: one per inlined cond and per getitem of its result an inlined node replaced
-            (`Reason.INLINED`), and per op of the branches not taken (`Reason.BRANCH_NOT_TAKEN`).
-        untaken: the body path (``cond.false_graph_0/``) of each branch not taken: code that an
-            earlier fold moved out of it is not taken either.
-    """
+    """What `inline_constant_conds` did, by report name: `decisions` (`Reason.INLINED` per
+    inlined cond and per getitem removed, `Reason.BRANCH_NOT_TAKEN` per op of a branch not
+    taken) and `untaken`, the body path (``cond.false_graph_0/``) of each branch not taken."""
 
     decisions: list[Decision] = field(default_factory=list)
     untaken: list[str] = field(default_factory=list)
@@ -48,53 +39,36 @@ class Inlining:
 def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable[str] = ()) -> Inlining:
     """Inline, in `program`'s top-level graph (changed in place), every ``cond`` whose predicate
     is a literal or a parameter, buffer or lifted constant whose value is the same at every
-    call (`unchanging.unchanging_before_probes`: neither written back by the signature nor
-    written in place by an op of the graph, such as training IR's ``fill_`` of the buffer
-    after the ``cond``; nor read by a custom op, which may write it undeclared).
-
-    Args:
-        clone_op: the dialect's copy op, for a graph output that the taken branch returns
-            unchanged from its operands (the output spec keeps naming a node of its own).
-        reserved: names an inlined node must not take although no node of the graph has them
-            now: the caller's node names, which the report uses (a node folded away earlier
-            keeps its decision under its name; invariant 6, docs/design.md).
-
-    Returns:
-        The `Inlining` (false when no cond was inlined).
-    """
+    call (`unchanging.unchanging_before_probes`). `clone_op`: the dialect's copy op, for a graph
+    output the branch returns unchanged from its operands; `reserved`: names an inlined node
+    must not take (invariant 6). Returns the `Inlining`, false when no cond was inlined."""
     gm = program.graph_module
-    specs: Optional[dict] = None
+    specs = functools.cache(lambda: unchanging_before_probes(program))  # a walk, only when needed
 
     def constant_value(pred) -> Optional[bool]:
-        nonlocal specs
         if isinstance(pred, (bool, int)):
             return bool(pred)
         if not (isinstance(pred, torch.fx.Node) and pred.op == "placeholder"):
             return None
-        if specs is None:  # a walk over the graph, only for a cond whose predicate is a placeholder
-            specs = unchanging_before_probes(program)
-        spec = specs.get(pred.name)
-        if spec is None:
-            return None
-        value = stored_tensor(spec, program.state_dict, program.constants)
+        spec = specs().get(pred.name)
+        value = None if spec is None else stored_tensor(spec, program.state_dict, program.constants)
         return bool(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else None
 
     reserve_node_names(gm)
     inlining = Inlining()
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
-            taken = constant_value(node.args[0])
-            if taken is None:
-                continue
-            branches = bodies(node)
-            name = node.meta.get(REPORT_NAME, node.name)
-            inlining.decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
-            attr, untaken = branches[1 if taken else 0]
-            inlining.untaken.append(f"{name}.{attr}/")
-            inlining.decisions.extend(Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
-                                      for n in untaken.graph.nodes if n.op == "call_function")
-            inlining.decisions.extend(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result")
-                                      for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved))
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.higher_order.cond):  # a list, in order
+        taken = constant_value(node.args[0])
+        if taken is None:
+            continue
+        branches = bodies(node)
+        name = node.meta.get(REPORT_NAME, node.name)
+        inlining.decisions.append(Decision(name, op_name(node.target), Reason.INLINED, f"predicate {node.args[0]} is {taken}"))
+        attr, untaken = branches[1 if taken else 0]
+        inlining.untaken.append(f"{name}.{attr}/")
+        inlining.decisions.extend(Decision(f"{name}.{attr}/{n.name}", op_name(n.target), Reason.BRANCH_NOT_TAKEN)
+                                  for n in untaken.graph.nodes if n.op == "call_function")
+        inlining.decisions.extend(Decision(removed, "_operator.getitem", Reason.INLINED, f"read {name}'s result")
+                                  for removed in _inline(gm, node, branches[0 if taken else 1], clone_op, name, reserved))
     if inlining:
         _erase_unused_get_attrs(gm.graph)
         drop_unused_attributes(gm)
@@ -105,8 +79,7 @@ def inline_constant_conds(program: ExportedProgram, clone_op, reserved: Iterable
 def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], clone_op, name: str,
             reserved: Iterable[str]) -> list[str]:
     """Copy `branch` into `gm` before `cond` and make the cond's getitems read its results;
-    `name`: the cond's report name (its body path when it came out of a body). Returns the
-    names of the getitems removed (an inlined node takes the name of the others)."""
+    `name`: the cond's report name. Returns the names of the getitems removed."""
     attr, body = branch
     path = f"{name}.{attr}/"
     graph = gm.graph
@@ -157,14 +130,8 @@ def _inline(gm, cond: torch.fx.Node, branch: tuple[str, torch.fx.GraphModule], c
 
 
 def _erase_unused_get_attrs(graph: torch.fx.Graph) -> None:
-    """Dead-code rule after inlining (`_inline` erased the conds and their getitems): only the
-    get_attrs of their bodies may go. Everything else stays, an unused node of the caller's
-    too (a ``getitem`` torch.export left without users keeps its name: invariant 6).
-
-    Not ``Graph.eliminate_dead_code``: torch 2.14 (``torch/fx/graph.py``) also runs it, with
-    its own side-effect rule, on every GraphModule child a get_attr reads, and recompiles them
-    in place, so a body shared with the caller's program (a region whose result is unused)
-    would lose its dead code in the caller's program too (docs/design.md invariant 7)."""
+    """Only the get_attrs of the inlined bodies go (invariant 6). Not ``eliminate_dead_code``: it
+    also edits every GraphModule child a get_attr reads, maybe the caller's (invariant 7)."""
     for node in graph.find_nodes(op="get_attr"):
         if not node.users:
             graph.erase_node(node)

@@ -1,6 +1,4 @@
-"""Builds the `FoldReport` from the records the stages return (`Analysis`, `Plan`,
-`Evaluation`, `Lifting`, `Inlining`, the hoisting's decisions for nodes left in bodies); the
-lifted-constant rows come with `Lifting` (`report.lifted_row`)."""
+"""Builds the `FoldReport` from the records the stages return."""
 
 from __future__ import annotations
 
@@ -26,43 +24,25 @@ if TYPE_CHECKING:  # the record `inline` returns; a stage never imports another
 def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting, bytes_before: int,
                 bytes_after: int) -> FoldReport:
     """The report of one fold of a graph, given its call_function nodes as analysed (nodes of
-    the program `lift` read, not of the folded program it built)."""
-    return FoldReport(
-        decisions=_fold_decisions(considered, analysis, plan, evaluation, lifting),
-        lifted=lifting.lifted,
-        removed_placeholders=lifting.removed,
-        constant_bytes_before=bytes_before,
-        constant_bytes_after=bytes_after,
-        peak_intermediate_bytes=evaluation.peak_intermediate_bytes,
-        evaluated_nodes=evaluation.evaluated,
-    )
-
-
-def _fold_decisions(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting) -> list[Decision]:
-    """One decision per call_function node of `considered` (`outcome.outcome`; a kept encoding
-    is described as its copy in the folded program reads it, `Lifting.copies`), under each of
-    its report names (a node moved out of a body is reported under its body path; glue under
-    none)."""
+    the program `lift` read): one decision per node (`outcome.outcome`; a kept encoding is
+    described as its copy in the folded program reads it), under each of its report names."""
     lifted_as = lifting.lifted_as
-
-    def rename(name: str) -> str:
-        return lifted_as.get(name, name)
-
-    out = []
+    decisions = []
     for n in considered:
         reason, detail = outcome(n, analysis, plan, evaluation)
         if reason is Reason.KEEPS_ENCODING:
-            detail = describe_encoding(lifting.copies.get(n, n), rename)
+            detail = describe_encoding(lifting.copies.get(n, n), lambda name: lifted_as.get(name, name))
         target, placeholder = op_name(n.target), lifted_as.get(n.name)
-        out.extend(Decision(name, target, reason, detail, placeholder) for name in report_names(n, n.name))
-    return out
+        decisions.extend(Decision(name, target, reason, detail, placeholder) for name in report_names(n, n.name))
+    return FoldReport(decisions=decisions, lifted=lifting.lifted, removed_placeholders=lifting.removed,
+                      constant_bytes_before=bytes_before, constant_bytes_after=bytes_after,
+                      peak_intermediate_bytes=evaluation.peak_intermediate_bytes, evaluated_nodes=evaluation.evaluated)
 
 
 def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> FoldReport:
     """One report for successive folds of one program and the inlining of conds between them:
-    a node's last decision wins; lifted constants are those the final program still has.
-    Timings are the driver's (`PhaseTimer`). Its notes say what lowering `program` (the folded
-    program) needs (`executorch_workarounds.lowering_note`: the config for its control flow)."""
+    a node's last decision wins; lifted constants are those the final program still has. Its
+    notes say what lowering `program` needs (`executorch_workarounds.lowering_note`)."""
     notes = [note] if (note := lowering_note(program)) else []
     if len(steps) == 1:
         steps[0].notes = notes
@@ -79,23 +59,17 @@ def merged(steps: list[FoldReport | Inlining], program: ExportedProgram) -> Fold
     reports = [step for step in steps if isinstance(step, FoldReport)]
     lifted = {c.placeholder: c for r in reports for c in r.lifted if c.placeholder in placeholders}
     created = {c.placeholder for r in reports for c in r.lifted}
-    return FoldReport(
-        decisions=list(decisions.values()),
-        lifted=list(lifted.values()),
-        removed_placeholders=list(dict.fromkeys(p for r in reports for p in r.removed_placeholders if p not in created)),
-        constant_bytes_before=reports[0].constant_bytes_before,
-        constant_bytes_after=reports[-1].constant_bytes_after,
-        peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports),
-        evaluated_nodes=sum(r.evaluated_nodes for r in reports),
-        notes=notes,
-    )
+    removed = list(dict.fromkeys(p for r in reports for p in r.removed_placeholders if p not in created))
+    return FoldReport(list(decisions.values()), list(lifted.values()), removed, reports[0].constant_bytes_before,
+                      reports[-1].constant_bytes_after, notes=notes,
+                      evaluated_nodes=sum(r.evaluated_nodes for r in reports),
+                      peak_intermediate_bytes=max(r.peak_intermediate_bytes for r in reports))
 
 
 def body_decisions(program: ExportedProgram, staying) -> list[Decision]:
     """The decisions of the nodes left in the bodies of `program` (the folded program), from
-    the hoisting of its last attempt (`bodies.Hoisting.decisions`, named by body path:
-    ``cond.true_graph_0/matmul``), without those of bodies the fold removed with their HOP
-    (a ``cond`` evaluated whole)."""
+    the last hoisting (`bodies.Hoisting.decisions`), without those of bodies the fold removed
+    with their HOP."""
     if not staying:
         return []
     kept = body_paths(program.graph_module)
@@ -103,10 +77,9 @@ def body_decisions(program: ExportedProgram, staying) -> list[Decision]:
 
 
 def with_rule_decisions(decisions: list[Decision], rows) -> list[Decision]:
-    """`decisions` with a prepare rewrite's report rows (`weight_fusion.FusionRows`): each of
-    its decisions replaces the fold's decision for the same node name, or is added when the
-    fold made none (the node left the graph before analysis); the fold's decisions for the
-    nodes the rewrite inserted are dropped, unless one was kept although constant-only."""
+    """`decisions` with a prepare rewrite's rows (`weight_fusion.FusionRows`), each replacing
+    the fold's decision for its node name or added; the fold's decisions for the nodes the
+    rewrite inserted are dropped, unless one was kept although constant-only."""
     if not rows.decisions:
         return decisions
     replacing = {d.node: d for d in rows.decisions}
