@@ -1,6 +1,6 @@
 """`fold_constants`: the constant-propagation stage, the driver and the only module that imports
 its steps: check → prepare → analyze → plan → evaluate → place → apply (lift) → measure → report,
-then operands and inline between rounds (prepare's `bodies` runs `analyze` on each body, as a
+then inline between rounds (prepare's `bodies` runs `analyze` on each body, as a
 function the driver hands it; docs/design.md, "Pipeline inside `fold_constants`")."""
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
-from .dedup import fold_scope, placeholder_savings
-from .hops import recompile_shallow, unprobed_writes
+from .hops import unprobed_writes
 from .inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
 from .constraints import Constraints
@@ -30,7 +28,7 @@ from .plan import make_plan
 from .policy import FoldPolicy
 from .report import FoldReport, PhaseTimer, Reason
 from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
-from .sizes import stored_constant_bytes, stored_tensor
+from .sizes import placeholder_savings, stored_constant_bytes, stored_tensor
 from .torch_internals import replace_contents, reserve_names
 from .working import Preparation, Working
 from .work_counts import count
@@ -57,8 +55,8 @@ def fold_constants(
     Works on ATen-dialect programs (including torch 2.14's training IR with in-place ops) and
     Edge-dialect programs. A folded value that a kept op or the output reads becomes a
     placeholder with a ``CONSTANT_TENSOR`` InputSpec whose tensor (contiguous, detached, owning
-    its storage) is in ``program.constants``; identical tensors (dtype, shape, bytes) are stored
-    once. Nodes that are not folded keep their names. Parameters, buffers and constants left
+    its storage) is in ``program.constants``, one per folded value (the serializer stores
+    identical bytes once). Nodes that are not folded keep their names. Parameters, buffers and constants left
     without users are removed.
 
     Args:
@@ -92,8 +90,7 @@ def fold_constants(
         with timer.phase("checks"):
             repairs = check_signature(program)
             check_stored_tensors(program)
-        with fold_scope():
-            result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
+        result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
@@ -124,9 +121,6 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     while True:  # bound: each round removes a cond
         once = _fold_once(prepare, policy, bytes_before, timer, pins)
         folded = once.program
-        with timer.phase("bodies"):
-            if merge_duplicate_operands(folded.graph_module, once.working.owned_bodies):
-                recompile_shallow(folded.graph_module)
         steps.append(once.report)
         with timer.phase("inlining"):
             inlined = inline_constant_conds(folded, clone_op, reserved)
@@ -220,7 +214,7 @@ def _fold_once(prepare: Preparation, policy: FoldPolicy, bytes_before: int, time
 
 def _prepared(prepare: Preparation, constraints: Constraints, timer: PhaseTimer) -> tuple[Working, dict]:
     """A new working program, the constraints rebound to its nodes, and what dropping each of
-    its constant placeholders saves (`dedup.placeholder_savings`)."""
+    its constant placeholders saves (`sizes.placeholder_savings`)."""
     working = prepare()
     constraints.rebound(working.program.graph)
     with timer.phase("bytes"):
