@@ -309,3 +309,27 @@ def every_plan(region, sizes, placeholder_bytes, storable):
     candidates = [n for n in region.ops if n in storable]
     return [evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, {})
             for k in range(len(candidates) + 1) for s in itertools.combinations(candidates, k)]
+
+
+class ReadTwiceAndBranches(nn.Module):
+    """Buffers each read twice by one op (``mm(b, b)``, so that evaluation hands the op two
+    copy-on-write stand-ins of one stored tensor and the tensor's data moves to a new address)
+    and folded values of their shape and dtype, then three ``cond`` calls on those values: the
+    program on which a fold keyed by tensor addresses gave wrong values from the second fold
+    of a process on (one buffer stored in place of a folded value)."""
+
+    def __init__(self, n: int = 8):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.n = n
+        for i in range(n):  # written once in place, as initialisers do: version 1
+            self.register_buffer(f"b{i}", torch.randn(64, 64, generator=g).mul_(1.0))
+
+    def forward(self, x):
+        h = x
+        for i in range(self.n):
+            b = getattr(self, f"b{i}")
+            h = h + x @ (torch.mm(b, b) * 0.01) + x @ b
+        h = torch.cond(h.sum() > 0, lambda h, b: (h @ b.t(),), lambda h, b: (h - b.mean(0),), (h, self.b0 * 2.0))[0]
+        h = torch.cond(h.mean() > 0, lambda h, b: (h * b.exp(),), lambda h, b: (h + b,), (h, self.b1[0] * 0.5))[0]
+        return torch.cond(h.amax() > 0, lambda h, b: (h + b.cos(),), lambda h, b: (h - b,), (h, self.b2[1] + 1.0))[0]
