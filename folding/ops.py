@@ -82,8 +82,7 @@ def aten_overload(target: Any) -> Optional[torch._ops.OpOverload]:
 
 
 # The package's cache across folds for per-target answers: `functools.lru_cache(maxsize=4096)`,
-# bounded, keyed by hashable arguments. dedup's `fold_scope` memo is a per-fold record, dropped
-# when the fold ends, not a cache across folds.
+# bounded, keyed by hashable arguments (op targets and shapes, never tensors).
 @functools.lru_cache(maxsize=4096)
 def op_name(target: Any) -> str:
     """A stable, dialect-free name: ``aten.add.Tensor`` for both ATen and Edge ``add.Tensor``.

@@ -8,11 +8,7 @@ in the report's JSON and `benchmarks.scale`'s table.)
 
 Counted names:
     ``attempts``: attempts of the top-level fold, discarded ones included (`fold.py`);
-    ``analysis_nodes``: nodes visited by `analysis.analyze`, top-level graph and bodies;
-    ``dedup.fingerprints``, ``dedup.classified``, ``dedup.compared_bytes``,
-    ``dedup.digested_bytes``: `dedup`'s reads of stored tensors; ``("dedup.digests", id)``:
-    digests of the tensor with that ``id``;
-    ``nonfinite.batches``: the batches `nonfinite.NonfiniteScan.scan_many` read with one kernel call.
+    ``analysis_nodes``: nodes visited by `analysis.analyze`, top-level graph and bodies.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from torch._higher_order_ops.scan import scan
 class RewrittenAndHoisted(nn.Module):
     """A tied embedding read through its transpose (`folding.transposed_gathers` rewrites the gather), and
     a ``cond`` whose branches compute the same bytes from the same weight in two ways (moved
-    out, lifted as one constant, then passed once: `operands.merge_duplicate_operands`)."""
+    out and lifted as two constants of identical bytes)."""
 
     def __init__(self):
         super().__init__()
@@ -84,8 +84,7 @@ def _same_after_folding(w: torch.Tensor, how: str) -> torch.Tensor:
 
 class CondRepeated(nn.Module):
     """A ``cond`` given a weight and a value with its bytes (``w * 1.0``, ``w + 0.0``,
-    ``w.clone()``): both lifted as one stored tensor, so one operand twice
-    (`operands.merge_duplicate_operands`)."""
+    ``w.clone()``): the value is a constant of its own, not the weight."""
 
     def __init__(self, how: str):
         super().__init__()

@@ -1,13 +1,12 @@
 """Folding never makes a program that lowered fail to lower.
 
-Two ways a fold could: a body that returns one constant in two places, or two constants of
-identical bytes (stored once), would return one tensor twice, and HOP outputs may alias neither
-an operand nor each other; so each place a body returns a moved value gets a copy of its own
-(`folding/bodies.py`, in the dialect's copy op, `folding/clones.py`). And a stored tensor
-returned as an output while an op a backend delegates reads it is returned through a
-placeholder of its own and a copy (`folding/placement.py`, `_add_returned_stored_placeholders`;
-the copy is `folding/lift.py`'s `_clone_outputs`); a buffer the program writes is returned as
-written.
+Two ways a fold could: a body that returns one constant in two places would return one
+tensor twice, and HOP outputs may alias neither an operand nor each other; so each place a body
+returns a moved value gets a copy of its own (`folding/bodies.py`, in the dialect's copy op,
+`folding/clones.py`). And a stored value returned as an output while an op a backend delegates
+reads it is returned through a placeholder of its own and a copy (`folding/placement.py`,
+`_own_placeholders`; the copy is `folding/lift.py`'s `_clone_outputs`); a buffer the program
+writes is returned as written.
 
 Every program here lowers unfolded (the premise: checked first for issue 21's program of each
 rule, for the others when a folded path fails), then folded through each path
@@ -54,7 +53,7 @@ class BranchReturnsAConstantTwice(nn.Module):
 
 
 class BranchReturnsTwoEqualConstants(nn.Module):
-    """Two different constants of identical bytes: stored once, so one operand twice."""
+    """Two different constants of identical bytes, returned by one branch."""
 
     def __init__(self):
         super().__init__()
@@ -143,7 +142,7 @@ class ConvWeightReturned(nn.Module):
 
 
 class LinearBiasReturnedAsItsEqual(nn.Module):
-    """A folded value with the bias's bytes is stored as the bias itself, then returned."""
+    """A folded value with the bias's bytes, returned next to the bias."""
 
     def __init__(self):
         super().__init__()
