@@ -250,10 +250,12 @@ def placeholder_savings(graph: torch.fx.Graph, program: ExportedProgram) -> dict
     """What dropping each constant placeholder of `graph` saves in serialized bytes (padded).
     Bytes that several placeholders share (tied weights, identical buffers: stored once) are
     saved only when all of them go, so each of them counts 0: the planner never overestimates
-    a saving."""
+    a saving. A buffer the signature writes back is not constant data (`stored_constant_bytes`):
+    it saves nothing and shares with nothing."""
     specs = input_specs_by_name(program.graph_signature)
+    mutated = mutated_targets(program.graph_signature)
     tensors = {
-        n: t for n in graph.find_nodes(op="placeholder") if n.name in specs
+        n: t for n in graph.find_nodes(op="placeholder") if n.name in specs and specs[n.name].target not in mutated
         if (t := stored_tensor(specs[n.name], program.state_dict, program.constants)) is not None
     }
     owners = [(n, p) for n, t in tensors.items() for p in inner_tensors(t)]
