@@ -141,6 +141,19 @@ class ConvWeightReturned(nn.Module):
         return F.conv1d(x, self.w, self.b * 2.0), self.w
 
 
+class FoldedConvWeightReturned(nn.Module):
+    """A folded conv1d weight that is also returned: XNNPACK's conv1d lowering makes the
+    weight 4-D, and a clone reading the same placeholder would return 4-D data."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(4, 3, 3))
+
+    def forward(self, x):
+        w = self.b * 2.0
+        return F.conv1d(x, w), w
+
+
 class LinearBiasReturnedAsItsEqual(nn.Module):
     """A folded value with the bias's bytes, returned next to the bias."""
 
@@ -165,12 +178,15 @@ class BufferReturnedTwice(nn.Module):
 
 RETURNED = {"linear_bias": (LinearBiasReturned, torch.randn(2, 2)),
             "conv1d_weight": (ConvWeightReturned, torch.randn(1, 3, 8)),
+            "folded_conv1d_weight": (FoldedConvWeightReturned, torch.randn(1, 3, 8)),
             "stored_as_its_equal": (LinearBiasReturnedAsItsEqual, torch.randn(2, 2)),
             "buffer_twice": (BufferReturnedTwice, torch.randn(2, 2))}
 # The strict policy (no growth) folds these three to the very program the default policy does
 # (each folded value replaces the stored tensor it reads): slow tier. It keeps
 # stored_as_its_equal's ``p * 1.0`` at runtime (growth), another program, in the default tier.
 STRICT_FOLDS_THE_SAME = {"linear_bias", "conv1d_weight", "buffer_twice"}
+# The strict policy keeps ``b * 2.0`` at runtime (growth): folded_conv1d_weight's strict row is
+# another program.
 
 
 @pytest.mark.parametrize("make, x, policy", [
