@@ -20,6 +20,7 @@ agree on those are hashed whole, with the emitter's own hash.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import itertools
@@ -199,6 +200,9 @@ def content_groups(plain: list[torch.Tensor]) -> list[int]:
 
 def _sampled(p: torch.Tensor) -> bytes:
     """`_SAMPLES` of `p`'s emitted bytes, at evenly spaced positions (all of them when fewer)."""
+    if (p.nbytes <= _SAMPLES and p.device.type == "cpu" and p.layout == torch.strided and not p.is_conj()
+            and not p.is_neg() and has_canonical_layout(p)):  # a program's many small tensors: read in place
+        return ctypes.string_at(p.data_ptr(), p.nbytes)
     data = np.frombuffer(_emitted_bytes(p), dtype=np.uint8)
     return data.tobytes() if data.size <= _SAMPLES else data[_positions(data.size)].tobytes()
 
