@@ -25,7 +25,6 @@ from .reasons import Reason
 from .signature import STORED_KINDS, input_specs_by_name, mutated_targets
 from .symbols import has_symbols, input_symbols
 from .values import SYM_TYPES, holds_tensors, is_scalar
-from .work_counts import count
 
 # Kinds of op never evaluated at fold time, whatever their inputs.
 _KEPT_KINDS = {OpKind.MEMORY: Reason.MEMORY_OP, OpKind.RANDOM: Reason.RANDOM, OpKind.EFFECTFUL: Reason.EFFECTFUL}
@@ -125,7 +124,6 @@ def _propagate(analysis: Analysis, nodes, mutated_targets, skip) -> None:
             reason[n] = r
             if d:
                 detail[n] = d
-    count("analysis_nodes", len(nodes))
 
 
 def _node_reason(n: torch.fx.Node, analysis: Analysis, skip) -> tuple[Optional[Reason], str]:

@@ -1,5 +1,5 @@
 """`fold_constants`: the driver, the only module that imports its steps: check → prepare →
-analyze → plan → evaluate → place → lift → measure → report, then operands and inline between
+analyze → plan → evaluate → place → lift → measure → report, then sink and inline between
 rounds (docs/design.md, "Pipeline inside `fold_constants`")."""
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .analysis import analyze
-from .operands import merge_duplicate_operands
 from .checks import check_signature, check_stored_tensors, with_output_names
-from .dedup import fold_scope, placeholder_savings
 from .bodies import hoist_body_constants, sink_kept_code
 from .hops import recompile_shallow, unprobed_writes
 from .inline import Inlining, inline_constant_conds
@@ -31,7 +29,7 @@ from .policy import FoldPolicy
 from .reasons import Reason
 from .report import FoldReport, PhaseTimer
 from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
-from .sizes import stored_constant_bytes, stored_tensor
+from .sizes import placeholder_savings, stored_constant_bytes, stored_tensor
 from .torch_internals import replace_contents, reserve_names
 from .returned_dequantizes import split_returned_dequantizes
 from .transposed_gathers import Rewrite, read_through_transposes
@@ -57,8 +55,8 @@ def fold_constants(
     Works on ATen-dialect programs (including torch 2.14's training IR with in-place ops) and
     Edge-dialect programs. A folded value that a kept op or the output reads becomes a
     placeholder with a ``CONSTANT_TENSOR`` InputSpec whose tensor (contiguous, detached, owning
-    its storage) is in ``program.constants``; identical tensors (dtype, shape, bytes) are stored
-    once. Nodes that are not folded keep their names. Parameters, buffers and constants left
+    its storage) is in ``program.constants``, one per folded value (the serializer stores
+    identical bytes once). Nodes that are not folded keep their names. Parameters, buffers and constants left
     without users are removed.
 
     Args:
@@ -90,8 +88,7 @@ def fold_constants(
         with timer.phase("checks"):
             repairs = check_signature(program)
             check_stored_tensors(program)
-        with fold_scope():
-            result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
+        result = _fold(with_output_names(program, repairs), policy or FoldPolicy(), timer)
     except FoldingError:
         raise
     except Exception as e:  # the contract: nothing but FoldingError leaves the stage
@@ -163,8 +160,7 @@ def _fold(program: ExportedProgram, policy: FoldPolicy, timer: PhaseTimer) -> Fo
     while True:  # bound: each round removes a cond
         folded, report = _fold_once(working, policy, bytes_before, timer)
         with timer.phase("bodies"):
-            sunk = sink_kept_code(folded.graph_module)
-            if merge_duplicate_operands(folded.graph_module, working.owned_bodies) or sunk:
+            if sink_kept_code(folded.graph_module):
                 recompile_shallow(folded.graph_module)
         steps.append(report)
         with timer.phase("inlining"):

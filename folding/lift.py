@@ -4,8 +4,7 @@
 caller's own program: invariant 7). It builds a new top-level graph from the surviving nodes
 (`_Build`, torch.fx's ``Graph.node_copy``: names kept, metadata shared as in a copy of the
 whole graph): each stored value becomes a placeholder with a ``CONSTANT_TENSOR`` InputSpec and its
-tensor in ``ExportedProgram.constants`` (or reuses a byte-identical stored tensor); folded
-nodes are not copied; and parameters, buffers and constants left without users are dropped
+tensor in ``ExportedProgram.constants``; folded nodes are not copied; and parameters, buffers and constants left without users are dropped
 from the graph, the signature and the stored dicts. New placeholders go before the first user
 input, where torch.export puts lifted constants. Copying only what survives costs one node copy
 per surviving node; copying the whole graph and erasing the folded nodes cost one per node and
@@ -36,7 +35,6 @@ from torch.export.graph_signature import (
 
 from .torch_internals import FakeTensorMode, copy_codegen, detect_fake_mode, program_with, reserve_names
 from .hops import graph_module
-from .layout import has_canonical_layout
 from .dialect import dialect_op
 from .checks import check_folded
 from .symbols import drop_bound_ranges, has_symbols, refresh_meta
@@ -44,7 +42,7 @@ from .nonfinite import NonfiniteScan
 from .names import copy_keeping_name, keep_name, reserve_node_names, unique_name
 from .report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
-from .sizes import STORED_KINDS, stored_tensor
+from .sizes import STORED_KINDS, has_canonical_layout
 
 if TYPE_CHECKING:  # the record this stage applies; `fold.py` calls `placement.place`
     from .placement import NewConstant, Placement
@@ -55,7 +53,7 @@ _PROVENANCE_KEYS = ("stack_trace", "nn_module_stack")
 
 @dataclass
 class Lifting:
-    """What `lift` did: the lifted constants (new or reused), the removed placeholders, for
+    """What `lift` did: the lifted constants, the removed placeholders, for
     each materialised node the placeholder that now holds its value, and for each surviving
     node of the program given to `lift` its copy in the folded program (`copies`)."""
 
@@ -99,7 +97,7 @@ def lift(
     output_specs = _clone_outputs(program, placement, build, output)
     reserve_names(build.graph, placement.taken)  # a node created later never takes a name the program had
     state_dict, constants = _stored_dicts(program, placement.new_constants, build.removed_targets, build.input_specs)
-    rows = _lifted_rows(placement, build.specs, state_dict, constants, nonfinite)
+    rows = _lifted_rows(placement, nonfinite)
     signature = ExportGraphSignature(input_specs=build.input_specs, output_specs=output_specs)
     result = _assemble(program, build.graph, signature, state_dict, constants, bound or {}, build.fake_mode)
     check_folded(result)
@@ -165,7 +163,7 @@ class _Build:
         their target (a buffer written but never read: after functionalization its
         placeholder has no users, and the mutation output still names it)."""
         spec = self.specs.get(p.name)
-        if spec is None or spec.kind not in STORED_KINDS or p in self.placement.reused:
+        if spec is None or spec.kind not in STORED_KINDS:
             return True
         if spec.target in self.named_by_outputs:
             return True
@@ -187,20 +185,15 @@ class _Build:
 
     def value_of(self, reader: torch.fx.Node) -> Callable[[torch.fx.Node], object]:
         """What the copy of `reader` reads in place of each input of `reader`: its private
-        placeholder of the value, if it has one; for a folded input, the placeholder holding
-        its value (a new constant's, or the copy of the stored placeholder it equals) or its
-        literal; any other input's copy."""
-        private, target_of, copies = self.placement.private, self.placement.target_of, self.copies
+        placeholder of the value, if it has one; for a folded input, its new constant's
+        placeholder or its literal; any other input's copy."""
+        private, copies = self.placement.private, self.copies
 
         def value_of(n: torch.fx.Node) -> object:
             own = private.get((reader, n))
             if own is not None:
                 return own.placeholder
-            if n not in self.folded:
-                return copies[n]
-            if isinstance(target_of[n], torch.fx.Node):  # a stored placeholder holding the same tensor
-                return copies[target_of[n]]
-            return self.placement.replacement(n)
+            return copies[n] if n not in self.folded else self.placement.replacement(n)
 
         return value_of
 
@@ -247,24 +240,15 @@ def _stored_dicts(program: ExportedProgram, new_constants: list[NewConstant], re
     return state_dict, constants
 
 
-def _lifted_rows(placement: Placement, specs: dict, state_dict: dict, constants: dict,
-                 nonfinite: NonfiniteScan) -> list[LiftedConstant]:
-    """The report rows of the new constants (private copies have theirs from `place`), then of
-    the stored placeholders reused."""
-    computed = [c for c in placement.new_constants if c.computed and not c.private]
-    nonfinite.scan_many([(c.value, (c.source,)) for c in computed]
-                        + [(stored_tensor(specs[p.name], state_dict, constants), tuple(nodes))
-                           for p, nodes in placement.reused.items()])
-    rows = []
-    for c in placement.new_constants:
-        if not c.private:
-            rows.append(lifted_row(c.name, c.target, c.replaces, c.value, reused=False, moved=not c.computed,
-                                   nonfinite=c.computed and nonfinite(c.value, c.source)))
-    for p, nodes in placement.reused.items():
-        t = stored_tensor(specs[p.name], state_dict, constants)
-        rows.append(lifted_row(p.name, specs[p.name].target, [n.name for n in nodes], t, reused=True,
-                               nonfinite=nonfinite(t, *nodes)))
-    return rows
+def _lifted_rows(placement: Placement, nonfinite: NonfiniteScan) -> list[LiftedConstant]:
+    """The report rows of the new constants (private copies have theirs from `place`); a
+    moved tensor attribute is not scanned for NaN or Inf (the fold computed nothing)."""
+    computed = [c for c in placement.new_constants if c.source.op != "get_attr" and not c.private]
+    nonfinite.scan_many([(c.value, (c.source,)) for c in computed])
+    moved = lambda c: c.source.op == "get_attr"  # noqa: E731
+    return [lifted_row(c.name, c.target, [c.source.name], c.value, reused=False, moved=moved(c),
+                       nonfinite=not moved(c) and nonfinite(c.value, c.source))
+            for c in placement.new_constants if not c.private]
 
 
 def _assemble(program: ExportedProgram, graph: torch.fx.Graph, signature: ExportGraphSignature, state_dict: dict,

@@ -20,7 +20,6 @@ from .clones import is_clone
 from .ops import aten_overload
 from .sizes import is_subclass
 from .torch_internals import schema_of
-from .work_counts import count
 
 
 # Below this many elements ``isfinite(t).all()`` (two ops) is cheaper than ``aminmax`` (three).
@@ -73,7 +72,7 @@ def _rearranging_op(target) -> bool:
 class NonfiniteScan:
     """`holds_nonfinite` for the values one fold lifts, skipping values that only move stored
     data (`rearranges_elements` all the way back to placeholders and attributes) and scanning each
-    tensor once (private placeholders share their constant's tensor). Small tensors are read
+    tensor once. Small tensors are read
     with ``isfinite`` directly (`_SMALL`)."""
 
     def __init__(self) -> None:
@@ -104,7 +103,6 @@ class NonfiniteScan:
                 continue
             if finite:
                 self._scanned.update((i, (t, False)) for i, t in batch.items())
-            count("nonfinite.batches")
 
     @property
     def scanned(self) -> int:

@@ -17,11 +17,11 @@ import torch.fx
 
 from .clones import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
-from .layout import observes_layout, reads_storage, strided_like_stored
-from .ops import is_probed, op_facts
+from .ops import OpKind, is_probed, op_facts, packet_name
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
+from .torch_internals import make_contiguous_strides_for
 from .values import is_scalar
 
 if TYPE_CHECKING:
@@ -208,8 +208,49 @@ def _keep_alias_classes_whole(plan: Plan, analysis: Analysis) -> None:
                 plan.runtime.setdefault(m, verdict)
 
 
+# Ops whose values depend on where their input's elements lie in memory, not only on the
+# values: ``as_strided`` reads the storage directly.
+_STORAGE_READERS = frozenset({"aten.as_strided", "aten.as_strided_copy", "aten.as_strided_scatter"})
+
+
+def may_observe_layout(target: object) -> bool:
+    """True for the targets `observes_layout` may accept: a random op, or ``as_strided`` and
+    its siblings."""
+    return packet_name(target) in _STORAGE_READERS or op_facts(target).kind is OpKind.RANDOM
+
+
+def observes_layout(node: torch.fx.Node) -> bool:
+    """True when `node`'s values depend on its tensor inputs' strides, so that a stored
+    (canonical) copy of a strided input would change them:
+
+    - a random op that reads a tensor (``randn_like``, ``bernoulli``, dropout) draws in the
+      memory order of a result laid out like that tensor (``memory_format=preserve_format``):
+      ``randn_like(w.permute(3, 1, 0, 2))`` draws different values for a contiguous ``w'``;
+    - ``as_strided`` reads its input's storage.
+    """
+    if node.op != "call_function" or not may_observe_layout(node.target):
+        return False
+    if packet_name(node.target) in _STORAGE_READERS:
+        return True
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format):
+        return False
+    return any(isinstance(i.meta.get("val"), torch.Tensor) for i in node.all_input_nodes)
+
+
+def strided_like_stored(val: object) -> bool:
+    """True when `val` (a node's ``meta["val"]``) has the strides its stored copy will have,
+    size-1 dimensions aside (they do not move any element); False for a symbolic stride."""
+    if not isinstance(val, torch.Tensor):
+        return True
+    try:
+        want = make_contiguous_strides_for(val.shape)
+        return all(int(s) == int(w) for d, s, w in zip(val.shape, val.stride(), want) if int(d) != 1)
+    except (TypeError, RuntimeError):  # unbacked symbols
+        return False
+
+
 def _keep_observed_layouts(plan: Plan) -> None:
-    """A stored constant has the canonical layout (`folding.layout`): walking back from each kept
+    """A stored constant has the canonical layout (`folding.sizes`): walking back from each kept
     op that observes strides (a random ``_like`` op, ``as_strided``) through what stays, every
     folded value reached that would be stored with other strides (for ``as_strided``, any)
     stays too. Runtime ops between them are assumed to pass layout on (elementwise ops do)."""
@@ -217,7 +258,7 @@ def _keep_observed_layouts(plan: Plan) -> None:
         if plan.candidates else []
     seen: set[torch.fx.Node] = set()
     for observer in observers:
-        storage = reads_storage(observer)
+        storage = packet_name(observer.target) in _STORAGE_READERS  # any view between changes what it reads
         work = list(observer.all_input_nodes)
         while work:
             n = work.pop()

@@ -44,14 +44,18 @@ class LiftedConstant:
     Attributes:
         placeholder: the placeholder's node name (``c_folded_mul``).
         target: its key in ``ExportedProgram.constants`` (or the state_dict key when reused).
-        replaces: names of the folded nodes whose value it holds (several when deduplicated).
+        replaces: names of the folded nodes whose value it holds.
         shape, dtype: of the stored tensor.
         nbytes: bytes of the stored tensor.
-        reused: True when an identical tensor already stored in the program was reused.
-        nonfinite: the stored value holds a NaN or Inf the fold computed (``log(0)``, ``x / 0``);
-            a value that only rearranges stored data is not scanned (`folding/nonfinite.py`).
-        moved: it holds only tensor attributes moved out of control-flow bodies: stored bytes
-            already, not a folded value (`FoldPolicy.max_tensor_bytes` does not apply).
+        reused: True for a reader's own placeholder of a value another row holds (a copy:
+            the serializer stores its bytes once).
+        nonfinite: the stored value holds a NaN or Inf the fold computed (a folded ``log(0)``,
+            ``x / 0`` …). A value that only rearranges stored data (a view, ``permute_copy``,
+            ``clone`` of a weight) is not scanned: its NaN was already in the weights
+            (`folding/nonfinite.py`).
+        moved: True when it holds only tensor attributes of control-flow bodies moved out of
+            them (a body reads its tensors as operands): stored bytes already, not a folded
+            value, so `FoldPolicy.max_tensor_bytes` does not apply to it.
     """
 
     placeholder: str

@@ -155,12 +155,3 @@ def schema_of(target) -> Optional["torch.FunctionSchema"]:
     """The ``FunctionSchema`` of an op overload (``OpOverload._schema``; Edge ops forward it),
     or None (a higher-order op, a Python function)."""
     return getattr(target, "_schema", None)
-
-
-def version_counter(t: torch.Tensor) -> Optional[int]:
-    """``Tensor._version``, bumped by every in-place write to `t`'s storage; None for an
-    inference tensor."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None

@@ -15,7 +15,7 @@ from torch._higher_order_ops.scan import scan
 class RewrittenAndHoisted(nn.Module):
     """A tied embedding read through its transpose (`folding.transposed_gathers` rewrites the gather), and
     a ``cond`` whose branches compute the same bytes from the same weight in two ways (moved
-    out, lifted as one constant, then passed once: `operands.merge_duplicate_operands`)."""
+    out and lifted as two constants of identical bytes)."""
 
     def __init__(self):
         super().__init__()
@@ -84,8 +84,7 @@ def _same_after_folding(w: torch.Tensor, how: str) -> torch.Tensor:
 
 class CondRepeated(nn.Module):
     """A ``cond`` given a weight and a value with its bytes (``w * 1.0``, ``w + 0.0``,
-    ``w.clone()``): both lifted as one stored tensor, so one operand twice
-    (`operands.merge_duplicate_operands`)."""
+    ``w.clone()``): the value is a constant of its own, not the weight."""
 
     def __init__(self, how: str):
         super().__init__()
@@ -309,3 +308,27 @@ def every_plan(region, sizes, placeholder_bytes, storable):
     candidates = [n for n in region.ops if n in storable]
     return [evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, {})
             for k in range(len(candidates) + 1) for s in itertools.combinations(candidates, k)]
+
+
+class ReadTwiceAndBranches(nn.Module):
+    """Buffers each read twice by one op (``mm(b, b)``, so that evaluation hands the op two
+    copy-on-write stand-ins of one stored tensor and the tensor's data moves to a new address)
+    and folded values of their shape and dtype, then three ``cond`` calls on those values: the
+    program on which a fold keyed by tensor addresses gave wrong values from the second fold
+    of a process on (one buffer stored in place of a folded value)."""
+
+    def __init__(self, n: int = 8):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.n = n
+        for i in range(n):  # written once in place, as initialisers do: version 1
+            self.register_buffer(f"b{i}", torch.randn(64, 64, generator=g).mul_(1.0))
+
+    def forward(self, x):
+        h = x
+        for i in range(self.n):
+            b = getattr(self, f"b{i}")
+            h = h + x @ (torch.mm(b, b) * 0.01) + x @ b
+        h = torch.cond(h.sum() > 0, lambda h, b: (h @ b.t(),), lambda h, b: (h - b.mean(0),), (h, self.b0 * 2.0))[0]
+        h = torch.cond(h.mean() > 0, lambda h, b: (h * b.exp(),), lambda h, b: (h + b,), (h, self.b1[0] * 0.5))[0]
+        return torch.cond(h.amax() > 0, lambda h, b: (h + b.cos(),), lambda h, b: (h - b,), (h, self.b2[1] + 1.0))[0]

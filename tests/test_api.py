@@ -1,11 +1,12 @@
 """The public surface: caller's program untouched unless ``inplace=True``, determinism,
 `FoldConstantsPass` in executorch's pass machinery, the command line, the report, and bounded
-work (docs/design.md invariants 7, 8, 9). Identical folded tensors stored once: test_dedup.py;
-a folded tensor equal to a stored one reusing it: test_placement.py."""
+work (docs/design.md invariants 7, 8, 9). Where folded values are stored, and identical bytes
+counted once: test_placement.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ import torch
 
 import folding
 from folding import FoldConstantsPass, FoldPolicy, Reason
-from folding.work_counts import counting
+from folding.analysis import _node_reason
+from tests.work import calls
 from tests.fold_checks import (
     assert_edge_pte_matches,
     call_targets,
@@ -161,6 +163,62 @@ def test_folding_twice_gives_identical_programs_and_byte_identical_pte():
     pte_a = assert_pte_matches(a.program, (x,), expected=outputs(ep, (x,)))
     pte_b = lower_pte(b.program)
     assert pte_a == pte_b
+
+
+# Run in a fresh process: a fold that depended on the process's memory history (tensor
+# addresses, identities, version counters remembered across the steps of a fold) showed only
+# from some fold of a process on. Each later fold must equal the first one exactly.
+_FOLD_AGAIN = """
+import copy, io, sys, torch
+import folding
+from folding import FoldPolicy
+from tests.invariants import assert_close_all, outputs, same_bits
+from tests.lowering import lower_pte
+from tests.programs import ReadTwiceAndBranches
+
+def fingerprint(result):
+    p, report = result.program, result.report.to_dict()
+    report.pop("timings_s")
+    stored = {k: (v.dtype, tuple(v.shape), v.stride(), v) for k, v in {**p.state_dict, **p.constants}.items()}
+    return p.graph_module.code, str(p.graph_signature), stored, report
+
+torch.manual_seed(0)
+module = ReadTwiceAndBranches().eval()
+ep = torch.export.export(module, (torch.randn(4, 64),))
+inputs = [(torch.randn(4, 64),), (-torch.randn(4, 64).abs() * 10,)]
+policy = FoldPolicy(fuse_into_weights=False)
+first = folding.fold_constants(ep, policy)
+want = fingerprint(first)
+first.program.module()(*inputs[0])
+saved = io.BytesIO()
+torch.export.save(first.program, saved)
+saved.seek(0)
+torch.export.load(saved).module()(*inputs[0])
+lower_pte(first.program)
+for attempt in range(5):
+    again = folding.fold_constants(ep, policy)
+    got = fingerprint(again)
+    assert got[0] == want[0], f"fold {attempt + 2}: graph code differs"
+    assert got[1] == want[1], f"fold {attempt + 2}: signature differs"
+    assert got[2].keys() == want[2].keys(), f"fold {attempt + 2}: stored targets differ"
+    for k, (dtype, shape, stride, t) in got[2].items():
+        assert (dtype, shape, stride) == want[2][k][:3] and same_bits(t, want[2][k][3]), f"fold {attempt + 2}: {k} differs"
+    assert got[3] == want[3], f"fold {attempt + 2}: report differs"
+    for x in inputs:
+        assert_close_all(module(*x), outputs(again.program, x), 1e-5, relative=True)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("process", range(3))
+def test_folding_again_in_one_process_gives_the_same_program_after_running_saving_and_lowering(process):
+    """Invariant 8 at any point of a program's life: fold, run the result, save and load it,
+    lower it, then fold the same program five more times in the same (fresh) process: the
+    same graph code, signature, stored tensors (dtype, shape, strides, bits), report, and the
+    eager outputs."""
+    proc = subprocess.run([sys.executable, "-c", _FOLD_AGAIN], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 def test_refolding_a_folded_program_changes_nothing():
@@ -340,7 +398,7 @@ class Chain(torch.nn.Module):
 def _work(layers):
     ep = export(Chain(layers), (torch.randn(2, 4),))
     n_nodes = len(ep.graph.nodes)
-    with counting() as work:
+    with calls(analysis_nodes=_node_reason) as work:
         result = folding.fold_constants(ep)
     report = result.report
     assert "reruns" not in report.timings, report.timings  # one attempt

@@ -75,10 +75,10 @@ _ENTRY_POINTS = {
     ("fold", "_prepare"): "prepare", ("analysis", "analyze"): "analyze", ("plan", "make_plan"): "plan",
     ("evaluate", "evaluate"): "evaluate", ("placement", "place"): "place", ("lift", "lift"): "apply",
     ("sizes", "stored_constant_bytes"): "measure", ("report_builder", "fold_report"): "report",
-    ("operands", "merge_duplicate_operands"): "operands", ("inline", "inline_constant_conds"): "inline",
+    ("inline", "inline_constant_conds"): "inline",
     ("report_builder", "merged"): "merge reports", ("report_builder", "body_decisions"): "body decisions",
 }
-_ROUND = ["prepare", "analyze", "plan", "evaluate", "place", "apply", "measure", "report", "operands", "inline"]
+_ROUND = ["prepare", "analyze", "plan", "evaluate", "place", "apply", "measure", "report", "inline"]
 
 
 def _walk(program) -> tuple[list[str], set]:

@@ -16,7 +16,8 @@ from torch._higher_order_ops.while_loop import while_loop
 
 import folding
 from folding import FoldPolicy, Reason
-from folding.work_counts import counting
+from folding.analysis import _node_reason
+from tests.work import calls
 from tests.control_flow_checks import body_targets, fold_and_compare, fold_checked
 from tests.fold_checks import call_targets, decision, export
 from tests.invariants import assert_close_all, assert_same_outputs
@@ -343,7 +344,7 @@ def test_an_op_that_raises_in_an_untaken_branch_stays_in_that_branch():
 
 
 def test_work_grows_linearly_with_the_number_of_bodies():
-    """Analysis visits (top-level graph and every body, counted by `folding.work_counts`) per
+    """Analysis visits (top-level graph and every body, op nodes `analysis._node_reason` classifies, counted by `tests.work.calls`) per
     control-flow call stay flat from 4 to 16 calls: no body is re-analysed per other body."""
 
     class Many(nn.Module):
@@ -360,7 +361,7 @@ def test_work_grows_linearly_with_the_number_of_bodies():
     per_call = []
     for k in (4, 16):
         program = export(Many(k), (torch.randn(4, 4),))
-        with counting() as work:
+        with calls(analysis_nodes=_node_reason) as work:
             timings = folding.fold_constants(program).report.timings
         assert work["analysis_nodes"] > 0 and "reruns" not in timings, (work, timings)
         per_call.append(work["analysis_nodes"] / k)

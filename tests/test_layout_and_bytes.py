@@ -1,6 +1,8 @@
-"""Issue 11's fault kinds on stored tensors: their layout (size-1 dimensions, observed strides),
-and byte accounting in what the `.pte` really stores. Hashing strided values: test_dedup.py;
-the growth budget held in the `.pte`'s bytes: test_plan.py."""
+"""Stored tensors (`folding.sizes`): their layout (size-1 dimensions, observed strides), and byte
+accounting in what the `.pte` really stores: the emitter stores one buffer per distinct byte
+content, whatever its dtype, shape or name (executorch/exir/emit/_emitter.py), and the
+accounting tells contents apart from the contents alone. Folded values with a stored
+tensor's bytes: test_placement.py; the growth budget held in the `.pte`'s bytes: test_plan.py."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from folding import FoldPolicy
-from folding.layout import has_canonical_layout
+from folding.sizes import aligned, content_groups, distinct_bytes, has_canonical_layout, placeholder_savings
 from tests.fold_checks import export, fold
+from tests.programs import Block, IdenticalCopies, Layers
 from tests.invariants import assert_close_all
-from tests.invariants import outputs, pte_constant_bytes
+from tests.invariants import assert_report_bytes_true, lower_portable, outputs, pte_constant_bytes
 from tests.lowering import lower_pte, run_pte
 
 
@@ -286,3 +289,94 @@ def test_report_bytes_leave_out_mutated_buffers_even_when_identical_to_a_constan
     result = fold(program, FoldPolicy.unlimited())
     assert result.report.constant_bytes_before == pte_constant_bytes(edge_pte(program))
     assert result.report.constant_bytes_after == pte_constant_bytes(edge_pte(result.program))
+
+
+# 9. Identical bytes, counted once ------------------------------------------------------------
+
+
+def test_identical_folded_tensors_in_two_layers_are_stored_once_in_the_pte():
+    """Each layer's folded gate is a constant of its own; the `.pte` stores their bytes once and
+    the report says so."""
+    x = torch.randn(2, 8, 8)
+    ep = export(Block(), (x,))
+    result = fold(ep, FoldPolicy(fuse_into_weights=False))  # fusion would fold each gate into its layer
+    exps = [d for d in result.report.decisions if d.target == "aten.exp.default"]
+    assert len(exps) == 2 and all(d.folded for d in exps) and exps[0].lifted_as != exps[1].lifted_as
+    gates = [t for t in result.program.constants.values() if t.shape == (8,)]
+    assert len(gates) == 2 and torch.equal(gates[0], gates[1])
+    pte, added = lower_portable(result.program)
+    assert_report_bytes_true(result, pte, added)
+    assert_close_all(outputs(ep, (x,)), run_pte(pte, (x,)), 1e-4, relative=True)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: p.select(2, 1).clone(),  # (1, 1) with strides (2, 2)
+    lambda p: p.transpose(0, 2).clone(),  # (2, 1, 1) with strides (1, 2, 2)
+    lambda p: p[..., :1].clone() * 1.0,
+])
+def test_identical_strided_values_are_counted_once(make):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.randn(1, 1, 2))
+
+        def forward(self, x):
+            return x + make(self.p).sum(), x * make(self.p).sum()
+
+    x = torch.randn(3)
+    ep = export(M(), (x,))
+    result = fold(ep)
+    assert_close_all(outputs(ep, (x,)), outputs(result.program, (x,)))
+    assert len(result.report.lifted) == 2 and result.report.constant_bytes_after == aligned(4)
+
+
+def test_same_bytes_in_another_dtype_or_shape_are_one_buffer():
+    """The emitter keys buffers by their bytes alone (``hashlib.sha256(buffer_data)``)."""
+    assert distinct_bytes([torch.zeros(8), torch.zeros(32, dtype=torch.uint8)]) == aligned(32)
+    assert distinct_bytes([torch.zeros(1024), torch.zeros(2, 1024, dtype=torch.int16)]) == aligned(4096)
+    assert distinct_bytes([torch.zeros(8), torch.zeros(1024)]) == aligned(32) + aligned(4096)
+
+
+@pytest.mark.parametrize("n", [16, 4096])  # every byte sampled; some
+def test_tensors_differing_in_one_byte_are_told_apart(n):
+    a = torch.zeros(n, dtype=torch.uint8)
+    for i in (1, n // 2 + 1, n - 2):
+        b = a.clone()
+        b[i] = 1
+        assert content_groups([a, b, a.clone()]) == [0, 1, 0]
+        assert distinct_bytes([a, b]) == 2 * aligned(n)
+
+
+def test_views_count_their_values_in_row_major_order():
+    w = torch.randn(40, 50)
+    assert content_groups([w, w.t(), w.t().contiguous(), w.view(50, 40)]) == [0, 1, 1, 0]
+    assert content_groups([w[:, ::2], w[:, ::2].clone()]) == [0, 0]
+
+
+@pytest.mark.parametrize("n", [4, 400])
+def test_a_lazy_conjugate_holds_its_values_not_its_storage(n):
+    """``x.conj()`` views `x`'s storage with the conjugate bit set: the serializer stores its
+    values, so it is identical to its resolved copy, not to `x`."""
+    x = torch.randn(n, dtype=torch.complex64)
+    assert content_groups([x, x.conj(), x.conj().resolve_conj()]) == [0, 1, 1]
+    assert content_groups([-x, x._neg_view()]) == [0, 0]
+
+
+def test_meta_tensors_are_never_identical():
+    assert content_groups([torch.empty(8, device="meta"), torch.empty(8, device="meta")]) == [0, 1]
+
+
+def test_identical_buffers_are_counted_once_before_and_after_a_fold():
+    ep = torch.export.export(IdenticalCopies(), (torch.randn(4096),))
+    result = fold(ep)
+    assert result.report.constant_bytes_before == aligned(4096 * 4)
+    pte, added = lower_portable(result.program)
+    assert_report_bytes_true(result, pte, added)
+
+
+def test_tied_weights_save_nothing_when_one_name_goes():
+    """Dropping one name of a tied Parameter saves no byte: the other still stores them."""
+    ep = torch.export.export(Layers().eval(), (torch.randn(2, 64),))
+    saving = {n.name: b for n, b in placeholder_savings(ep.graph, ep).items()}
+    assert saving["p_tied_weight"] == saving["p_tied_again_weight"] == 0
+    assert saving["p_layers_0_weight"] == aligned(64 * 64 * 4)

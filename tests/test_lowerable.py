@@ -1,13 +1,12 @@
 """Folding never makes a program that lowered fail to lower.
 
-Two ways a fold could: a body that returns one constant in two places, or two constants of
-identical bytes (stored once), would return one tensor twice, and HOP outputs may alias neither
-an operand nor each other; so each place a body returns a moved value gets a copy of its own
-(`folding/bodies.py`, in the dialect's copy op, `folding/clones.py`). And a stored tensor
-returned as an output while an op a backend delegates reads it is returned through a
-placeholder of its own and a copy (`folding/placement.py`, `_add_returned_stored_placeholders`;
-the copy is `folding/lift.py`'s `_clone_outputs`); a buffer the program writes is returned as
-written.
+Two ways a fold could: a body that returns one constant in two places would return one
+tensor twice, and HOP outputs may alias neither an operand nor each other; so each place a body
+returns a moved value gets a copy of its own (`folding/bodies.py`, in the dialect's copy op,
+`folding/clones.py`). And a stored value returned as an output while an op a backend delegates
+reads it is returned through a placeholder of its own and a copy (`folding/placement.py`,
+`_own_placeholders`; the copy is `folding/lift.py`'s `_clone_outputs`); a buffer the program
+writes is returned as written.
 
 Every program here lowers unfolded (the premise: checked first for issue 21's program of each
 rule, for the others when a folded path fails), then folded through each path
@@ -54,7 +53,7 @@ class BranchReturnsAConstantTwice(nn.Module):
 
 
 class BranchReturnsTwoEqualConstants(nn.Module):
-    """Two different constants of identical bytes: stored once, so one operand twice."""
+    """Two different constants of identical bytes, returned by one branch."""
 
     def __init__(self):
         super().__init__()
@@ -142,8 +141,21 @@ class ConvWeightReturned(nn.Module):
         return F.conv1d(x, self.w, self.b * 2.0), self.w
 
 
+class FoldedConvWeightReturned(nn.Module):
+    """A folded conv1d weight that is also returned: XNNPACK's conv1d lowering makes the
+    weight 4-D, and a clone reading the same placeholder would return 4-D data."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(4, 3, 3))
+
+    def forward(self, x):
+        w = self.b * 2.0
+        return F.conv1d(x, w), w
+
+
 class LinearBiasReturnedAsItsEqual(nn.Module):
-    """A folded value with the bias's bytes is stored as the bias itself, then returned."""
+    """A folded value with the bias's bytes, returned next to the bias."""
 
     def __init__(self):
         super().__init__()
@@ -166,12 +178,15 @@ class BufferReturnedTwice(nn.Module):
 
 RETURNED = {"linear_bias": (LinearBiasReturned, torch.randn(2, 2)),
             "conv1d_weight": (ConvWeightReturned, torch.randn(1, 3, 8)),
+            "folded_conv1d_weight": (FoldedConvWeightReturned, torch.randn(1, 3, 8)),
             "stored_as_its_equal": (LinearBiasReturnedAsItsEqual, torch.randn(2, 2)),
             "buffer_twice": (BufferReturnedTwice, torch.randn(2, 2))}
 # The strict policy (no growth) folds these three to the very program the default policy does
 # (each folded value replaces the stored tensor it reads): slow tier. It keeps
 # stored_as_its_equal's ``p * 1.0`` at runtime (growth), another program, in the default tier.
 STRICT_FOLDS_THE_SAME = {"linear_bias", "conv1d_weight", "buffer_twice"}
+# The strict policy keeps ``b * 2.0`` at runtime (growth): folded_conv1d_weight's strict row is
+# another program.
 
 
 @pytest.mark.parametrize("make, x, policy", [

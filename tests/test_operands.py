@@ -1,14 +1,9 @@
-"""Each value passed once to each control-flow call, and a loop never given one stored tensor
-twice.
-
-After lift, two values moved out of bodies may be one stored tensor (identical bytes), and torch
-refuses a HOP given the same tensor twice ("cond_true might be aliasing the input"):
-`folding/operands.py` (`merge_duplicate_operands`) passes each value once and rebuilds the
-bodies with one operand fewer, at every nesting level, in copies, never in the caller's bodies
-(invariant 7). A loop that would receive one stored tensor both as an operand that changes per
-call (carry, mapped or scanned input) and as another operand reads the second through a copy of
-its own (`folding/placement.py`, `_add_distinct_loop_operands`); a buffer the program itself
-passes twice stays as it is.
+"""Control-flow calls given values that folding makes identical (``w`` and ``w * 1.0``, two equal
+masks, a loop's carry and another operand of the same bytes): each folded value is a lifted
+constant of its own (`folding/placement.py`), so a call never receives one tensor twice, which
+torch refuses ("cond_true might be aliasing the input", "scan might be aliasing the input or
+the output!", torch/_higher_order_ops/utils.py), and the caller's bodies keep their operands
+(invariant 7). A buffer the program itself passes twice stays as it is.
 
 Every program goes through `control_flow_checks.fold_and_compare`: caller snapshot before and
 after, a second fold giving the same program, no dead leftovers, and eager outputs (and .pte
@@ -33,8 +28,7 @@ X = torch.randn(4)
 BOTH = [(X.abs() + 0.1,), (-X.abs() - 0.1,)]  # x.sum() > 0, then not
 
 
-# Operands identical after folding. Lifting stores identical bytes once, so the HOP is given one
-# placeholder twice and its bodies must be rebuilt with one operand fewer.
+# Operands identical after folding: two constants, the bodies unchanged.
 
 @pytest.mark.parametrize("how", ["mul1", "add0", "clone"])
 def test_cond_given_a_weight_and_its_identical_copy_leaves_the_caller_running(how):
@@ -74,8 +68,7 @@ def test_nested_cond_under_a_constant_predicate_cond_leaves_the_caller_running()
 
 
 class NestedRepeated(nn.Module):
-    """Repeated operands two levels down: merging the outer bodies' placeholders repeats the
-    operands of the inner cond as well."""
+    """Operands identical after folding, passed on two levels down."""
 
     def __init__(self):
         super().__init__()
@@ -88,13 +81,13 @@ class NestedRepeated(nn.Module):
         return torch.cond(x.sum() > 0, outer_true, lambda x, a, b: (x * b - a,), (x, self.w, self.w + 0.0))[0]
 
 
-def test_repeated_operands_of_a_nested_cond_are_merged_at_every_level():
+def test_operands_identical_after_folding_pass_through_a_nested_cond():
     inputs = BOTH + [(torch.tensor([-1.0, 2.0, 2.0, 2.0]),)]
     ep, _ = fold_and_compare(NestedRepeated(), inputs)
     ep.module()(X)
 
 
-# Loops given one stored tensor twice.
+# Loops given two values of identical bytes.
 
 def _zero():
     return torch.arange(1, dtype=torch.float32).reshape(()) / 1  # zeros(())'s bytes, computed
@@ -102,8 +95,8 @@ def _zero():
 
 class LoopGivenOneStoredTensorTwice(nn.Module):
     """A loop whose carry and another operand fold to identical bytes (fuzz case 29000135,
-    shrunk): stored once, the loop received one tensor twice and ``to_edge`` refused it
-    ("scan might be aliasing the input or the output!")."""
+    shrunk): were they one stored tensor, ``to_edge`` would refuse the loop ("scan might be
+    aliasing the input or the output!")."""
 
     def __init__(self, how: str):
         super().__init__()
@@ -120,7 +113,7 @@ class LoopGivenOneStoredTensorTwice(nn.Module):
 
 
 @pytest.mark.parametrize("how", ["scan carry and closure", "scan carry equal to a parameter", "while_loop"])
-def test_a_loop_given_one_stored_tensor_twice_reads_a_copy(how):
+def test_a_loop_given_two_values_of_identical_bytes_folds_and_lowers(how):
     from tests.lowering import to_edge_program
 
     g = torch.Generator().manual_seed(3)

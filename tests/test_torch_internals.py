@@ -206,15 +206,3 @@ def test_schema_of_an_op_and_of_a_target_without_one():
     assert schema_of(torch.ops.aten.add.Tensor).name == "aten::add"
     assert [a.name for a in schema_of(torch.ops.aten.add.Tensor).arguments] == ["self", "other", "alpha"]
     assert schema_of(torch.cond) is None and schema_of(len) is None
-
-
-def test_version_counter_counts_in_place_writes_and_inference_tensors_have_none():
-    from folding.torch_internals import version_counter
-
-    t = torch.zeros(3)
-    before = version_counter(t)
-    t.add_(1)
-    assert version_counter(t) == before + 1
-    with torch.inference_mode():
-        frozen = torch.zeros(3)
-    assert version_counter(frozen) is None
