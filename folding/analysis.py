@@ -24,7 +24,7 @@ from .policy import FoldPolicy
 from .reasons import Reason
 from .signature import STORED_KINDS, input_specs_by_name, mutated_targets
 from .symbols import has_symbols, input_symbols
-from .values import SYM_TYPES, holds_tensors, is_scalar
+from .ops import SYM_TYPES, holds_tensors, is_scalar
 
 # Kinds of op never evaluated at fold time, whatever their inputs.
 _KEPT_KINDS = {OpKind.MEMORY: Reason.MEMORY_OP, OpKind.RANDOM: Reason.RANDOM, OpKind.EFFECTFUL: Reason.EFFECTFUL}

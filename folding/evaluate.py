@@ -17,7 +17,7 @@ from .ops import OpKind, arg_at, op_facts
 from .reasons import Reason
 from .sizes import owned_canonical, raw_bytes, storage_pointers
 from .symbols import bindings, concrete_ints, hinted_ints
-from .values import holds_tensors, tensors_in
+from .ops import holds_tensors, tensors_in
 
 if TYPE_CHECKING:  # the records this stage reads; a stage never calls another (`fold.py` does)
     from .analysis import Analysis

@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 import torch.fx
 
-from .clones import is_clone
+from .ops import is_clone
 from .ops import aten_overload
 from .sizes import is_subclass
 from .torch_internals import schema_of

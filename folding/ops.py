@@ -231,3 +231,43 @@ def op_facts(target: Any) -> OpFacts:
 def _returns_nothing(target: Any) -> bool:
     schema = schema_of(target)
     return schema is not None and len(schema.returns) == 0
+
+
+# Copy ops
+
+# The copy ops of both dialects, by overload packet: ATen ``clone`` and Edge's
+# ``dim_order_ops._clone_dim_order`` (executorch/exir/passes/dim_order_ops_registry.py).
+CLONE_PACKETS = frozenset({"aten.clone", "dim_order_ops._clone_dim_order"})
+
+
+def is_clone(target: Any) -> bool:
+    """`target` (an ATen or Edge op) is a copy op of either dialect (`CLONE_PACKETS`)."""
+    return packet_name(target) in CLONE_PACKETS
+
+
+# What a node's value is: a tensor, a sequence of tensors, or a (symbolic) scalar.
+
+SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_scalar(val: Any) -> bool:
+    """A Python or symbolic scalar (the value of ``item()``, ``sym_size``, ``operator.ge`` …)."""
+    return isinstance(val, (int, float, bool) + SYM_TYPES)
+
+
+def holds_tensors(val: Any) -> bool:
+    """A tensor, or a non-empty list/tuple of tensors and Nones with at least one tensor (the
+    results of multi-output ops, which `getitem` nodes read); what folding can store."""
+    if isinstance(val, torch.Tensor):
+        return True
+    return (isinstance(val, (list, tuple)) and all(v is None or isinstance(v, torch.Tensor) for v in val)
+            and any(isinstance(v, torch.Tensor) for v in val))
+
+
+def tensors_in(val: Any) -> list[torch.Tensor]:
+    """The tensors of an op's result: itself, or those of a (nested) list or tuple."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [t for v in val for t in tensors_in(v)]
+    return []

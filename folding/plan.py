@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.fx
 
-from .clones import is_clone
+from .ops import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .ops import OpKind, is_probed, op_facts, packet_name
 from .policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
 from .reasons import Reason
 from .torch_internals import make_contiguous_strides_for
-from .values import is_scalar
+from .ops import is_scalar
 
 if TYPE_CHECKING:
     from .analysis import Analysis

@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.fx.node import map_arg
 
 from .torch_internals import is_unbacked_symbol
-from .values import SYM_TYPES
+from .ops import SYM_TYPES
 
 logger = logging.getLogger(__name__)
 
