@@ -295,7 +295,7 @@ def _qnn_messages():
 def _cpu_op_reasons(manager, decisions) -> Dict[str, str]:
     """Op name -> why its nodes left on the CPU are there: the HTP rule for a refused partition,
     else QNN's operator-support check (several reasons are joined)."""
-    from folding.ops import op_name
+    from folding.core.ops import op_name
 
     refused = {name: p.reason for p in decisions.refused for name in p.nodes}
     reasons: Dict[str, set] = {}

@@ -113,8 +113,8 @@ def evaluation_seconds(ep, repeat: int, clock=time.perf_counter) -> float:
     (``time.process_time`` for CPU time, `benchmarks.cpu_ratio`)."""
     import torch
 
-    from folding.signature import input_specs_by_name
-    from folding.sizes import stored_tensor
+    from folding.core.signature import input_specs_by_name
+    from folding.core.sizes import stored_tensor
 
     specs = input_specs_by_name(ep.graph_signature)
     args = []
@@ -143,8 +143,8 @@ def floor_seconds(ep, folded: set, repeat: int, clock=time.perf_counter) -> floa
 
     import torch
 
-    from folding.signature import input_specs_by_name
-    from folding.sizes import stored_tensor
+    from folding.core.signature import input_specs_by_name
+    from folding.core.sizes import stored_tensor
 
     seconds = float("inf")
     for _ in range(repeat):

@@ -26,7 +26,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from folding.torch_internals import detect_fake_mode
+from folding.core.torch_internals import detect_fake_mode
 
 WIDTH = 4
 NODES_PER_LAYER = 9  # 2 placeholders + 6 constant-only ops + 1 runtime add

@@ -470,7 +470,7 @@ def _progress(r: dict) -> str:
 
 def parse_size(text: str) -> int:
     """``"0.5GiB"`` / ``"64MiB"`` / bytes -> bytes."""
-    from folding.sizes import parse_bytes
+    from folding.core.sizes import parse_bytes
 
     return parse_bytes(text)
 

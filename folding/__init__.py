@@ -15,7 +15,7 @@ from .errors import FoldingError, FoldInternalError, FoldInvariantError, Invalid
 # Everything else is imported on first use (PEP 562), so ``python -m folding`` can check its
 # command line before torch is imported.
 _LAZY = {
-    "CopyControlFlowOutputs": ".executorch_workarounds",
+    "CopyControlFlowOutputs": ".lowering.control_flow_outputs",
     "Decision": ".report",
     "FoldConstantsPass": ".passes",
     "FoldPolicy": ".policy",
@@ -23,11 +23,11 @@ _LAZY = {
     "FoldResult": ".fold",
     "LiftedConstant": ".report",
     "Reason": ".reasons",
-    "copy_control_flow_outputs": ".executorch_workarounds",
-    "executorch_backend_config": ".executorch_workarounds",
+    "copy_control_flow_outputs": ".lowering.control_flow_outputs",
+    "executorch_backend_config": ".lowering.control_flow_outputs",
     "fold_constants": ".fold",
-    "reserve_node_names": ".names",
-    "xnnpack_partitioner": ".xnnpack",
+    "reserve_node_names": ".core.names",
+    "xnnpack_partitioner": ".lowering.xnnpack",
 }
 
 

@@ -49,7 +49,7 @@ def policy_from_args(args: argparse.Namespace) -> "FoldPolicy":
         PolicyError: for a size or percentage that does not parse.
     """
     from .policy import FoldPolicy
-    from .sizes import parse_bytes
+    from .core.sizes import parse_bytes
 
     common = dict(skip_targets=frozenset(args.skip), fuse_into_weights=args.fuse_into_weights)
     if args.unlimited:

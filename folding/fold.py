@@ -12,28 +12,28 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .analysis import analyze
-from .checks import check_signature, check_stored_tensors, with_output_names
-from .bodies import hoist_body_constants, sink_kept_code
-from .hops import recompile_shallow, unprobed_writes
-from .inline import Inlining, inline_constant_conds
+from .core.analysis import analyze
+from .core.checks import check_signature, check_stored_tensors, with_output_names
+from .control_flow.bodies import hoist_body_constants, sink_kept_code
+from .control_flow.hops import recompile_shallow, unprobed_writes
+from .control_flow.inline import Inlining, inline_constant_conds
 from .errors import FoldingError, FoldInternalError, InvalidProgramError, PolicyError
-from .evaluate import UndeclaredWrite, evaluate
-from .dialect import dialect_op
-from .lift import lift
-from .nonfinite import NonfiniteScan
-from .outcome import folded_and_kept
-from .placement import place
-from .plan import make_plan
+from .core.evaluate import UndeclaredWrite, evaluate
+from .core.dialect import dialect_op
+from .core.lift import lift
+from .core.nonfinite import NonfiniteScan
+from .core.outcome import folded_and_kept
+from .core.placement import place
+from .core.plan import make_plan
 from .policy import FoldPolicy
 from .reasons import Reason
 from .report import FoldReport, PhaseTimer
-from .report_builder import body_decisions, fold_report, merged, with_rule_decisions
-from .sizes import placeholder_savings, stored_constant_bytes, stored_tensor
-from .torch_internals import replace_contents, reserve_names
-from .returned_dequantizes import split_returned_dequantizes
-from .transposed_gathers import Rewrite, read_through_transposes
-from .weight_fusion import Fusion, FusionRows, fuse_into_weights
+from .core.report_builder import body_decisions, fold_report, merged, with_rule_decisions
+from .core.sizes import placeholder_savings, stored_constant_bytes, stored_tensor
+from .core.torch_internals import replace_contents, reserve_names
+from .rewrites.returned_dequantizes import split_returned_dequantizes
+from .rewrites.transposed_gathers import Rewrite, read_through_transposes
+from .rewrites.weight_fusion import Fusion, FusionRows, fuse_into_weights
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Optional
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
 
-from .checks import check_folded
+from .core.checks import check_folded
 from .fold import fold_constants
 from .policy import FoldPolicy
 from .report import FoldReport

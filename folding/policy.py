@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, FrozenSet, Optional
 
 from .errors import PolicyError
-from .ops import op_name
+from .core.ops import op_name
 
 MiB = 1024 * 1024
 
@@ -25,14 +25,14 @@ class FoldPolicy:
             and stored. A failing check is kept with its exception text.
         max_tensor_bytes: no single stored (materialised) tensor is larger than this, in bytes,
             except the transpose of a stored matrix that only transposes read, which replaces
-            it (`folding.transposed_gathers`: it stores no byte more than the program did).
+            it (`folding.rewrites.transposed_gathers`: it stores no byte more than the program did).
             Default 16 MiB; None: no cap.
         max_growth_bytes, max_growth_fraction: the program's stored constant bytes may grow by at
             most ``max(max_growth_bytes, max_growth_fraction * bytes_before)``. Defaults 1 MiB and
             5 %; both None: no budget.
         fuse_into_weights: fold eval-mode batch norms and constant scales and shifts into the
             weight and bias of the conv or linear before them, and rewrite a batch norm with
-            nothing to fuse into as a per-channel multiply and add (`folding.weight_fusion`).
+            nothing to fuse into as a per-channel multiply and add (`folding.rewrites.weight_fusion`).
             Default True.
 
     The defaults and the programs they were chosen on: docs/design.md, "Size limits".

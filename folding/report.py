@@ -11,7 +11,7 @@ from typing import Iterator, Optional
 import torch
 
 from .reasons import Reason, removes_node
-from .sizes import nbytes
+from .core.sizes import nbytes
 
 
 @dataclass(frozen=True, slots=True)  # slots: a fold makes one per node, twice as fast to build
@@ -52,7 +52,7 @@ class LiftedConstant:
         nonfinite: the stored value holds a NaN or Inf the fold computed (a folded ``log(0)``,
             ``x / 0`` …). A value that only rearranges stored data (a view, ``permute_copy``,
             ``clone`` of a weight) is not scanned: its NaN was already in the weights
-            (`folding/nonfinite.py`).
+            (`folding/core/nonfinite.py`).
         moved: True when it holds only tensor attributes of control-flow bodies moved out of
             them (a body reads its tensors as operands): stored bytes already, not a folded
             value, so `FoldPolicy.max_tensor_bytes` does not apply to it.
@@ -74,7 +74,7 @@ class FoldReport:
     """The decisions and totals of one `fold_constants` run.
 
     Byte totals are what the ExecuTorch serializer stores for the program's parameters,
-    buffers and lifted constants, in bytes (``folding.sizes.stored_constant_bytes``).
+    buffers and lifted constants, in bytes (``folding.core.sizes.stored_constant_bytes``).
     ``timings`` holds seconds per phase (`PHASES`, those that ran) and ``total``, the whole
     call; the phases add up to the total.
     """

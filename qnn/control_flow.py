@@ -29,7 +29,7 @@ import torch
 from torch.export import ExportedProgram
 
 from folding import FoldPolicy, FoldReport, fold_constants
-from folding.ops import op_name
+from folding.core.ops import op_name
 
 from .errors import ControlFlowNotSupportedError
 

@@ -48,9 +48,9 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
-from folding.executorch_workarounds import control_flow_calls, copy_control_flow_outputs
-from folding.ops import op_name
-from folding.sizes import stored_constant_bytes
+from folding.lowering.control_flow_outputs import control_flow_calls, copy_control_flow_outputs
+from folding.core.ops import op_name
+from folding.core.sizes import stored_constant_bytes
 
 from .compile_spec import fold_spec_of, split_compile_specs
 from .control_flow import control_flow_nodes, fold_control_flow_first

@@ -32,8 +32,8 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, TensorArgument
 
-from folding.names import unique_name
-from folding.torch_internals import fresh_name, release_name, set_exact_name, set_signature
+from folding.core.names import unique_name
+from folding.core.torch_internals import fresh_name, release_name, set_exact_name, set_signature
 
 from .provenance import Key, node_keys
 

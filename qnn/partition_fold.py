@@ -25,9 +25,9 @@ import torch
 from torch.export import ExportedProgram
 
 from folding import Decision, FoldReport
-from folding.ops import op_name
-from folding.quant import is_dequantize
-from folding.unchanging import unchanging_before_probes
+from folding.core.ops import op_name
+from folding.core.quant import is_dequantize
+from folding.core.unchanging import unchanging_before_probes
 
 from .errors import EncodingLostError
 from .executorch_internals import has_quant_attrs
@@ -164,7 +164,7 @@ def encoded_constants(program: ExportedProgram, report: FoldReport) -> frozenset
 
 def constant_only(ep: ExportedProgram) -> set[torch.fx.Node]:
     """Nodes of `ep`'s top graph computed only from parameters, buffers and lifted constants
-    whose value is the same at every call (`folding.unchanging.unchanging_before_probes`: not
+    whose value is the same at every call (`folding.core.unchanging.unchanging_before_probes`: not
     written back by the signature nor in place by an op of the graph; two passes over the
     graph)."""
     stored = unchanging_before_probes(ep)

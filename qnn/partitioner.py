@@ -56,8 +56,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.passes.infra.partitioner import Partition
 
 from folding import FoldReport, fold_constants
-from folding.quant import is_dequantize, is_quantize
-from folding.sizes import value_bytes
+from folding.core.quant import is_dequantize, is_quantize
+from folding.core.sizes import value_bytes
 
 from . import executorch_internals as ei
 from .compile_spec import split_compile_specs

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from folding.ops import op_name
+from folding.core.ops import op_name
 
 Key = Tuple  # (ATen origin node name, op name, rank among that origin's nodes of that op), see node_keys
 

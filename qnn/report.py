@@ -89,7 +89,7 @@ def partition_report(edge_program, backend: str, fold_report: Optional[FoldRepor
     come from (`graph_id`: provenance, `qnn.provenance.origin`), the names restored, why QNN
     declined nodes, and the partitions screened (`qnn.partitioner.screen_partitions`). Reads
     `edge_program` only."""
-    from folding.ops import op_name
+    from folding.core.ops import op_name
 
     from .executorch_internals import has_quant_attrs, quant_attrs as encoding_of
     from .provenance import origin

@@ -12,7 +12,7 @@ import copy
 import torch
 
 import folding
-from folding.ops import op_name
+from folding.core.ops import op_name
 from tests.fold_checks import depends_on_user_input, export, fold, reference
 from tests.invariants import assert_close_all
 from tests.lowering import stock_lower_pte

@@ -13,7 +13,7 @@ from torch.export.graph_signature import InputKind
 
 import folding
 from folding import FoldPolicy, Reason
-from folding.signature import input_specs_by_name
+from folding.core.signature import input_specs_by_name
 from tests.invariants import assert_close_all, assert_kept_names, assert_report_bytes_true, assert_valid_program
 from tests.lowering import edge_pte, run_pte, to_edge_program
 
@@ -54,7 +54,7 @@ def _packet(name: str) -> str:
 
 
 def depends_on_user_input(program: ExportedProgram) -> dict[torch.fx.Node, bool]:
-    from folding.ops import op_name
+    from folding.core.ops import op_name
 
     user_inputs = {
         s.arg.name for s in program.graph_signature.input_specs
@@ -180,14 +180,14 @@ def decisions_for(report, target: str):
 
 
 def call_targets(ep: ExportedProgram) -> list[str]:
-    from folding.ops import op_name
+    from folding.core.ops import op_name
 
     return [op_name(n.target) for n in ep.graph.nodes if n.op == "call_function"]
 
 
 def constant_only_ops(ep: ExportedProgram) -> list[torch.fx.Node]:
     """call_function nodes whose inputs are all stored constants or other such nodes."""
-    from folding.sizes import STORED_KINDS
+    from folding.core.sizes import STORED_KINDS
 
     specs = input_specs_by_name(ep.graph_signature)
     const: set = set()
@@ -207,9 +207,9 @@ def constant_only_ops(ep: ExportedProgram) -> list[torch.fx.Node]:
 def run_stages(graph: torch.fx.Graph, signature, policy: FoldPolicy, stored: dict):
     """`analyze` -> `make_plan` -> `evaluate` on a hand-built graph (`tests/programs.chain_graph`);
     `stored` holds the constant placeholders' tensors, by name."""
-    from folding.analysis import analyze
-    from folding.evaluate import evaluate
-    from folding.plan import make_plan
+    from folding.core.analysis import analyze
+    from folding.core.evaluate import evaluate
+    from folding.core.plan import make_plan
 
     analysis = analyze(graph, signature, policy)
     placeholders = {n: stored[n.name].nbytes for n in graph.nodes if n.op == "placeholder" and n.name in stored}
@@ -220,9 +220,9 @@ def run_stages(graph: torch.fx.Graph, signature, policy: FoldPolicy, stored: dic
 
 def place_and_lift(program: ExportedProgram, folded, values, constant_placeholders):
     """`placement.place` then `lift` on `program` (read only), as `fold.py` runs them."""
-    from folding.lift import lift
-    from folding.nonfinite import NonfiniteScan
-    from folding.placement import place
+    from folding.core.lift import lift
+    from folding.core.nonfinite import NonfiniteScan
+    from folding.core.placement import place
 
     nonfinite = NonfiniteScan()
     placement = place(program, folded, values, constant_placeholders.__contains__, frozenset(), nonfinite)

@@ -1,4 +1,4 @@
-"""How far the weight-fusion rewrite (`folding.weight_fusion`) may move a value, and the check
+"""How far the weight-fusion rewrite (`folding.rewrites.weight_fusion`) may move a value, and the check
 that it moves none farther: shared by tests/test_weight_fusion.py and the fuzzer.
 
 The bound. A rewritten value is ``op(x, W', b')`` (or ``x * s + t``) where the program computed
@@ -32,8 +32,8 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from folding.ops import arg_at, op_name
-from folding.weight_ops import BATCH_NORMS, BINARY, weight_op
+from folding.core.ops import arg_at, op_name
+from folding.rewrites.weight_ops import BATCH_NORMS, BINARY, weight_op
 from tests.invariants import module_on_copies
 
 KAPPA = 4.0
@@ -91,7 +91,7 @@ def _replayable(gm: torch.fx.GraphModule, values: dict) -> Optional[dict]:
     not): a value replayed as computed would then miss the writes its readers saw
     (``v.narrow(...).tanh_()`` before a batch norm reads ``v``), so both programs run on
     their own."""
-    from folding.ops import written_arg_positions
+    from folding.core.ops import written_arg_positions
 
     def may_write(n: torch.fx.Node) -> bool:
         if n.op != "call_function":

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 import torch
 from torch.export import ExportedProgram
 
-from folding.sizes import STORED_KINDS, stored_constant_bytes, stored_tensor
+from folding.core.sizes import STORED_KINDS, stored_constant_bytes, stored_tensor
 from tests.lowering import edge_pte, lower_pte, lower_with_edge, run_pte
 
 
@@ -89,7 +89,7 @@ def assert_report_bytes_true(result, pte: Optional[bytes] = None,
                              added_by_lowering: Optional[Sequence[torch.Tensor]] = None) -> None:
     """Invariant 5: the report's byte total after folding is the constant data of the `.pte`.
 
-    Measured independently of ``folding.sizes`` (which computed the report): the folded
+    Measured independently of ``folding.core.sizes`` (which computed the report): the folded
     program is serialized by ExecuTorch and its ``constant_buffer`` table read back
     (`pte_constant_bytes`).
 
@@ -147,7 +147,7 @@ def _attribute_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
 def assert_bytes_within_lowering(reported: int, pte: bytes, added: Sequence[torch.Tensor]) -> None:
     """`reported` constant bytes of an ATen program against the `.pte` it was lowered to, where
     lowering `added` constants: reported <= measured <= reported + their padded bytes."""
-    from folding.sizes import aligned
+    from folding.core.sizes import aligned
 
     measured = pte_constant_bytes(pte)
     slack = sum(aligned(t.nbytes) for t in added)
@@ -197,7 +197,7 @@ def pte_constant_bytes(buffer: bytes) -> int:
     mutates are memory-planned, not constant data, and are not in that table."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
-    from folding.sizes import aligned
+    from folding.core.sizes import aligned
 
     program = deserialize_pte_binary(buffer).program
     return sum(aligned(len(b.storage)) for b in program.constant_buffer)
@@ -283,7 +283,7 @@ def leftovers(ep) -> set[str]:
     node without users or an attribute no get_attr reads, in any GraphModule; a stored
     placeholder without users (a buffer written but never read is not dead); a stored tensor
     no placeholder names; a body operand that no body of its HOP reads."""
-    from folding.hops import hop_kind
+    from folding.control_flow.hops import hop_kind
 
     out: set[str] = set()
     for name, m in ep.graph_module.named_modules():
@@ -305,7 +305,7 @@ def leftovers(ep) -> set[str]:
 
 
 def _unread_operands(where: str, hop, kind) -> set[str]:
-    from folding.hops import bodies
+    from folding.control_flow.hops import bodies
 
     per_body = [[p for p in body.graph.nodes if p.op == "placeholder"][kind.varying(hop):] for _, body in bodies(hop)]
     n = len(kind.invariant_operands(hop))

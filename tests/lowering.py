@@ -1,5 +1,5 @@
 """How the folding tests and the fuzzer lower a program to a .pte and run it (portable kernels
-or XNNPACK), in one place, with the product's workarounds (`folding/executorch_workarounds.py`, `folding/xnnpack.py`).
+or XNNPACK), in one place, with the product's workarounds (`folding/lowering/control_flow_outputs.py`, `folding/lowering/xnnpack.py`).
 Three kinds of test lower their own way, because the lowering is what they test: the QNN tests
 (`qnn.lowering`, `tests/qnn/helpers.py`), `FoldConstantsPass` inside executorch's
 `to_edge_transform_and_lower` (`tests/test_api.py`), and executorch's own flow with and without
@@ -31,10 +31,10 @@ from typing import Optional, Sequence
 import torch
 from torch.export import ExportedProgram
 
-# The product's workarounds (folding/executorch_workarounds.py), re-exported: tests and the fuzzer lower
+# The product's workarounds (folding/lowering/control_flow_outputs.py), re-exported: tests and the fuzzer lower
 # through exactly what users are told to use.
-from folding.executorch_workarounds import CopyControlFlowOutputs, executorch_backend_config  # noqa: F401
-from folding.xnnpack import xnnpack_partitioner  # noqa: F401
+from folding.lowering.control_flow_outputs import CopyControlFlowOutputs, executorch_backend_config  # noqa: F401
+from folding.lowering.xnnpack import xnnpack_partitioner  # noqa: F401
 
 
 def backend_config(mutated_buffers: Sequence[str] = (), *, copy_control_flow_outputs: bool = True):

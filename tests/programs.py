@@ -13,7 +13,7 @@ from torch._higher_order_ops.scan import scan
 
 
 class RewrittenAndHoisted(nn.Module):
-    """A tied embedding read through its transpose (`folding.transposed_gathers` rewrites the gather), and
+    """A tied embedding read through its transpose (`folding.rewrites.transposed_gathers` rewrites the gather), and
     a ``cond`` whose branches compute the same bytes from the same weight in two ways (moved
     out and lifted as two constants of identical bytes)."""
 
@@ -238,7 +238,7 @@ def fx_op(g: torch.fx.Graph, name: str, target, *args) -> torch.fx.Node:
 def chain_graph(w: torch.Tensor, x: torch.Tensor):
     """``y = exp(w * 2) + x`` and a factory ``z = full(shape_of(w), 3) * w`` returned too; a
     signature made by `bodies.body_signature` (``w`` constant); real tensors in ``meta["val"]``."""
-    from folding.bodies import body_signature
+    from folding.control_flow.bodies import body_signature
 
     g = torch.fx.Graph()
     pw, px = g.placeholder("w"), g.placeholder("x")
@@ -281,9 +281,9 @@ def region_graph(draw_ops: list[tuple[int, int]], sinks: set[int], n_placeholder
 @st.composite
 def regions(draw):
     """A random DAG of a few constant ops over constant placeholders, some read by a runtime op
-    (the region's sinks), cut into regions by `folding.cuts.find_regions`; node sizes are drawn,
+    (the region's sinks), cut into regions by `folding.core.cuts.find_regions`; node sizes are drawn,
     not derived from tensors. Returns (regions, sizes, placeholder bytes, storable ops)."""
-    from folding.cuts import find_regions
+    from folding.core.cuts import find_regions
 
     n_placeholders = draw(st.integers(1, 2))
     n_ops = draw(st.integers(1, 7))
@@ -302,8 +302,8 @@ def regions(draw):
 
 
 def every_plan(region, sizes, placeholder_bytes, storable):
-    """Every cut of `region` (`folding.cuts.evaluate_cut` of each subset of its storable ops)."""
-    from folding.cuts import evaluate_cut
+    """Every cut of `region` (`folding.core.cuts.evaluate_cut` of each subset of its storable ops)."""
+    from folding.core.cuts import evaluate_cut
 
     candidates = [n for n in region.ops if n in storable]
     return [evaluate_cut(region, frozenset(s), sizes, placeholder_bytes, {})

@@ -1,4 +1,4 @@
-"""The analysis stage (`folding.analysis`): which values are constant, and why the others are
+"""The analysis stage (`folding.core.analysis`): which values are constant, and why the others are
 not. A random op is never constant (`Reason.RANDOM`: it draws from the RNG at runtime), nor is
 an op whose target the policy skips (`Reason.SKIPPED_TARGET`); what reads either stays with it
 (`Reason.DEPENDS_ON_KEPT`). Checked on real ATen and Edge programs, by value."""

@@ -16,7 +16,7 @@ import torch
 
 import folding
 from folding import FoldConstantsPass, FoldPolicy, Reason
-from folding.analysis import _node_reason
+from folding.core.analysis import _node_reason
 from tests.work import calls
 from tests.fold_checks import (
     assert_edge_pte_matches,
@@ -323,7 +323,7 @@ def test_command_line_folds_a_saved_program_and_writes_the_report(tmp_path):
     report = json.loads(report_path.read_text())
     reasons = {d["node"]: d["reason"] for d in report["decisions"]}
     assert reasons["triu"] == "SKIPPED_TARGET" and reasons["exp"] == "FOLDED"
-    assert report["constant_bytes_after"] == folding.sizes.stored_constant_bytes(folded)
+    assert report["constant_bytes_after"] == folding.core.sizes.stored_constant_bytes(folded)
     assert_same_outputs(ep, folded, (torch.randn(2, 8, 8),))
 
 

@@ -19,8 +19,14 @@ PREPARE_REWRITES = {"weight_fusion", "transposed_gathers", "returned_dequantizes
 DRIVER = "fold"
 
 
+def _path(package: str, module: str) -> pathlib.Path:
+    """The file of `module` (a name unique in the package) in `package` or its subpackages."""
+    (path,) = [p for p in (ROOT / package).rglob(f"{module}.py") if module != "__init__" or p.parent.name == package]
+    return path
+
+
 def _tree(package: str, module: str) -> ast.Module:
-    return ast.parse((ROOT / package / f"{module}.py").read_text())
+    return ast.parse(_path(package, module).read_text())
 
 
 def _runtime_imports(tree: ast.Module) -> set[str]:
@@ -29,12 +35,13 @@ def _runtime_imports(tree: ast.Module) -> set[str]:
     typing_only = {id(sub) for node in ast.walk(tree)
                    if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
                    for sub in ast.walk(node)}
-    return {node.module.split(".")[0] for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and id(node) not in typing_only}
+    return {node.module.split(".")[-1] for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module and id(node) not in typing_only}
 
 
 def _modules(package: str) -> list[str]:
-    return sorted(p.stem for p in (ROOT / package).glob("*.py"))
+    """Module names of `package` and its subpackages (unique: a rule names a module by its name)."""
+    return sorted(p.stem for p in (ROOT / package).rglob("*.py") if p.stem != "__init__" or p.parent.name == package)
 
 
 def test_the_stage_lists_name_real_modules():
@@ -49,7 +56,7 @@ def test_only_the_driver_calls_stages(module):
     if module == DRIVER:
         return
     assert not imported & (STAGES | PREPARE_REWRITES), (
-        f"folding/{module}.py imports {sorted(imported & (STAGES | PREPARE_REWRITES))}")
+        f"{_path('folding', module).relative_to(ROOT)} imports {sorted(imported & (STAGES | PREPARE_REWRITES))}")
 
 
 def _sizes(tree: ast.Module):
@@ -90,7 +97,7 @@ def _walk(program) -> tuple[list[str], set]:
 
     def module(frame) -> str:
         name = frame.f_globals.get("__name__", "") if frame is not None else ""
-        return name.split(".", 1)[1] if name.startswith("folding.") else ""
+        return name.rsplit(".", 1)[1] if name.startswith("folding.") else ""
 
     walk, elsewhere = [], set()
 
@@ -160,7 +167,7 @@ def _qnn_sources():
 
 
 INTERNALS = "qnn/executorch_internals.py"
-# executorch attributes `folding.executorch_internals` reads (exir/dialects/edge/_ops.py)
+# executorch attributes `folding.core.executorch_internals` reads (exir/dialects/edge/_ops.py)
 _EDGE_OP_ATTRIBUTES = {"_op", "_qualified_op_name"}
 
 
@@ -172,7 +179,7 @@ def test_only_executorch_internals_imports_a_private_executorch_module(package):
     (``executorch.backends.qualcomm._passes...``, ``executorch.exir.dialects._ops``), or an
     executorch name that starts with ``_``; no other folding module reads the private attributes
     of executorch's Edge ops (``_op``, ``_qualified_op_name``)."""
-    internals_path = f"{package}/executorch_internals.py"
+    internals_path = {"qnn": "qnn/executorch_internals.py", "folding": "folding/core/executorch_internals.py"}[package]
     found = [f"{path} imports {module} {names}" for path, tree in _sources(package) if path != internals_path
              for module, names in _executorch_imports(tree)
              if any(part.startswith("_") for part in module.split(".")) or any(n.startswith("_") for n in names)]
@@ -187,35 +194,35 @@ def test_only_executorch_internals_imports_a_private_executorch_module(package):
         f"{internals_path} imports no private executorch module: the rule checks nothing")
 
 
-# torch.fx.Node's private attributes (torch/fx/node.py): read only in folding/torch_internals.py
+# torch.fx.Node's private attributes (torch/fx/node.py): read only in folding/core/torch_internals.py
 _FX_NODE_PRIVATE = {"_erased", "_prev", "_next", "_input_nodes", "_args", "_kwargs", "_sort_key", "_repr_fn"}
 
 
 def test_only_torch_internals_reads_private_fx_node_attributes():
     """A private ``torch.fx.Node`` attribute (``node._erased``) changes without notice: only
-    folding/torch_internals.py may read one, each pinned by tests/test_torch_internals.py."""
+    folding/core/torch_internals.py may read one, each pinned by tests/test_torch_internals.py."""
     found = [f"{path}:{node.lineno} reads .{node.attr}" for path, tree in _sources("folding")
-             if path != "folding/torch_internals.py" for node in ast.walk(tree)
+             if path != "folding/core/torch_internals.py" for node in ast.walk(tree)
              if isinstance(node, ast.Attribute) and node.attr in _FX_NODE_PRIVATE]
     assert not found, "\n".join(found)
 
 
 def test_nothing_in_folding_but_its_xnnpack_leaf_depends_on_xnnpack():
-    """`folding` is backend-independent: the XNNPACK workaround (`folding.xnnpack`) is a leaf that
+    """`folding` is backend-independent: the XNNPACK workaround (`folding.lowering.xnnpack`) is a leaf that
     no other folding module imports (the package's lazy `__init__` names it), and no other
     module imports an executorch XNNPACK module, so the fold and its report never load XNNPACK."""
     found = []
     for path, tree in _sources("folding"):
-        if path == "folding/xnnpack.py":
+        if path == "folding/lowering/xnnpack.py":
             assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0], (
-                "folding/xnnpack.py imports another folding module: it is no longer a leaf")
+                "folding/lowering/xnnpack.py imports another folding module: it is no longer a leaf")
             continue
         found += [f"{path} imports {module}" for module, _ in _executorch_imports(tree) if "xnnpack" in module]
         found += [f"{path} imports .{n.module}" for n in ast.walk(tree)
                   if isinstance(n, ast.ImportFrom) and n.level > 0 and n.module == "xnnpack"]
     assert not found, "\n".join(found)
-    xnnpack = _executorch_imports(ast.parse((ROOT / "folding/xnnpack.py").read_text()))
-    assert any("xnnpack" in module for module, _ in xnnpack), "folding/xnnpack.py no longer builds the partitioner"
+    xnnpack = _executorch_imports(ast.parse((ROOT / "folding/lowering/xnnpack.py").read_text()))
+    assert any("xnnpack" in module for module, _ in xnnpack), "folding/lowering/xnnpack.py no longer builds the partitioner"
 
 
 def test_only_executorch_internals_names_executorchs_meta_keys():

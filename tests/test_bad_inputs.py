@@ -180,7 +180,7 @@ def test_a_symbolic_dim_matches_any_stored_size():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    from folding.checks import check_stored_tensors
+    from folding.core.checks import check_stored_tensors
 
     ep = _ep()
     node = next(n for n in ep.graph.nodes if n.name == "b_b")
@@ -296,7 +296,7 @@ def test_nonfinite_flags_what_the_fold_computed_not_the_moved_weights(dialect):
 def test_nonfinite_scan_reads_each_tensor_once_and_moved_data_never():
     """`NonfiniteScan` on the nodes of a hand-built graph: a permute and a view of a stored
     weight are answered without reading it; a computed value is read once, however often asked."""
-    from folding.nonfinite import NonfiniteScan
+    from folding.core.nonfinite import NonfiniteScan
 
     g = torch.fx.Graph()
     w = g.placeholder("w")
@@ -322,7 +322,7 @@ def test_nonfinite_scan_of_many_small_tensors_answers_like_one_by_one(specs, see
     """`NonfiniteScan.scan_many` reads the small tensors of a dtype together; what it answers
     for each tensor is what scanning it alone answers (`holds_nonfinite`), wherever the NaN or
     Inf sits, and a batch without one is read by a single kernel call."""
-    from folding.nonfinite import NonfiniteScan, holds_nonfinite
+    from folding.core.nonfinite import NonfiniteScan, holds_nonfinite
 
     gen = torch.Generator().manual_seed(seed)
     tensors = []

@@ -1,5 +1,5 @@
 """Constant code of control-flow bodies and regions moves out to the graph that calls them, and
-folds there (`folding/bodies.py`, `Hoisting`).
+folds there (`folding/control_flow/bodies.py`, `Hoisting`).
 
 A ``cond`` branch, a ``no_grad`` or autocast region, or a region nested in a branch, folds its
 constant code even when it reads no operand; the code moves out of a copy of the caller's body,
@@ -350,7 +350,7 @@ def test_a_call_passing_fewer_operands_than_its_body_takes_is_a_fold_invariant_e
     """The net under the rule above (`checks.check_body_arity`, run on every folded program):
     a body rewritten for one call and called by another fails the fold, naming the call."""
     from folding import FoldInvariantError
-    from folding.checks import check_folded
+    from folding.core.checks import check_folded
 
     ep = torch.export.export(TwoConds(), X4[0])
     body = ep.graph_module.true_graph_0

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from folding import FoldPolicy, fold_constants
-from folding.evaluate import UndeclaredWrite
+from folding.core.evaluate import UndeclaredWrite
 from folding.fold import Constraints
 from folding.reasons import Reason
 from tests.fold_checks import assert_fold_invariants, decision

@@ -16,7 +16,7 @@ from torch._higher_order_ops.while_loop import while_loop
 
 import folding
 from folding import FoldPolicy, Reason
-from folding.analysis import _node_reason
+from folding.core.analysis import _node_reason
 from tests.work import calls
 from tests.control_flow_checks import body_targets, fold_and_compare, fold_checked
 from tests.fold_checks import call_targets, decision, export
@@ -505,7 +505,7 @@ def test_executorch_control_flow_test_models_fold_and_run(name, dialect):
 def test_one_cond_folds_without_a_discarded_attempt(runtime):
     """Each round of the fold (one, and one more after a constant ``cond`` is inlined) is one
     attempt (no time counted as ``reruns``): code inlined from a branch is reported under its
-    body path but has no body to go back to (`folding.node_meta`)."""
+    body path but has no body to go back to (`folding.core.node_meta`)."""
     program = export(OneCond(runtime), (torch.randn(4, 4),))
     result = folding.fold_constants(program)
     assert "reruns" not in result.report.timings, result.report.timings

@@ -1,4 +1,4 @@
-"""`folding.cuts` on hand-built region graphs: the Pareto front against exhaustive enumeration,
+"""`folding.core.cuts` on hand-built region graphs: the Pareto front against exhaustive enumeration,
 and what a cut keeps at runtime. The program-wide budget (`choose_cuts`) is the plan's, in
 test_plan.py.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from folding.cuts import pareto_front
+from folding.core.cuts import pareto_front
 from tests.programs import every_plan, regions
 
 

@@ -1,4 +1,4 @@
-"""The evaluate stage (`folding.evaluate`): the planned ops run eagerly at fold time; an op that
+"""The evaluate stage (`folding.core.evaluate`): the planned ops run eagerly at fold time; an op that
 raises there is kept at runtime with `Reason.EVALUATION_ERROR` and its text, what it reads is
 stored, and what depends on it (its in-place class included) stays with it.
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from folding import FoldPolicy, Reason, fold_constants
-from folding.bodies import body_signature
+from folding.control_flow.bodies import body_signature
 from tests.fold_checks import call_targets, decision, edge, export, fold, run_stages
 from tests.invariants import assert_same_outputs
 from tests.programs import fx_op

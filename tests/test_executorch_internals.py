@@ -1,4 +1,4 @@
-"""Each executorch internal `folding.executorch_internals` names still does what the fold relies
+"""Each executorch internal `folding.core.executorch_internals` names still does what the fold relies
 on (executorch 1.5.1): these fail when an executorch upgrade changes one, with a message naming
 it. Real executorch programs throughout (no stand-ins)."""
 
@@ -10,7 +10,7 @@ import torch.nn as nn
 from executorch.exir import EdgeCompileConfig, to_edge
 
 from folding import executorch_internals as ei
-from folding.dialect import dialect_op
+from folding.core.dialect import dialect_op
 
 
 class _Small(nn.Module):
@@ -62,7 +62,7 @@ def test_edge_ops_are_the_ops_to_edge_puts_in_a_program(dim_order):
 
 def test_an_edge_overload_wraps_the_aten_overload_it_runs():
     """`ops.aten_overload` looks through an Edge op to its ATen overload (``EdgeOpOverload._op``):
-    every op table of `folding.ops` is keyed by ATen overload and reads its schema and tags."""
+    every op table of `folding.core.ops` is keyed by ATen overload and reads its schema and tags."""
     calls = _calls(_edge())
     assert calls
     for n in calls:

@@ -236,7 +236,7 @@ def test_copies_survive_to_executorch_and_are_not_doubled():
 
     import folding
     from executorch.exir import to_edge_transform_and_lower
-    from folding.executorch_workarounds import COPIED_TARGETS
+    from folding.lowering.control_flow_outputs import COPIED_TARGETS
 
     module, _, result = _issue33()
 

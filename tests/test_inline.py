@@ -1,5 +1,5 @@
 """A ``cond`` whose predicate became a constant is replaced by the branch it takes
-(`folding/inline.py`, `Inlining`), and the inlining touches nothing of the caller's.
+(`folding/control_flow/inline.py`, `Inlining`), and the inlining touches nothing of the caller's.
 
 The inlined nodes get names of their own: they never reuse a name of the caller's program (the
 report names the caller's nodes, including those the first fold folded), and a node of the
@@ -93,7 +93,7 @@ def test_inlining_beside_an_unused_region_leaves_the_callers_bodies_alone(region
 # A cond whose predicate is a buffer the program writes is never inlined: in torch 2.14's
 # training IR the write is an op on the buffer's placeholder (or a view of it), not a
 # BUFFER_MUTATION output, so the signature alone calls the buffer unchanging and the cond was
-# inlined with the buffer's first value (issue 52; `folding/unchanging.py`).
+# inlined with the buffer's first value (issue 52; `folding/core/unchanging.py`).
 
 _lib = torch.library.Library("fold_inline_test", "DEF")
 _lib.define("clear(Tensor flag, Tensor x) -> Tensor")  # writes `flag`, which it does not declare

@@ -1,4 +1,4 @@
-"""Stored tensors (`folding.sizes`): their layout (size-1 dimensions, observed strides), and byte
+"""Stored tensors (`folding.core.sizes`): their layout (size-1 dimensions, observed strides), and byte
 accounting in what the `.pte` really stores: the emitter stores one buffer per distinct byte
 content, whatever its dtype, shape or name (executorch/exir/emit/_emitter.py), and the
 accounting tells contents apart from the contents alone. Folded values with a stored
@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from folding import FoldPolicy
-from folding.sizes import aligned, content_groups, distinct_bytes, has_canonical_layout, placeholder_savings
+from folding.core.sizes import aligned, content_groups, distinct_bytes, has_canonical_layout, placeholder_savings
 from tests.fold_checks import export, fold
 from tests.programs import Block, IdenticalCopies, Layers
 from tests.invariants import assert_close_all

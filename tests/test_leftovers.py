@@ -3,9 +3,9 @@ region, no stored tensor that no placeholder names.
 
 A ``cond`` inlined, a ``while_loop``/``map``/``scan`` or a ``no_grad``/autocast region evaluated
 whole, and a region of constant code moved out of an autocast region and folded whole, each go
-with everything they held: `folding/lift.py` erases the get_attrs only folded nodes read and
+with everything they held: `folding/core/lift.py` erases the get_attrs only folded nodes read and
 attaches to the new GraphModule only what its get_attrs read (`hops.graph_module`), and
-`folding/inline.py` and `folding/bodies.py` delete the attributes of a module they own that no
+`folding/control_flow/inline.py` and `folding/control_flow/bodies.py` delete the attributes of a module they own that no
 get_attr reads (`hops.drop_unused_attributes`). `control_flow_checks.fold_and_compare` checks
 that no dead leftover appears (`invariants.leftovers`); the tests here check the folded
 program's module and stored dicts directly. Found by issue 21 (fault 3)."""

@@ -1,4 +1,4 @@
-"""`folding.lift.lift` on its own (after `placement.place`): given the folded nodes and their values, the rebuilt program
+"""`folding.core.lift.lift` on its own (after `placement.place`): given the folded nodes and their values, the rebuilt program
 (placeholders, signature, stored dicts, names). `lift` builds a new graph from the surviving
 nodes of the program it is given, here the exported program itself (as the fold gives it when
 no rewrite applies), which stays as it was. The values are computed

@@ -2,10 +2,10 @@
 
 Two ways a fold could: a body that returns one constant in two places would return one
 tensor twice, and HOP outputs may alias neither an operand nor each other; so each place a body
-returns a moved value gets a copy of its own (`folding/bodies.py`, in the dialect's copy op,
+returns a moved value gets a copy of its own (`folding/control_flow/bodies.py`, in the dialect's copy op,
 `folding/clones.py`). And a stored value returned as an output while an op a backend delegates
-reads it is returned through a placeholder of its own and a copy (`folding/placement.py`,
-`_own_placeholders`; the copy is `folding/lift.py`'s `_clone_outputs`); a buffer the program
+reads it is returned through a placeholder of its own and a copy (`folding/core/placement.py`,
+`_own_placeholders`; the copy is `folding/core/lift.py`'s `_clone_outputs`); a buffer the program
 writes is returned as written.
 
 Every program here lowers unfolded (the premise: checked first for issue 21's program of each

@@ -71,7 +71,7 @@ def test_folded_model_matches_unfolded_eagerly(folded_model):
     x = _fresh_inputs(spec)
     with torch.no_grad():
         want, got = ep.module()(*x), result.program.module()(*x)
-    # relative to the output's scale: a folded transpose stored contiguous (`folding.transposed_gathers`)
+    # relative to the output's scale: a folded transpose stored contiguous (`folding.rewrites.transposed_gathers`)
     # changes a matmul's summation order, which moves fp32 logits by ~1e-6 of their scale
     scale = want.abs().max().item()
     assert scale > 1e-3, f"{name}: output scale {scale:.3g} is too close to zero to compare"

@@ -1,6 +1,6 @@
 """A value that cannot be stored (the tuple of a multi-output op or of a control-flow call) stays
 at runtime with each kept ``getitem`` that reads it, and the rest folds
-(`folding/plan.py`, `_keep_unstorable_inputs`).
+(`folding/core/plan.py`, `_keep_unstorable_inputs`).
 
 A ``getitem`` stays when a kept op observes its strides (a non-persistent buffer split by
 ``chunk``/``split``/``unbind``/``tensor_split`` for ``scaled_dot_product_attention``,

@@ -1,6 +1,6 @@
 """Control-flow calls given values that folding makes identical (``w`` and ``w * 1.0``, two equal
 masks, a loop's carry and another operand of the same bytes): each folded value is a lifted
-constant of its own (`folding/placement.py`), so a call never receives one tensor twice, which
+constant of its own (`folding/core/placement.py`), so a call never receives one tensor twice, which
 torch refuses ("cond_true might be aliasing the input", "scan might be aliasing the input or
 the output!", torch/_higher_order_ops/utils.py), and the caller's bodies keep their operands
 (invariant 7). A buffer the program itself passes twice stays as it is.

@@ -1,8 +1,8 @@
-"""Where folded values are stored (`folding.placement.place`): each folded tensor becomes a lifted
+"""Where folded values are stored (`folding.core.placement.place`): each folded tensor becomes a lifted
 constant of its own (contiguous, detached, owning its storage), never a tensor the program
 already stores, however equal its bytes. The ExecuTorch emitter stores identical bytes once
 (executorch/exir/emit/_emitter.py keys constant buffers by the SHA-256 of their bytes), so the
-report counts them once, as the `.pte` does (`folding.sizes`). Checked through `lift`
+report counts them once, as the `.pte` does (`folding.core.sizes`). Checked through `lift`
 (`tests/fold_checks.place_and_lift`, as `fold.py` runs them) with values computed here with
 torch, and through whole folds, as programs and as `.pte`s."""
 
@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.export.graph_signature import InputKind
 
 from folding import FoldPolicy
-from folding.sizes import aligned, stored_constant_bytes
+from folding.core.sizes import aligned, stored_constant_bytes
 from tests.fold_checks import edge, edge_pte, export, fold, place_and_lift
 from tests.invariants import (assert_caller_unchanged, assert_close_all, assert_report_bytes_true, caller_snapshot,
                               lower_portable, outputs, pte_constant_bytes, same_bits)

@@ -1,6 +1,6 @@
-"""The plan stage (`folding.plan`): which constant ops are folded, which stay at runtime and
+"""The plan stage (`folding.core.plan`): which constant ops are folded, which stay at runtime and
 why, which values are stored, and when each is last used; with its size limits: no stored value
-above ``max_tensor_bytes``, and the program's growth within its budget (`folding.cuts.choose_cuts`,
+above ``max_tensor_bytes``, and the program's growth within its budget (`folding.core.cuts.choose_cuts`,
 and the budget tightened when the measured bytes exceed it, `folding.fold.Constraints`).
 
 First on hand-built graphs (`tests/programs.chain_graph`, the stages run one at a time by
@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from folding import FoldPolicy, Reason, fold_constants
-from folding.bodies import body_signature
-from folding.cuts import EXACT_LIMIT, choose_cuts, evaluate_cut
-from folding.signature import input_specs_by_name
-from folding.sizes import STORED_KINDS, aligned, stored_constant_bytes
+from folding.control_flow.bodies import body_signature
+from folding.core.cuts import EXACT_LIMIT, choose_cuts, evaluate_cut
+from folding.core.signature import input_specs_by_name
+from folding.core.sizes import STORED_KINDS, aligned, stored_constant_bytes
 from tests.fold_checks import constant_only_ops, decision, export, fold, run_stages
 from tests.invariants import assert_close_all
 from tests.invariants import (
@@ -278,7 +278,7 @@ def test_a_budget_below_what_the_fewest_ops_plan_stores_takes_a_region_that_shri
     at runtime. Storing op1 (16 bytes, replacing w0's 16) grows nothing; storing op0 (0 bytes)
     and running op1 shrinks by 16. A budget below zero (one cut after a miss) needs the second,
     although the first does not grow: every region's front is searched once the budget binds."""
-    from folding.cuts import find_regions
+    from folding.core.cuts import find_regions
 
     _, (w0,), (op0, op1) = region_graph([(0, 0), (1, 1)], {1}, 1, set())
     regions = find_regions([op0, op1], {op0, op1}.__contains__, {w0}, {w0: 16}, fixed=set())
@@ -522,7 +522,7 @@ def test_planner_matches_oracle_on_random_regions(seed):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_planner_on_regions_above_the_exact_limit_keeps_the_limits_and_the_fewest_ops_cut(seed):
-    """Regions of 2-3x `EXACT_LIMIT` ops are not planned exactly (`folding.cuts`). Measured on
+    """Regions of 2-3x `EXACT_LIMIT` ops are not planned exactly (`folding.core.cuts`). Measured on
     the result: the limits hold, and when the cut with the fewest runtime ops fits the budget
     it is the one taken; when it does not, the result keeps more ops at runtime."""
     rng = random.Random(1000 + seed)

@@ -14,8 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from folding import Reason, fold_constants
-from folding.sizes import stored_constant_bytes, stored_tensor
-from folding.signature import input_specs_by_name
+from folding.core.sizes import stored_constant_bytes, stored_tensor
+from folding.core.signature import input_specs_by_name
 from tests.fold_checks import assert_same_over_calls
 from tests.invariants import assert_pte_matches, assert_valid_program
 from tests.lowering import lower_pte, run_pte

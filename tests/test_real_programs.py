@@ -24,7 +24,7 @@ from hypothesis import given, settings, strategies as st
 
 import folding
 from folding import FoldPolicy, Reason
-from folding.signature import input_specs_by_name
+from folding.core.signature import input_specs_by_name
 from tests.programs import SneakyWriter
 from tests.fold_checks import decision, edge, export, fold, reference
 from tests.invariants import assert_close_all
@@ -182,7 +182,7 @@ def test_undeclared_norm_writes_table_matches_the_kernels():
     """Every aten op with running-stat arguments, a training flag and no declared write either
     writes them with the flag on (copy-on-write clone materialised), and then is in
     `ops._UNDECLARED_WRITES` and leaves them alone with the flag off, or never writes them."""
-    from folding.ops import _UNDECLARED_WRITES
+    from folding.core.ops import _UNDECLARED_WRITES
 
     x = torch.randn(4, 3, 5)
     checked = []
@@ -256,7 +256,7 @@ def test_every_op_evaluation_trusts_to_write_only_its_outputs_leaves_its_inputs_
     their inputs without copy-on-write clones) holds for every such op of ``torch.ops.aten``
     that runs on sample arguments: no copy-on-write input is materialised. Nearly all of them
     run (a handful need arguments the sampler does not make)."""
-    from folding.ops import op_facts
+    from folding.core.ops import op_facts
 
     trusted = []
     for name in dir(torch.ops.aten):

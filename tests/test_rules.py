@@ -11,7 +11,7 @@ from torch._export.verifier import SpecViolationError
 from torch.export.graph_signature import InputKind
 
 from folding import FoldPolicy, Reason
-from folding.signature import input_specs_by_name
+from folding.core.signature import input_specs_by_name
 from tests.fold_checks import (
     assert_edge_pte_matches,
     call_targets,

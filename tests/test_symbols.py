@@ -1,9 +1,9 @@
 """Dynamic shapes: a value whose shape has a free symbol is never evaluated, and the report says
 why; a size that export or ``to_edge`` specialised is an int.
 
-`folding/symbols.py` tells a dynamic input's free symbols (``s77`` of ``Dim("b", min=2,
+`folding/core/symbols.py` tells a dynamic input's free symbols (``s77`` of ``Dim("b", min=2,
 max=8)``), which only a runtime call fixes, from a specialised SymInt (a constant expression,
-passed to kernels as an int: `concrete_ints`); `folding/analysis.py` keeps a value with free
+passed to kernels as an int: `concrete_ints`); `folding/core/analysis.py` keeps a value with free
 symbols, or a fill shaped like such a value, at runtime with ``Reason.SYMBOLIC`` and a detail
 naming the symbols. The folded program matches the unfolded one at several batch sizes, eagerly
 and as a .pte lowered with `FoldConstantsPass`. Found by issue 21 (fault 6)."""

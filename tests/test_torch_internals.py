@@ -1,4 +1,4 @@
-"""Each private torch API `folding.torch_internals` wraps still does what the package relies on:
+"""Each private torch API `folding.core.torch_internals` wraps still does what the package relies on:
 these fail when a torch upgrade changes one, before any fold does something subtly wrong."""
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def test_replace_contents_makes_the_target_hold_the_source_program():
 
 
 def test_schema_of_an_op_and_of_a_target_without_one():
-    from folding.torch_internals import schema_of
+    from folding.core.torch_internals import schema_of
 
     assert schema_of(torch.ops.aten.add.Tensor).name == "aten::add"
     assert [a.name for a in schema_of(torch.ops.aten.add.Tensor).arguments] == ["self", "other", "alpha"]

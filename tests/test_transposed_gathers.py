@@ -1,4 +1,4 @@
-"""`folding.transposed_gathers`: row gathers of a stored matrix read its transpose, so a tied embedding is
+"""`folding.rewrites.transposed_gathers`: row gathers of a stored matrix read its transpose, so a tied embedding is
 stored once (as its transpose) and no call copies it. Each program is compared with the
 unfolded one on random indices, eagerly and as a .pte, relative to the output's scale."""
 
@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from folding import FoldPolicy, Reason, fold_constants
-from folding.sizes import stored_constant_bytes
+from folding.core.sizes import stored_constant_bytes
 from tests.fold_checks import assert_same_over_calls, constant_only_ops, edge, export
 from tests.invariants import (
     assert_close_all,
@@ -198,7 +198,7 @@ _GATHER_OPS = {"aten.embedding.default", "aten.index_select.default"}
 
 
 def op_name_of(node) -> str:
-    from folding.ops import op_name
+    from folding.core.ops import op_name
 
     return op_name(node.target) if node.op == "call_function" else ""
 
@@ -266,7 +266,7 @@ def test_tied_embedding_matrix_is_stored_once_in_edge_program():
     result = fold_constants(edge)
     assert_report_bytes_true(result)
     assert stored_constant_bytes(result.program) <= stored_constant_bytes(edge)
-    # The embedding reads the transpose (folding.transposed_gathers), so the transpose is stored instead
+    # The embedding reads the transpose (folding.rewrites.transposed_gathers), so the transpose is stored instead
     # of the matrix, not beside it, and no call copies the matrix.
     big = [c for c in result.report.lifted if c.nbytes >= 8000 * 128 * 4]
     assert len(big) == 1 and big[0].shape == (128, 8000), big

@@ -1,4 +1,4 @@
-"""The stored inputs whose value is the same at every call (`folding/unchanging.py`): neither
+"""The stored inputs whose value is the same at every call (`folding/core/unchanging.py`): neither
 written back by the signature nor written in place by an op of the graph, a view of it, or a
 control-flow body (issue 52). Each program writes a stored tensor and reads it through code the
 fold would fold; the folded program must agree with the unfolded one over 3 calls."""
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from folding import fold_constants
-from folding.unchanging import unchanging_before_probes
+from folding.core.unchanging import unchanging_before_probes
 from tests.fold_checks import assert_same_over_calls, export
 
 

@@ -1,5 +1,5 @@
 """Batch norms and constant scales and shifts folded into the weight and bias of the conv or
-linear before them (`folding.weight_fusion`, `folding.weight_ops`; issue 54), and the rows of
+linear before them (`folding.rewrites.weight_fusion`, `folding.rewrites.weight_ops`; issue 54), and the rows of
 where they are not.
 
 Tolerance (issue 54, item 6), derived in tests/fusion_bounds.py: a rewritten value may differ
@@ -27,8 +27,8 @@ from torch import nn
 from folding import FoldPolicy, fold_constants
 from folding.__main__ import build_parser, policy_from_args
 from folding.reasons import Reason
-from folding.sizes import stored_constant_bytes
-from folding.weight_fusion import fuse_into_weights
+from folding.core.sizes import stored_constant_bytes
+from folding.rewrites.weight_fusion import fuse_into_weights
 from tests.fold_checks import assert_fold_invariants, assert_same_over_calls, call_targets
 from tests.fusion_bounds import bound_ratio, rewrite_problem
 from tests.invariants import assert_caller_unchanged, caller_snapshot, lower_pte, run_pte
@@ -213,7 +213,7 @@ def test_a_grouped_transposed_conv_scales_each_groups_own_output_channels():
 
 
 def _stored_by_placeholder(ep) -> dict:
-    from folding.sizes import stored_tensor
+    from folding.core.sizes import stored_tensor
 
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
     return {n: stored_tensor(specs[n.name], ep.state_dict, ep.constants) for n in ep.graph.nodes

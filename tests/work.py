@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 def calls(**functions: Callable) -> Iterator[Counter]:
     """Count the calls of each function in `functions` (by name) made while the block runs.
 
-    Example: ``with calls(attempts=folding.plan.make_plan) as work: fold_constants(ep)``, then
+    Example: ``with calls(attempts=folding.core.plan.make_plan) as work: fold_constants(ep)``, then
     ``work["attempts"]``. A function is matched by its code object's file, first line and name,
     so a function decorated with `functools` wrappers must be given unwrapped
     (``f.__wrapped__``). The counter is filled when the block ends.

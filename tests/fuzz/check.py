@@ -317,7 +317,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def verifier_problem(ep) -> Optional[str]:
     """docs/design.md invariant 2 (what `tests/invariants.assert_valid_program` checks), as a message."""
-    from folding.sizes import STORED_KINDS, stored_tensor
+    from folding.core.sizes import STORED_KINDS, stored_tensor
     from torch.export.graph_signature import InputKind
 
     try:
@@ -349,9 +349,9 @@ def verifier_problem(ep) -> Optional[str]:
 
 def replaces_its_matrix(lifted, unfolded, report) -> bool:
     """`lifted` holds the transpose of a stored matrix of its own size that the fold removed
-    (`folding.transposed_gathers`: exempt from ``max_tensor_bytes``, it stores no byte more)."""
-    from folding.ops import op_name
-    from folding.transposed_gathers import _TRANSPOSES
+    (`folding.rewrites.transposed_gathers`: exempt from ``max_tensor_bytes``, it stores no byte more)."""
+    from folding.core.ops import op_name
+    from folding.rewrites.transposed_gathers import _TRANSPOSES
 
     nodes = {n.name: n for n in unfolded.graph.nodes}
     for name in lifted.replaces:
@@ -435,10 +435,10 @@ class Case:
         return run_twice(cls._module(ep), inputs)
 
     def _fusion(self, ep):
-        """`folding.weight_fusion.fuse_into_weights` of `ep` (a stage's unfolded program) under
+        """`folding.rewrites.weight_fusion.fuse_into_weights` of `ep` (a stage's unfolded program) under
         the case's policy, computed once per program."""
-        from folding.sizes import stored_constant_bytes
-        from folding.weight_fusion import fuse_into_weights
+        from folding.core.sizes import stored_constant_bytes
+        from folding.rewrites.weight_fusion import fuse_into_weights
 
         cache = self.__dict__.setdefault("_fusions", {})
         if id(ep) not in cache:
@@ -499,8 +499,8 @@ class Case:
         not apply (nothing to fuse after the fold) or fails to run."""
         import dataclasses
 
-        from folding.sizes import stored_constant_bytes
-        from folding.weight_fusion import fuse_into_weights
+        from folding.core.sizes import stored_constant_bytes
+        from folding.rewrites.weight_fusion import fuse_into_weights
         from tests.fusion_bounds import rewrite_problem
 
         def outputs():
@@ -550,7 +550,7 @@ class Case:
             raise Failure(stage, f"{stage}: {check}", problem, check)
 
     def _check_bytes(self, stage: str, result, unfolded) -> None:
-        from folding.sizes import stored_constant_bytes
+        from folding.core.sizes import stored_constant_bytes
 
         report = result.report
         real = stored_constant_bytes(result.program)
@@ -821,7 +821,7 @@ class Case:
         needs no reference), and a program whose export has no ``cond``/``map``/``scan`` is not
         lowered (not the programs this checks). Also: a folded program with
         ``cond``/``map``/``scan`` has the report note that names the config."""
-        from folding.executorch_workarounds import control_flow_calls
+        from folding.lowering.control_flow_outputs import control_flow_calls
 
         stage = "documented"
         try:

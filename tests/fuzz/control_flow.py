@@ -534,7 +534,7 @@ def body_writer(g: Gen) -> Optional[Proposal]:
     """A ``cond`` whose true branch calls ``fuzz_writes.bump`` on a stored tensor it is passed (a
     write no schema declares, `tests.fuzz.writes`) and reads that tensor again after it; the
     values read later read the written tensor too. The fold never runs a body's custom op, so
-    it must take it to write what it reads (`folding.hops.unprobed_writes`; issue 52). The
+    it must take it to write what it reads (`folding.control_flow.hops.unprobed_writes`; issue 52). The
     predicate (`_predicate`) reads a runtime value, taking the other branch on the flipped
     inputs, or constant code (the branch is then inlined in a later round)."""
     from .families import rand_shape

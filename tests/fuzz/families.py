@@ -766,7 +766,7 @@ def undeclared_write(g: Gen) -> Optional[Proposal]:
         dtype = rng.choice([torch.float32, torch.float32, torch.int64])
         w = g.random_state(rand_shape(g, 2), dtype, rng.choice(["parameter", "buffer", "constant"]))
     # a write is caught when evaluation runs the op, folded or kept at runtime (a kept custom
-    # op is probed: `folding.plan.Plan.probed`), so its other input is a stored tensor of its
+    # op is probed: `folding.core.plan.Plan.probed`), so its other input is a stored tensor of its
     # own or, half the time, any float value, runtime or computed; `w` is either constant, or
     # written already, and then none of its readers folds
     x = g.pick_any_kind(lambda u: u.ex.dtype == torch.float32) if rng.random() < 0.5 else None
@@ -797,7 +797,7 @@ def tied_gather(g: Gen) -> Optional[Proposal]:
     made from a runtime float value), the gathered rows often merged by a ``view`` (which needs
     the gather's contiguous strides) or a ``reshape``, and read with a transpose of ``W`` (``t``,
     ``transpose``, ``permute``) by one ``cat``. Under a growth budget smaller than ``W`` the fold
-    rewrites the gather to read ``Wᵀ`` (`folding.transposed_gathers`; issue 52: its result had
+    rewrites the gather to read ``Wᵀ`` (`folding.rewrites.transposed_gathers`; issue 52: its result had
     other strides, and a merging ``view`` raised in the folded ATen program)."""
     rng = g.rng
     rows, cols = rng.choice([8, 12, 16]), rng.choice([2, 3, 4, 8])

@@ -352,7 +352,7 @@ LEAF_OUTPUTS = frozenset(ISSUE_62_FAMILIES)
 # "fusion_kinds": issue 54's later weight-chain kinds (unbatched convs, fp16/bf16 chains with
 # quiet channels and overflow-prone scales, weight chains in cond branches), drawn inside
 # families that exist (`families.weight_chain`, `control_flow.cond`). "tied_gather": issue 52's
-# tied tables whose gathers `folding.transposed_gathers` rewrites, merged by a later view;
+# tied tables whose gathers `folding.rewrites.transposed_gathers` rewrites, merged by a later view;
 # "fold_time_error": issue 52's op that raises only while folding (`tests.fuzz.device_ops`).
 LATER_FAMILIES = ("cond_siblings", "siblings", "undeclared_write", "subclass_weight", "fusion_kinds",
                   "shared_body", "shared_body_eager", "body_writer", "tied_gather", "stored_write",
@@ -513,7 +513,7 @@ _SKIPPABLE = ("aten.mul.Tensor", "aten.add.Tensor", "aten.permute.default", "ate
 def _policy(rng: random.Random, writes_undeclared: bool, strided: bool = False) -> PolicySpec:
     """`random_policy`; a program with an ``undeclared_write`` op skips that op a third of the
     time: an op a limit or a skipped target keeps at runtime is probed for its writes
-    (`folding.plan.Plan.probed`), so the write must be learnt all the same (issue 52). A program
+    (`folding.core.plan.Plan.probed`), so the write must be learnt all the same (issue 52). A program
     with a `families.strided_state` op skips ``view`` and ``as_strided`` a third of the time,
     so that readers which observe strides stay at runtime next to folded values (issue 62)."""
     policy = random_policy(rng)

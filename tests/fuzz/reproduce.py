@@ -87,8 +87,8 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
                 "print([k for k, t in {**program.state_dict, **program.constants}.items()",
                 "       if not torch.equal(t, before[k])])  # the caller's tensors it wrote (the unfolded program's mutated buffers only)"]
     if check in ("fusion-numerics", "fusion-zero-sign", "fusion-mixed-precision"):
-        return ["from folding.sizes import stored_constant_bytes",
-                "from folding.weight_fusion import fuse_into_weights",
+        return ["from folding.core.sizes import stored_constant_bytes",
+                "from folding.rewrites.weight_fusion import fuse_into_weights",
                 "from tests.fusion_bounds import rewrite_problem",
                 "from tests.fuzz.rewrites import rewrite_problems",
                 "fusion = fuse_into_weights(program, policy, stored_constant_bytes(program))",
@@ -96,7 +96,7 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
                 f"print(rewrite_problem(program, fusion.program, fusion.replaced, {inputs}))  # None: within the bound",
                 f"print(list(rewrite_problems(program, fusion.program, fusion.replaced, {inputs})))  # []: none"]
     if check == "report-bytes":
-        return ["from folding.sizes import stored_constant_bytes",
+        return ["from folding.core.sizes import stored_constant_bytes",
                 "print(result.report.constant_bytes_after, stored_constant_bytes(result.program))"]
     if check.startswith("policy"):
         return ["r = result.report",
@@ -116,7 +116,7 @@ def _check_lines(p: Program, outcome: Outcome) -> list[str]:
              "print([[difference(w, g, {torch.float32: (1e-4, 1e-4)}) for w, g in zip(a, b)] "
              "for a, b in zip(want, got_unfolded)])  # the unfolded .pte"] if check.startswith("wrong-output") else [])
     if check == "report-note":
-        return ["from folding.executorch_workarounds import control_flow_calls",
+        return ["from folding.lowering.control_flow_outputs import control_flow_calls",
                 "print(control_flow_calls(result.program), result.report.notes)"]
     if stage.startswith("pte-"):
         backend = stage[4:]

@@ -1,5 +1,5 @@
 """What the weight-fusion rewrite's rounding bound (`tests/fusion_bounds.py`) cannot see, checked
-value by value on the values it replaced (`folding.weight_fusion.Fusion.replaced`).
+value by value on the values it replaced (`folding.rewrites.weight_fusion.Fusion.replaced`).
 
 The bound says how far rounding may move a rewritten value, relative to its magnitude. Two
 changes are not rounding, and the fuzzer checks them on their own (issue 62):
@@ -58,8 +58,8 @@ def rewrite_problems(original: ExportedProgram, rewritten: ExportedProgram, repl
 def _chain_input(node: torch.fx.Node) -> Optional[torch.fx.Node]:
     """The weight op (conv, linear) or batch-norm input at the start of the chain of scales,
     shifts and batch norms that ends at `node`, or None when there is none."""
-    from folding.ops import op_name
-    from folding.weight_ops import BATCH_NORMS, BINARY, weight_op
+    from folding.core.ops import op_name
+    from folding.rewrites.weight_ops import BATCH_NORMS, BINARY, weight_op
 
     n = node
     for _ in range(16):
@@ -105,8 +105,8 @@ def _zero_sign(old: torch.fx.Node, want: torch.Tensor, got: torch.Tensor, values
 
 def _mixed_precision(old: torch.fx.Node, new: Optional[torch.fx.Node], want: torch.Tensor, got: torch.Tensor,
                      values: dict) -> Optional[str]:
-    from folding.ops import op_name
-    from folding.weight_ops import BATCH_NORMS, weight_op
+    from folding.core.ops import op_name
+    from folding.rewrites.weight_ops import BATCH_NORMS, weight_op
 
     bn = old.args[0] if old.target is operator.getitem else old
     if not isinstance(bn, torch.fx.Node) or bn.op != "call_function" or op_name(bn.target) not in BATCH_NORMS:
@@ -142,6 +142,6 @@ def _mixed_precision(old: torch.fx.Node, new: Optional[torch.fx.Node], want: tor
 
 
 def _arg(node: torch.fx.Node, i: Optional[int]):
-    from folding.ops import arg_at
+    from folding.core.ops import arg_at
 
     return None if i is None else arg_at(node, i)

@@ -1,7 +1,7 @@
 """A custom op that writes a stored tensor without declaring it, for the ``undeclared_write``
 family (`families.undeclared_write`): ``fuzz_writes::bump(Tensor w, Tensor x) -> Tensor`` adds
 1 to ``w`` in place (its schema says ``Tensor w``, not ``Tensor(a!) w``) and returns
-``x + w.sum()``. No table of `folding.ops` can know it; evaluation must catch the write on a
+``x + w.sum()``. No table of `folding.core.ops` can know it; evaluation must catch the write on a
 copy and never let it reach the caller's parameter, buffer or constant (issue 52).
 
 `program.HEADER` imports this module, so a reproducer registers the op too. The registration

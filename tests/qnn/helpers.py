@@ -20,7 +20,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import qnn
 from folding import FoldPolicy, fold_constants
-from folding.ops import op_name
+from folding.core.ops import op_name
 from tests import invariants
 
 SOC = QcomChipset.SM8650

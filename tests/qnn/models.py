@@ -157,7 +157,7 @@ class SkipIdShift(torch.nn.Module):
     """A constant ``mul`` before a runtime one: folding it would rename the runtime
     ``aten_mul_tensor_1`` to ``aten_mul_tensor`` without name restoration. The runtime ``mul``
     reads a ``sigmoid``, not the ``linear``: the fold would otherwise move its scale into the
-    linear's weight (`folding.weight_fusion`), and no runtime ``mul`` would be left to name."""
+    linear's weight (`folding.rewrites.weight_fusion`), and no runtime ``mul`` would be left to name."""
 
     def __init__(self, d: int = 16) -> None:
         super().__init__()

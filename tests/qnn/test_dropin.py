@@ -6,7 +6,7 @@ wrapper, used to refuse or break:
 - QNN's export passes (``transform_for_export_pipeline``) decompose an op whose result is a
   graph output and leave the ``OutputSpec`` naming the removed node (``cdist`` -> ``sqrt``);
   torch's verifier reads OutputSpecs by position, so executorch lowers the program; the stage
-  now repairs the name on its copy (`folding.checks.check_signature`) instead of refusing it;
+  now repairs the name on its copy (`folding.core.checks.check_signature`) instead of refusing it;
 - Qualcomm's LLM pipeline (examples/qualcomm/oss_scripts/llama) lowers several methods at once
   with per-method dicts and a ``passes_job`` whose ``TagQuantIO`` callback is bound to a live
   object holding fake tensors: the wrapper must hand those through as executorch does.
@@ -271,7 +271,7 @@ def test_a_weights_dequantize_an_op_reads_and_the_output_returns_lowers_with_fol
     """The sibling of the returned dequantize above: HTP cannot build the weight's dequantize for
     the output ("Op Dequantize does not support per-channel quant tensor", per tensor "could not
     create op"), with or without folding in executorch's flow. With folding the output reads a
-    float copy of the dequantized weight (`folding/returned_dequantizes.py`), the linear keeps
+    float copy of the dequantized weight (`folding/rewrites/returned_dequantizes.py`), the linear keeps
     the encoded weight, and both outputs match."""
     inputs = (_rand(2, 8),)
     module = quantize(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), inputs, QuantDtype.use_8a8w,

@@ -20,7 +20,7 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass
 
 import qnn
-from folding.ops import op_name
+from folding.core.ops import op_name
 from qnn import executorch_internals as ei
 from qnn._passes import I64toI32SkippingBodies, LiftScalarOperandsSkippingControlFlow
 from qnn.partitioner import _OperatorSupport

@@ -43,7 +43,7 @@ CASES = (
     "TestQNNQuantizedModel.test_qnn_backend_simple_model",
 )
 """The subset. The fp16 operators are the ones the fold stage refused before b4388d6 (stock
-passes, fold failed in ``folding/checks.py: check_signature``; measured with the runner's
+passes, fold failed in ``folding/core/checks.py: check_signature``; measured with the runner's
 ``--product-root`` on 90ac3a6, docs/executorch_qnn_suite.md), and ``pdist`` stands for the
 ``cdist -> sqrt`` decomposition: the fp16 ``cdist`` test (125x256 by 2048x256) takes 3 to 9
 minutes per side on the emulator here, so its quantized twin (17 s) is the ``cdist`` case and

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from folding.signature import input_specs_by_name
-from folding.sizes import stored_tensor
+from folding.core.signature import input_specs_by_name
+from folding.core.sizes import stored_tensor
 from qnn.partition_fold import constant_only
 
 

@@ -77,8 +77,8 @@ def test_rows_agree_with_describe_partitions():
         assert row.constant_bytes_on_cpu == want.constant_bytes_on_cpu
         assert row.static_partitions == 0 and row.refused_partitions == 0
     # fp32: proj weight and bias, plus the scalars of the muls QNN lifts to 1-element tensors,
-    # each buffer padded to 16 bytes as the .pte stores it (folding.sizes.aligned)
-    from folding.sizes import aligned
+    # each buffer padded to 16 bytes as the .pte stores it (folding.core.sizes.aligned)
+    from folding.core.sizes import aligned
 
     proj, scalar = aligned(16 * 16 * 4) + aligned(16 * 4), aligned(4)
     assert off.constant_bytes_in_partitions == proj + aligned(4 * 16 * 4) + aligned(16 * 16 * 4) + 2 * scalar

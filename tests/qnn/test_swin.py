@@ -14,7 +14,7 @@ import torch
 from executorch.backends.qualcomm.quantizer.quantizer import QuantDtype
 
 import qnn
-from folding.ops import op_name
+from folding.core.ops import op_name
 
 from .helpers import (
     assert_kept_whole_ops_gone,

@@ -34,13 +34,13 @@ from torch.export.graph_signature import (
 )
 
 from .torch_internals import FakeTensorMode, copy_codegen, detect_fake_mode, program_with, reserve_names
-from .hops import graph_module
+from ..control_flow.hops import graph_module
 from .dialect import dialect_op
 from .checks import check_folded
 from .symbols import drop_bound_ranges, has_symbols, refresh_meta
 from .nonfinite import NonfiniteScan
 from .names import copy_keeping_name, keep_name, reserve_node_names, unique_name
-from .report import LiftedConstant, lifted_row
+from ..report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
 from .sizes import STORED_KINDS, has_canonical_layout
 

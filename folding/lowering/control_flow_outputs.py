@@ -21,8 +21,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from .executorch_internals import edge_ops
-from .hops import bodies
+from ..core.executorch_internals import edge_ops
+from ..control_flow.hops import bodies
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def copy_control_flow_outputs(edge_manager, *, inplace: bool = False):
         with `inplace`, `edge_manager`, its programs rewritten; else a new, re-verified
         ``EdgeProgramManager`` (``EdgeProgramManager.transform``; `edge_manager` is unchanged).
     """
-    from .dialect import dialect_op
+    from ..core.dialect import dialect_op
 
     passes = {name: CopyControlFlowOutputs(dialect_op(edge_manager.exported_program(name), "aten.clone.default"))
               for name in edge_manager.methods}

@@ -22,10 +22,10 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
-from .torch_internals import children_hidden, copy_attribute, copy_codegen, lazy_graph_module, set_uncompiled_graph
-from .names import copy_keeping_name, unique_name
-from .node_meta import body_path
-from .ops import OpKind, is_probed, op_facts
+from ..core.torch_internals import children_hidden, copy_attribute, copy_codegen, lazy_graph_module, set_uncompiled_graph
+from ..core.names import copy_keeping_name, unique_name
+from ..core.node_meta import body_path
+from ..core.ops import OpKind, is_probed, op_facts
 
 _hop = torch.ops.higher_order
 

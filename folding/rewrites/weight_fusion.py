@@ -50,18 +50,18 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .dialect import dialect_op
-from .hops import copy_uncompiled
-from .names import reserve_node_names, with_renamed_outputs
-from .ops import OpKind, arg_at, op_facts, op_name, written_arg_positions
-from .policy import FoldPolicy
-from .quant import is_dequantize, is_quantize
-from .reasons import Reason
-from .report import Decision
-from .signature import input_specs_by_name
-from .sizes import aligned, nbytes, stored_tensor
-from .torch_internals import program_with
-from .unchanging import unchanging_before_probes
+from ..core.dialect import dialect_op
+from ..control_flow.hops import copy_uncompiled
+from ..core.names import reserve_node_names, with_renamed_outputs
+from ..core.ops import OpKind, arg_at, op_facts, op_name, written_arg_positions
+from ..policy import FoldPolicy
+from ..core.quant import is_dequantize, is_quantize
+from ..reasons import Reason
+from ..report import Decision
+from ..core.signature import input_specs_by_name
+from ..core.sizes import aligned, nbytes, stored_tensor
+from ..core.torch_internals import program_with
+from ..core.unchanging import unchanging_before_probes
 from .weight_ops import (BATCH_NORMS, BINARY, FLOATS, OPS, TRAINING_BATCH_NORMS, Eager, NodeMaker,
                          WeightOp, aten_op, batch_norm_output, binary_bias, bn_bias, bn_scale, compute_dtype,
                          scale_and_shift, scaled_weight, val, weight_op)

@@ -11,8 +11,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ConstantArgument, ExportGraphSignature, InputKind, OutputSpec
 
-from .errors import FoldInvariantError, InvalidProgramError
-from .hops import bodies, hop_kind, hop_nodes
+from ..errors import FoldInvariantError, InvalidProgramError
+from ..control_flow.hops import bodies, hop_kind, hop_nodes
 from .sizes import STORED_KINDS, inner_tensors
 from .torch_internals import is_fake, program_with, verify_signature
 

@@ -8,17 +8,17 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .hops import body_paths
-from .executorch_workarounds import lowering_note
+from ..control_flow.hops import body_paths
+from ..lowering.control_flow_outputs import lowering_note
 from .node_meta import report_names
 from .ops import op_name
 from .outcome import outcome
 from .quant import describe_encoding
-from .reasons import Reason
-from .report import Decision, FoldReport
+from ..reasons import Reason
+from ..report import Decision, FoldReport
 
 if TYPE_CHECKING:  # the record `inline` returns; a stage never imports another
-    from .inline import Inlining
+    from ..control_flow.inline import Inlining
 
 
 def fold_report(considered: list[torch.fx.Node], analysis, plan, evaluation, lifting, bytes_before: int,

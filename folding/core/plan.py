@@ -18,9 +18,9 @@ import torch.fx
 from .ops import is_clone
 from .cuts import choose_cuts, find_regions, node_bytes
 from .ops import OpKind, is_probed, op_facts, packet_name
-from .policy import FoldPolicy
+from ..policy import FoldPolicy
 from .quant import dequantized_values, is_dequantize
-from .reasons import Reason
+from ..reasons import Reason
 from .torch_internals import make_contiguous_strides_for
 from .ops import is_scalar
 
@@ -250,7 +250,7 @@ def strided_like_stored(val: object) -> bool:
 
 
 def _keep_observed_layouts(plan: Plan) -> None:
-    """A stored constant has the canonical layout (`folding.sizes`): walking back from each kept
+    """A stored constant has the canonical layout (`folding.core.sizes`): walking back from each kept
     op that observes strides (a random ``_like`` op, ``as_strided``) through what stays, every
     folded value reached that would be stored with other strides (for ``as_strided``, any)
     stays too. Runtime ops between them are assumed to pass layout on (elementwise ops do)."""

@@ -23,7 +23,7 @@ from torch.export.graph_signature import OutputKind
 
 from .names import CONSTANT_PREFIX, lifted_constant_target, program_names
 from .nonfinite import NonfiniteScan
-from .report import LiftedConstant, lifted_row
+from ..report import LiftedConstant, lifted_row
 from .signature import input_specs_by_name
 from .sizes import attribute_tensors, canonical_copy, is_subclass, owned_canonical, storage_pointers, stored_tensor
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch.fx
 
-from .reasons import Reason
+from ..reasons import Reason
 
 
 def outcome(node: torch.fx.Node, analysis, plan, evaluation) -> tuple[Reason, str]:

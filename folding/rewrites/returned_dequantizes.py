@@ -14,11 +14,11 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from .hops import copy_uncompiled
-from .names import reserve_node_names, unique_name, with_renamed_outputs
-from .quant import is_dequantize, is_float, keeps_dequantized_value
-from .torch_internals import program_with, set_signature
-from .unchanging import unchanging_before_probes
+from ..control_flow.hops import copy_uncompiled
+from ..core.names import reserve_node_names, unique_name, with_renamed_outputs
+from ..core.quant import is_dequantize, is_float, keeps_dequantized_value
+from ..core.torch_internals import program_with, set_signature
+from ..core.unchanging import unchanging_before_probes
 
 
 def split_returned_dequantizes(program: ExportedProgram, *, inplace: bool) -> tuple[ExportedProgram, tuple[str, ...]]:

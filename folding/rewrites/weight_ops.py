@@ -14,9 +14,9 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from .names import keep_name, unique_name
-from .ops import arg_at, op_name
-from .torch_internals import detect_fake_mode, empty_fake
+from ..core.names import keep_name, unique_name
+from ..core.ops import arg_at, op_name
+from ..core.torch_internals import detect_fake_mode, empty_fake
 
 # aten/src/ATen/native/native_functions.yaml. Batch norms: (index of weight, bias, mean, var, eps,
 # training flag or None, tuple result); `_native_batch_norm_legit_no_training` is what

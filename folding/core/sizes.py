@@ -35,7 +35,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
-from .errors import PolicyError
+from ..errors import PolicyError
 from .signature import STORED_KINDS, input_specs_by_name, mutated_targets
 from .torch_internals import is_view, is_wrapper_subclass, make_contiguous_strides_for
 

@@ -14,7 +14,7 @@ from torch.fx.node import map_arg
 
 from .torch_internals import is_cow_tensor, is_wrapper_subclass, lazy_clone
 from .ops import OpKind, arg_at, op_facts
-from .reasons import Reason
+from ..reasons import Reason
 from .sizes import owned_canonical, raw_bytes, storage_pointers
 from .symbols import bindings, concrete_ints, hinted_ints
 from .ops import holds_tensors, tensors_in

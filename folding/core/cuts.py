@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from .reasons import Reason
+from ..reasons import Reason
 from .sizes import aligned, value_bytes
 
 # Regions with at most this many ops are planned exactly (2**14 subsets, a few ms each).

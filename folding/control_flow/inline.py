@@ -14,13 +14,13 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from .hops import bodies, drop_unused_attributes, move_attribute, recompile_shallow
-from .ops import op_name
-from .names import keep_name, reserve_node_names, unique_name
-from .node_meta import REPORT_NAME, mark_inlined
-from .reasons import Reason
-from .report import Decision
-from .sizes import stored_tensor
-from .unchanging import unchanging_before_probes
+from ..core.ops import op_name
+from ..core.names import keep_name, reserve_node_names, unique_name
+from ..core.node_meta import REPORT_NAME, mark_inlined
+from ..reasons import Reason
+from ..report import Decision
+from ..core.sizes import stored_tensor
+from ..core.unchanging import unchanging_before_probes
 
 
 @dataclass

@@ -15,15 +15,15 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
-from .torch_internals import program_with
+from ..core.torch_internals import program_with
 from .hops import (bodies, copy_uncompiled, drop_unused_attributes, free_attribute, graph_module, hop_kind, hop_nodes,
                    move_attribute, recompile_shallow, unprobed_writes)
-from .names import copy_keeping_name, reserve_node_names
-from .node_meta import HOISTED_FROM, body_path, mark_glue, mark_hoisted, report_names
-from .ops import OpKind, op_name
-from .policy import FoldPolicy
-from .reasons import Reason
-from .report import Decision
+from ..core.names import copy_keeping_name, reserve_node_names
+from ..core.node_meta import HOISTED_FROM, body_path, mark_glue, mark_hoisted, report_names
+from ..core.ops import OpKind, op_name
+from ..policy import FoldPolicy
+from ..reasons import Reason
+from ..report import Decision
 
 
 @dataclass(frozen=True)

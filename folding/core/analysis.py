@@ -19,9 +19,9 @@ from torch.export.graph_signature import ExportGraphSignature, InputSpec
 
 from .ops import OpKind, op_facts, op_name, packet_name
 from .unchanging import alias_classes
-from .hops import evaluable
-from .policy import FoldPolicy
-from .reasons import Reason
+from ..control_flow.hops import evaluable
+from ..policy import FoldPolicy
+from ..reasons import Reason
 from .signature import STORED_KINDS, input_specs_by_name, mutated_targets
 from .symbols import has_symbols, input_symbols
 from .ops import SYM_TYPES, holds_tensors, is_scalar

@@ -24,16 +24,16 @@ from typing import Optional
 import torch
 from torch.export import ExportedProgram
 
-from .dialect import dialect_op
-from .errors import FoldInternalError
-from .hops import copy_uncompiled
-from .names import keep_name, reserve_node_names, unique_name
-from .ops import op_name, packet_name
-from .policy import FoldPolicy
-from .sizes import nbytes, stored_tensor
-from .symbols import has_symbols
-from .torch_internals import program_with
-from .unchanging import unchanging_before_probes
+from ..core.dialect import dialect_op
+from ..errors import FoldInternalError
+from ..control_flow.hops import copy_uncompiled
+from ..core.names import keep_name, reserve_node_names, unique_name
+from ..core.ops import op_name, packet_name
+from ..policy import FoldPolicy
+from ..core.sizes import nbytes, stored_tensor
+from ..core.symbols import has_symbols
+from ..core.torch_internals import program_with
+from ..core.unchanging import unchanging_before_probes
 
 _TRANSPOSES = {"aten.permute.default", "aten.permute_copy.default", "aten.t.default", "aten.t_copy.default",
                "aten.transpose.int", "aten.transpose_copy.int"}

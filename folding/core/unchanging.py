@@ -16,7 +16,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputSpec
 
-from .hops import bodies, unprobed_writes
+from ..control_flow.hops import bodies, unprobed_writes
 from .ops import OpKind, arg_at, op_facts, written_arg_positions
 from .signature import STORED_KINDS, input_specs_by_name, mutated_targets
 

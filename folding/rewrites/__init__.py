@@ -1,0 +1,1 @@
+"""Rewrites of the working program before analysis, each a formula, its dtype rule and its preconditions."""
