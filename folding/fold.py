@@ -245,8 +245,8 @@ class Constraints:
     def keep_failed(self, kept: Mapping[torch.fx.Node, tuple[Reason, str]]) -> bool:
         """Keep at runtime, from the next attempt on, the nodes an evaluation kept for a reason
         of their own (`Evaluation.kept`). Returns whether one was new: the attempt must then be
-        redone, since its plan's byte counts assumed them folded (docs/design.md, "One
-        attempt, one loop")."""
+        redone, since its plan's byte counts assumed them folded (docs/design.md, "Pipeline
+        inside `fold_constants`")."""
         new = {n: why for n, why in kept.items() if why[0] is not Reason.DEPENDS_ON_KEPT and n not in self.forced}
         self.forced.update(new)
         return bool(new)

@@ -1,4 +1,4 @@
-"""Edge node names as they are without folding (docs/design.md invariant 6, "Edge names on the QNN path").
+"""Edge node names as they are without folding (docs/design.md invariant 6, "Where the stage runs").
 
 ``to_edge`` names Edge nodes from their op and their order (``aten_linear_default``,
 ``aten_linear_default_1`` ...), and QNN's to-edge passes rename again when they retrace. Folding
