@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 from executorch.exir import EdgeCompileConfig, to_edge
 
-from folding import executorch_internals as ei
+from folding.core import executorch_internals as ei
 from folding.core.dialect import dialect_op
 
 

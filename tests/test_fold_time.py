@@ -35,7 +35,9 @@ def test_table_has_one_cell_per_column(row):
 
 def test_the_floor_copies_the_top_level_graph_and_each_body_the_fold_replaced(row):
     """llama has no body: one graph per stage. A cond whose branches lose their constant code
-    has both bodies replaced; a program folded with nothing to move keeps its bodies."""
+    has both bodies replaced; a program folded again with nothing to move keeps its top-level
+    graph, and each body is a copy of its own (every body slot is copied up front, before
+    hoisting: no copy-on-first-edit bookkeeping)."""
     import torch
 
     from folding import fold_constants
@@ -46,6 +48,7 @@ def test_the_floor_copies_the_top_level_graph_and_each_body_the_fold_replaced(ro
     edited = fold_time.edited_graphs(ep, fold_constants(ep).program)
     assert edited[0] is ep.graph_module and {id(m) for m in edited[1:]} == {id(ep.graph_module.true_graph_0),
                                                                             id(ep.graph_module.false_graph_0)}
-    # folded again, nothing moves: the bodies are the folded program's own
+    # folded again, nothing moves: the top-level graph is the folded program's own, the bodies copies
     once = fold_constants(ep).program
-    assert fold_time.edited_graphs(once, fold_constants(once).program) == [once.graph_module]
+    again = fold_time.edited_graphs(once, fold_constants(once).program)
+    assert again[0] is once.graph_module and len(again) == 3, again

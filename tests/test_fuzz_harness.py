@@ -277,7 +277,7 @@ def _fold_without_unsharing(ep, policy, inplace=False):
     """The fold as it was before each body slot got a body of its own (issue 52, review 2's
     fault 5): a slot calling a body another slot calls keeps its name, so the body is rewritten
     for one of the calls only. The fuzzer must report it."""
-    from folding import bodies
+    from folding.control_flow import bodies
 
     free_attribute = bodies.free_attribute
     bodies.free_attribute = lambda gm, target: target

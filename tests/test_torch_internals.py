@@ -7,7 +7,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from folding import torch_internals as ti
+from folding.core import torch_internals as ti
 
 
 class _Cond(nn.Module):

@@ -489,7 +489,7 @@ def test_the_written_placeholders_are_found_in_one_pass_not_one_per_stored_tenso
     written ones were once found per stored tensor: params x nodes)."""
     import sys
 
-    from folding import unchanging
+    from folding.core import unchanging
 
     class Wide(nn.Module):
         def __init__(self):
