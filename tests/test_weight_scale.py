@@ -53,8 +53,10 @@ def test_quick_run_reports_every_method_with_its_fields(quick_run):
         if r["method"] in ("fold", "copy_cpp"):
             assert r["caller_unchanged"], "the caller's program was modified"
     by_method = {r["method"]: r for r in rows}
-    # constant_prop_pass has no size limits: it stores every transposed weight, tied lm_head included
-    assert by_method["cpp_inplace"]["folded_bytes"] >= by_method["fold"]["folded_bytes"]
+    # constant_prop_pass has no size limits: it stores every transposed weight, tied lm_head included.
+    # The fold's new constants include values whose bytes a stored tensor already holds (each folded
+    # value is a constant of its own; the emitter stores such bytes once), so allow 0.1 % of them.
+    assert by_method["cpp_inplace"]["folded_bytes"] >= 0.999 * by_method["fold"]["folded_bytes"]
     assert by_method["copy_cpp"]["deepcopy_s"] < by_method["copy_cpp"]["seconds"]
     for method in ("fold", "fold_inplace"):
         r = by_method[method]
